@@ -1,0 +1,1 @@
+"""The built-in reference target: a plain PyTorch loop over torchdata's StatefulDataLoader."""

@@ -1,0 +1,283 @@
+"""A plain PyTorch training loop over ``StatefulDataLoader``, written to resume exactly.
+
+Each step takes ``take`` inputs from a buffer that is refilled from a loader yielding batches of
+``batch``; when ``take`` does not match ``batch`` the buffer holds the unused tail of a loader batch
+between steps. A checkpoint (``torch.save`` of model, optimizer, loader state, buffer, epoch and step,
+published atomically through a ``latest`` file) restores all of it.
+
+The ``bug`` argument plants one known resume bug; the harness's own tests use these variants to
+prove each bug is caught with the right verdict. Case keys: ``n`` inputs, ``batch``, ``take``,
+``epochs``, ``shuffle``, ``workers``.
+
+torch and torchdata are imported inside the functions: loading this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pytest_resume_check.ids import WithIds, ids_of
+from pytest_resume_check.run import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, RunContext
+
+LATEST = "latest"
+STATE_FILE = "state.pt"
+FEATURES = 4
+
+#: Planted bugs.
+DROP_BUFFER = "drop_buffer"  # the checkpoint forgets the buffered tail -> LOST
+BUFFER_AND_REREAD = "buffer_and_reread"  # the tail is saved and read again from the loader -> DUPLICATED
+RESTART_AT_EPOCH_BOUNDARY = "restart_at_epoch_boundary"  # verl's data.pt heuristic -> DUPLICATED/LOST
+FRESH_SHUFFLE = "fresh_shuffle"  # loader state not saved, new permutation -> LOST and DUPLICATED
+EPOCH_RESET = "epoch_reset"  # epoch counter not restored -> EPOCH
+RAISE_ON_RESUME = "raise_on_resume"  # -> RESUME_ERROR
+SHARED_GENERATOR = "shared_generator"  # shuffle=True with one torch.Generator -> REORDERED next epoch
+CRASH = "crash"  # exits by itself at step 2 -> CRASHED
+HANG = "hang"  # stops sending events at step 2 -> HUNG
+BUGS = (DROP_BUFFER, BUFFER_AND_REREAD, RESTART_AT_EPOCH_BOUNDARY, FRESH_SHUFFLE, EPOCH_RESET,
+        SHARED_GENERATOR, RAISE_ON_RESUME, CRASH, HANG)
+
+DEFAULT_CASE = {"n": 12, "batch": 4, "take": 4, "epochs": 2, "shuffle": False, "workers": 0}
+
+
+def params(case: Mapping[str, Any]) -> dict[str, Any]:
+    """The case with defaults filled in."""
+    return {**DEFAULT_CASE, **{k: v for k, v in case.items() if k != "id"}}
+
+
+def total_steps(case: Mapping[str, Any]) -> int:
+    """Steps of an uninterrupted run: every input of every epoch, ``take`` per step."""
+    p = params(case)
+    return math.ceil(p["n"] * p["epochs"] / p["take"])
+
+
+def epoch_boundaries(case: Mapping[str, Any]) -> list[int]:
+    """Steps during which an epoch's last input is taken."""
+    p = params(case)
+    return [math.ceil(e * p["n"] / p["take"]) for e in range(1, p["epochs"] + 1)]
+
+
+class Features:
+    """Map-style dataset of fixed random feature rows (module level so loader workers can use it)."""
+
+    def __init__(self, n: int):
+        import torch
+
+        self.rows = torch.randn(n, FEATURES, generator=torch.Generator().manual_seed(1234))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.rows[index]
+
+
+def find_checkpoint(run: RunContext) -> Path | None:
+    """The checkpoint folder to resume from under the run's resume mode, or None to start fresh."""
+    if run.resume_mode == RESUME_DISABLED:
+        return None
+    if run.resume_mode == RESUME_PATH:
+        if run.resume_path is None or not (run.resume_path / STATE_FILE).exists():
+            raise FileNotFoundError(f"resume path {run.resume_path} holds no {STATE_FILE}")
+        return run.resume_path
+    assert run.resume_mode == RESUME_AUTO
+    latest = run.checkpoint_dir / LATEST
+    if not latest.exists():
+        return None
+    return run.checkpoint_dir / latest.read_text().strip()
+
+
+def train(run: RunContext, bug: str | None = None) -> None:
+    """The loop. Correct when ``bug`` is None."""
+    import torch
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+    p = params(run.case)
+    torch.manual_seed(run.seed)
+    dataset = WithIds(Features(p["n"]))
+
+    def make_loader(seed: int) -> tuple[Any, Any]:
+        if bug == SHARED_GENERATOR and p["shuffle"]:
+            generator = torch.Generator()
+            generator.manual_seed(seed)
+            return None, StatefulDataLoader(dataset, batch_size=p["batch"], shuffle=True, generator=generator,
+                                            num_workers=int(p["workers"]))
+        # One permutation per epoch, a pure function of (seed, epoch): nothing hidden in a shared
+        # generator that the loader state would have to carry (see SHARED_GENERATOR).
+        sampler = StatefulDistributedSampler(dataset, num_replicas=1, rank=0, shuffle=bool(p["shuffle"]),
+                                             seed=seed)
+        return sampler, StatefulDataLoader(dataset, batch_size=p["batch"], sampler=sampler,
+                                           num_workers=int(p["workers"]))
+
+    def start_epoch(sampler: Any, loader: Any, epoch: int) -> Any:
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        return iter(loader)
+
+    sampler, loader = make_loader(run.seed)
+    model = torch.nn.Linear(FEATURES, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    step, epoch, batches_in_epoch = 0, 0, 0
+    buffer: list[tuple[Any, Any, int]] = []  # (id, features, epoch) not yet trained on
+    state_before_last_batch: dict[str, Any] = loader.state_dict()
+    loader_iter = None
+
+    folder = find_checkpoint(run)
+    if folder is not None:
+        if bug == RAISE_ON_RESUME:
+            raise RuntimeError("planted bug: resume fails")
+        saved = torch.load(folder / STATE_FILE, weights_only=True)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        step, batches_in_epoch = saved["step"], saved["batches_in_epoch"]
+        epoch = 0 if bug == EPOCH_RESET else saved["epoch"]
+        buffer = [(i, x, e) for i, x, e in zip(saved["buffer_ids"], saved["buffer_x"], saved["buffer_epochs"])]
+        if bug == FRESH_SHUFFLE:
+            sampler, loader = make_loader(run.seed + 7919)
+            loader_iter = start_epoch(sampler, loader, epoch)
+            for _ in range(batches_in_epoch):
+                next(loader_iter)
+        elif bug == RESTART_AT_EPOCH_BOUNDARY and step % len(loader) == 0:
+            pass  # like verl 0.8/0.9: "at an epoch boundary the loader starts over"
+        else:
+            loader.load_state_dict(saved["loader"])
+    run.resumed(step, folder)
+    if loader_iter is None:
+        loader_iter = start_epoch(sampler, loader, epoch)
+
+    last = total_steps(run.case)
+    while step < last:
+        while len(buffer) < p["take"] and epoch < p["epochs"]:
+            state_before_last_batch = loader.state_dict()
+            try:
+                batch = next(loader_iter)
+            except StopIteration:
+                epoch += 1
+                batches_in_epoch = 0
+                loader_iter = start_epoch(sampler, loader, epoch)
+                continue
+            batches_in_epoch += 1
+            buffer.extend((i, x, epoch) for i, x in zip(ids_of(batch), batch["input"]))
+        taken, buffer = buffer[: p["take"]], buffer[p["take"]:]
+        if not taken:
+            break  # every epoch is used up (only a buggy resume gets here before the last step)
+        step += 1
+        if bug in (CRASH, HANG) and step == 2:
+            if bug == CRASH:
+                os._exit(3)
+            time.sleep(3600)
+        for e in sorted({e for _, _, e in taken}):
+            run.consumed([i for i, _, ep in taken if ep == e], step=step, epoch=e)
+        x = torch.stack([x for _, x, _ in taken])
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        run.step_end(step)
+        if run.should_checkpoint(step):
+            loader_state = state_before_last_batch if bug == BUFFER_AND_REREAD else loader.state_dict()
+            kept = [] if bug == DROP_BUFFER else buffer
+            path = _save(run.checkpoint_dir, step, {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "loader": {} if bug == FRESH_SHUFFLE else loader_state,
+                "step": step,
+                "epoch": epoch,
+                "batches_in_epoch": batches_in_epoch,
+                "buffer_ids": [i for i, _, _ in kept],
+                "buffer_x": torch.stack([x for _, x, _ in kept]) if kept else torch.zeros(0, FEATURES),
+                "buffer_epochs": [e for _, _, e in kept],
+            })
+            run.checkpoint_published(step, path)
+
+
+def warm_up() -> None:
+    """Run a short loop once (in the fork server), so children start with torch initialised."""
+    import tempfile
+
+    from pytest_resume_check.run import RunPlan
+
+    class _Discard:
+        def send(self, event: Any) -> None:
+            pass
+
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = RunPlan("warm-up", ("", "", ""), {"n": 4, "take": 2, "epochs": 1}, 0, tmp, os.devnull,
+                       resume_mode=RESUME_DISABLED, checkpoint_steps=frozenset({1}))
+        train(RunContext(plan, _Discard()))
+
+
+def _save(root: Path, step: int, state: dict[str, Any]) -> Path:
+    """Write ``step_N/state.pt`` and then point ``latest`` at it, each through a durable rename."""
+    import torch
+
+    folder = root / f"step_{step}"
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / (STATE_FILE + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / STATE_FILE)
+    tmp_latest = root / (LATEST + ".tmp")
+    with open(tmp_latest, "w") as f:
+        f.write(folder.name)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp_latest, root / LATEST)
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return folder
+
+
+# One module-level function per variant: a child process imports its target by name.
+def correct_loop(run: RunContext) -> None:
+    """The correct loop: every cell of the matrix passes."""
+    train(run)
+
+
+def loop_drop_buffer(run: RunContext) -> None:
+    train(run, DROP_BUFFER)
+
+
+def loop_buffer_and_reread(run: RunContext) -> None:
+    train(run, BUFFER_AND_REREAD)
+
+
+def loop_restart_at_epoch_boundary(run: RunContext) -> None:
+    train(run, RESTART_AT_EPOCH_BOUNDARY)
+
+
+def loop_fresh_shuffle(run: RunContext) -> None:
+    train(run, FRESH_SHUFFLE)
+
+
+def loop_epoch_reset(run: RunContext) -> None:
+    train(run, EPOCH_RESET)
+
+
+def loop_shared_generator(run: RunContext) -> None:
+    """``StatefulDataLoader(shuffle=True, generator=g)``: resumed mid-epoch, the *next* epoch's
+    permutation differs from the uninterrupted run's (torchdata 0.11, found by this harness)."""
+    train(run, SHARED_GENERATOR)
+
+
+def loop_raise_on_resume(run: RunContext) -> None:
+    train(run, RAISE_ON_RESUME)
+
+
+def loop_crash(run: RunContext) -> None:
+    train(run, CRASH)
+
+
+def loop_hang(run: RunContext) -> None:
+    train(run, HANG)
+

@@ -1,0 +1,71 @@
+"""Child side of one run: builds the target, sends its events, obeys the plan.
+
+This module is imported in every child process (and preloaded in the fork server); it imports
+nothing heavy.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import traceback
+from typing import Any
+
+from pytest_resume_check import events as ev
+from pytest_resume_check.run import RunContext, RunPlan
+from pytest_resume_check.targets import load_target_fn
+
+#: Exit code of a child whose target raised.
+EXIT_TARGET_RAISED = 70
+
+
+class ConnectionSink:
+    """Writes each event to the event channel at once: a SIGKILL loses only unsent events."""
+
+    def __init__(self, conn: Any):
+        self._conn = conn
+
+    def send(self, event: ev.Event) -> None:
+        self._conn.send_bytes(event.to_wire())
+
+
+def child_main(plan: RunPlan, conn: Any) -> None:
+    """Entry point of a child process (started by :mod:`pytest_resume_check.starter`)."""
+    try:
+        # Own process group, so one killpg also ends the loader workers this run forks.
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    # multiprocessing gives the child its parent's start method; a trainer started by hand would
+    # see the platform default, so loader workers must not go through the fork server.
+    multiprocessing.set_start_method(None, force=True)
+    _redirect_output(plan.log_path)
+    sink = ConnectionSink(conn)
+    code = 0
+    try:
+        fn = load_target_fn(plan.target_ref)
+        fn(RunContext(plan, sink))
+        sink.send(ev.Event(ev.DONE))
+    except BaseException:  # report everything, SystemExit included: the parent decides what it means
+        text = traceback.format_exc()
+        sys.stderr.write(text)
+        try:
+            sink.send(ev.Event(ev.ERROR, text=text))
+        except OSError:
+            pass
+        code = EXIT_TARGET_RAISED
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: atexit handlers of a half-built trainer must not block the exit.
+    os._exit(code)
+
+
+def _redirect_output(log_path: str) -> None:
+    """Send the child's stdout and stderr (also of C code and loader workers) to its log file."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)

@@ -1,0 +1,66 @@
+"""Event types a child run sends to its supervisor, and their wire format.
+
+Each event is one JSON object on the event channel. The child writes an event the moment it happens,
+so a SIGKILL can only lose events that were never written.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: Event kinds.
+CONSUMED = "consumed"
+TRAINED = "trained"
+STEP_END = "step_end"
+CHECKPOINT = "checkpoint"
+RESUMED = "resumed"
+KILL_READY = "kill_ready"
+LOG = "log"
+ERROR = "error"
+DONE = "done"
+
+KINDS = frozenset({CONSUMED, TRAINED, STEP_END, CHECKPOINT, RESUMED, KILL_READY, LOG, ERROR, DONE})
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing that happened in a child run.
+
+    ``ids`` is set for consumed/trained events, ``step`` for every step-related event, ``epoch`` for
+    consumed/trained events, ``path`` for checkpoint/resumed events and ``text`` for log, error and
+    kill-ready events.
+    """
+
+    kind: str
+    step: int | None = None
+    epoch: int | None = None
+    ids: tuple[Any, ...] = ()
+    path: str | None = None
+    text: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_wire(self) -> bytes:
+        """Encode as one JSON line."""
+        data = {k: v for k, v in asdict(self).items() if v not in (None, (), {})}
+        if self.ids:
+            data["ids"] = list(self.ids)
+        return json.dumps(data, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_wire(cls, raw: bytes) -> Event:
+        """Decode one JSON line written by :meth:`to_wire`."""
+        data = json.loads(raw)
+        kind = data.get("kind")
+        if kind not in KINDS:
+            raise ValueError(f"unknown event kind {kind!r} on the event channel")
+        data["ids"] = tuple(_freeze(i) for i in data.get("ids", ()))
+        return cls(**data)
+
+
+def _freeze(value: Any) -> Any:
+    """JSON turns tuples into lists; ids must stay hashable."""
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value

@@ -1,0 +1,97 @@
+"""How a verdict reads: one headline, an excerpt around the first divergence, the story of the runs,
+where the files are, and the command that reruns exactly this cell."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from pytest_resume_check.ledger import Ledger
+from pytest_resume_check.scenario import CellResult
+from pytest_resume_check.verdict import resume_label
+
+EXCERPT_BEFORE = 4
+EXCERPT_AFTER = 6
+
+
+def excerpt(reference: Ledger, composite: Ledger, position: int | None) -> list[str]:
+    """Two aligned lines of ids around ``position``; ``[x]`` marks the first difference and ``|``
+    marks where a resumed run's entries begin."""
+    if position is None:
+        return []
+    lo = max(0, position - EXCERPT_BEFORE)
+    hi = position + EXCERPT_AFTER
+
+    def line(ledger: Ledger) -> str:
+        cells = []
+        for i in range(lo, min(hi, len(ledger))):
+            e = ledger[i]
+            text = f"{e.id}@e{e.epoch}"
+            if i == position:
+                text = f"[{text}]"
+            if i > 0 and ledger[i - 1].run != e.run:
+                text = "| " + text
+            cells.append(text)
+        if position >= len(ledger):
+            cells.append("[end]")
+        return ("... " if lo else "") + " ".join(cells) + (" ..." if hi < len(ledger) else "")
+
+    return [f"  reference: {line(reference)}", f"  resumed:   {line(composite)}"]
+
+
+def story(result: CellResult) -> str:
+    """``run 1: killed right after ... -> run 2: resume from global_step_3, ran to the end``."""
+    parts = []
+    for i, rec in enumerate(result.runs):
+        text = f"run {i + 1}"
+        if i:
+            text += f" ({resume_label(rec.resumed_step, rec.resumed_path)})"
+        parts.append(f"{text}: {rec.describe()}")
+    return " -> ".join(parts)
+
+
+def failure_text(result: CellResult, rerun: str | None = None) -> str:
+    """The whole failure report of one cell."""
+    v = result.verdict
+    lines = [v.headline]
+    lines += [f"  also: {f.headline}" for f in v.findings[1:]]
+    lines += excerpt(v.reference, v.composite, v.first_divergence())
+    if result.runs:
+        lines.append(f"  runs: {story(result)}")
+    contract = result.cell.target.contract.describe()
+    lines.append(f"  target: {result.cell.target.name} (contract: {contract}); case {result.cell.case_id}")
+    for rec in result.runs:
+        if rec.error and rec.outcome != "done":
+            lines.append("  error of the failing run (last lines):")
+            lines += ["    " + ln for ln in rec.error.strip().splitlines()[-6:]]
+            break
+    if result.workdir is not None:
+        lines.append(f"  kept: {result.workdir} (checkpoints, run*.log)")
+    if rerun:
+        lines.append(f"  rerun: {rerun}")
+    return "\n".join(lines)
+
+
+def cell_json(result: CellResult) -> dict[str, Any]:
+    """Machine-readable verdict of one cell (for --resume-matrix-json)."""
+    v = result.verdict
+    return {
+        "target": result.cell.target.name,
+        "case": dict(result.cell.case),
+        "case_id": result.cell.case_id,
+        "resume_mode": result.cell.resume_mode,
+        "kill": result.cell.kill_id,
+        "passed": v.passed,
+        "categories": v.categories,
+        "headline": v.headline,
+        "resumed_from": v.resumed_from,
+        "reference": v.reference.to_json(),
+        "composite": v.composite.to_json(),
+        "runs": [{"outcome": r.outcome, "exitcode": r.exitcode, "seconds": round(r.seconds, 3)}
+                 for r in result.runs],
+    }
+
+
+def dump_json(results: Sequence[dict[str, Any]], seed: int) -> str:
+    return json.dumps({"seed": seed, "cells": list(results)}, indent=1, sort_keys=True)

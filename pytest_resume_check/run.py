@@ -1,0 +1,177 @@
+"""The run context a target sees inside its child process.
+
+A target is a function ``fn(run: RunContext) -> None`` that builds its trainer and drives its own
+training loop. Through ``run`` it learns where to checkpoint and whether to resume, and it reports
+what it consumes. The harness steers it only through :meth:`RunContext.should_checkpoint` and the
+report calls: when the plan says "kill here", the report call announces it and blocks until the
+supervisor's SIGKILL arrives.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from pytest_resume_check import events as ev
+
+#: Resume modes a target must understand.
+RESUME_AUTO = "auto"
+RESUME_PATH = "path"
+RESUME_DISABLED = "disabled"
+RESUME_MODES = (RESUME_AUTO, RESUME_PATH, RESUME_DISABLED)
+
+
+@dataclass(frozen=True)
+class KillSpec:
+    """Where one run is killed.
+
+    ``checkpoint_step``: the harness asks the trainer to checkpoint at this step (0: no checkpoint).
+    ``extra_steps``: 0 kills right after that checkpoint is published; m > 0 kills at the end of step
+    ``checkpoint_step + m``, so m steps of work were done but never saved and must be redone.
+    """
+
+    checkpoint_step: int
+    extra_steps: int = 0
+
+    @property
+    def kill_step(self) -> int:
+        """The step during which the kill happens."""
+        return self.checkpoint_step + self.extra_steps
+
+    def describe(self) -> str:
+        """Words for reports: ``killed after checkpoint 3 was published``."""
+        if self.extra_steps == 0:
+            return f"killed right after checkpoint of step {self.checkpoint_step} was published"
+        if self.checkpoint_step == 0:
+            return f"killed at the end of step {self.kill_step}, before any checkpoint"
+        return (
+            f"killed at the end of step {self.kill_step}, "
+            f"{self.extra_steps} unsaved step(s) after checkpoint {self.checkpoint_step}"
+        )
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything a child needs to start one run (picklable, sent to the child)."""
+
+    target_name: str
+    target_ref: tuple[str, str, str]
+    case: Mapping[str, Any]
+    seed: int
+    checkpoint_dir: str
+    log_path: str
+    resume_mode: str = RESUME_AUTO
+    resume_path: str | None = None
+    checkpoint_steps: frozenset[int] = frozenset()
+    kill: KillSpec | None = None
+    is_resume: bool = False
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class EventSink(Protocol):
+    """Where the context writes events (the child's end of the event channel)."""
+
+    def send(self, event: ev.Event) -> None: ...
+
+
+class RunContext:
+    """What a target sees: paths, resume mode, case, seed, and the report calls.
+
+    Report calls are cheap and must be made in this order within a step: ``consumed`` (any number of
+    times), ``trained`` (optional), ``step_end``; then, if ``should_checkpoint(step)`` or the trainer's
+    own schedule says so, save and call ``checkpoint_published``. A resumed run calls ``resumed`` once
+    before it consumes anything.
+    """
+
+    def __init__(self, plan: RunPlan, sink: EventSink):
+        self.plan = plan
+        self._sink = sink
+        self._resumed_reported = False
+
+    # -- what the target reads -------------------------------------------------------------------
+    @property
+    def checkpoint_dir(self) -> Path:
+        """The output directory this run writes its checkpoints to (exists)."""
+        return Path(self.plan.checkpoint_dir)
+
+    @property
+    def resume_mode(self) -> str:
+        """``auto`` (latest checkpoint in :attr:`checkpoint_dir`), ``path`` or ``disabled``."""
+        return self.plan.resume_mode
+
+    @property
+    def resume_path(self) -> Path | None:
+        """In ``path`` mode, the checkpoint folder to resume from (may be in another directory)."""
+        return Path(self.plan.resume_path) if self.plan.resume_path else None
+
+    @property
+    def case(self) -> Mapping[str, Any]:
+        """The case parameters of this matrix cell (shuffle, batch sizes, epochs, ...)."""
+        return self.plan.case
+
+    @property
+    def seed(self) -> int:
+        """The seed for everything random in this run (same for reference and interrupted runs)."""
+        return self.plan.seed
+
+    @property
+    def is_resume(self) -> bool:
+        """True for a run that follows a killed one."""
+        return self.plan.is_resume
+
+    # -- what the target reports -----------------------------------------------------------------
+    def resumed(self, step: int, path: str | os.PathLike[str] | None = None) -> None:
+        """Report the checkpoint actually restored: its step (0 when starting fresh) and folder."""
+        self._resumed_reported = True
+        self._sink.send(ev.Event(ev.RESUMED, step=int(step), path=str(path) if path else None))
+
+    def consumed(self, ids: Iterable[Any], *, step: int, epoch: int) -> None:
+        """Report inputs taken from the data pipeline for training in ``step``, in order."""
+        self._sink.send(ev.Event(ev.CONSUMED, step=int(step), epoch=int(epoch), ids=_plain_ids(ids)))
+
+    def trained(self, ids: Iterable[Any], *, step: int, epoch: int) -> None:
+        """Report inputs used in the update of ``step`` (for trainers with a separate training stage)."""
+        self._sink.send(ev.Event(ev.TRAINED, step=int(step), epoch=int(epoch), ids=_plain_ids(ids)))
+
+    def step_end(self, step: int) -> None:
+        """Report that ``step``'s update is done. The harness may kill the run here."""
+        self._sink.send(ev.Event(ev.STEP_END, step=int(step)))
+        kill = self.plan.kill
+        if kill is not None and kill.extra_steps > 0 and kill.kill_step == step:
+            self._await_kill(kill.describe())
+
+    def should_checkpoint(self, step: int) -> bool:
+        """True when the harness wants a checkpoint at the end of ``step``."""
+        return int(step) in self.plan.checkpoint_steps
+
+    def checkpoint_published(self, step: int, path: str | os.PathLike[str] | None = None) -> None:
+        """Report that the checkpoint of ``step`` is complete and selected for resume."""
+        self._sink.send(ev.Event(ev.CHECKPOINT, step=int(step), path=str(path) if path else None))
+        kill = self.plan.kill
+        if kill is not None and kill.extra_steps == 0 and kill.checkpoint_step == step:
+            self._await_kill(kill.describe())
+
+    def log(self, text: str) -> None:
+        """Send a line to the parent's log of this run."""
+        self._sink.send(ev.Event(ev.LOG, text=str(text)))
+
+    def _await_kill(self, why: str) -> None:
+        self._sink.send(ev.Event(ev.KILL_READY, text=why))
+        while True:  # the supervisor's SIGKILL ends this process
+            time.sleep(60)
+
+
+def _plain_ids(ids: Iterable[Any]) -> tuple[Any, ...]:
+    """Ids as JSON-friendly hashables: ints for integer-like values (tensors, numpy), else str."""
+    out = []
+    for i in ids:
+        if hasattr(i, "item"):
+            i = i.item()
+        if isinstance(i, bool) or not isinstance(i, (int, str)):
+            i = int(i) if isinstance(i, float) and i.is_integer() else str(i)
+        out.append(i)
+    return tuple(out)

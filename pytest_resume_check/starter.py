@@ -1,0 +1,94 @@
+"""How child processes start.
+
+``forkserver`` (the default): children fork from a server process that imported the targets'
+``preload`` modules once, so a run does not pay for importing torch or verl again. ``spawn``: a fresh
+interpreter per run, for trainers that are not fork-safe.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_resume_check import _warmup
+from pytest_resume_check.child import child_main
+from pytest_resume_check.run import RunPlan
+from pytest_resume_check.targets import ISOLATION_FORKSERVER, ISOLATIONS
+
+_CHILD_MODULES = ("pytest_resume_check.child",)
+_preload: list[str] = list(_CHILD_MODULES)
+_server_started = False
+
+
+_warmups: list[str] = []
+
+
+def add_preload(entries: Any) -> None:
+    """Ask the fork server to import these modules (``pkg.mod``) or to call these warm-up functions
+    (``pkg.mod:function``) once. Effective only before its first child starts; later additions are
+    imported by each child instead (slower, still correct)."""
+    for entry in entries:
+        target = _warmups if ":" in entry else _preload
+        if entry not in target:
+            target.append(entry)
+
+
+@dataclass
+class Child:
+    """A started child: its process, the read end of its event channel."""
+
+    process: Any
+    conn: multiprocessing.connection.Connection
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def kill(self) -> None:
+        """SIGKILL the child's process group (loader workers included), then the child itself."""
+        kill_group(self.pid)
+        self.process.join(timeout=30)
+
+    def reap(self, timeout: float = 30) -> int | None:
+        """Wait for exit, kill what is left of its group, return the exit code."""
+        self.process.join(timeout=timeout)
+        if self.process.exitcode is None:
+            kill_group(self.pid)
+            self.process.join(timeout=30)
+        else:
+            kill_group(self.pid, only_group=True)
+        self.conn.close()
+        return self.process.exitcode
+
+
+def kill_group(pid: int, only_group: bool = False) -> None:
+    """SIGKILL process group ``pid``; fall back to the process if the group does not exist yet."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        if not only_group:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER) -> Child:
+    """Start one child running ``plan``."""
+    global _server_started
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation must be one of {list(ISOLATIONS)}, not {isolation!r}")
+    ctx = multiprocessing.get_context(isolation)
+    if isolation == ISOLATION_FORKSERVER and not _server_started:
+        os.environ[_warmup.ENV] = ",".join(_warmups)
+        ctx.set_forkserver_preload([*_preload, "pytest_resume_check._warmup"])
+        _server_started = True
+    reader, writer = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=child_main, args=(plan, writer), name=f"resume-check:{plan.target_name}")
+    process.start()
+    writer.close()  # the child holds the only write end: EOF means it (and its workers) are gone
+    return Child(process, reader)

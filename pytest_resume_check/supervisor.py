@@ -1,0 +1,136 @@
+"""Parent side of one run: start the child, read its events, kill it when the plan says, enforce the
+hang limit. A run ends in one of the outcomes below; no process of the run outlives this call.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+
+from pytest_resume_check import events as ev
+from pytest_resume_check import starter
+from pytest_resume_check.run import RunPlan
+
+#: Run outcomes.
+DONE = "done"  # the target returned
+KILLED = "killed"  # killed by the harness at the planned point
+RAISED = "raised"  # the target raised an exception
+CRASHED = "crashed"  # the process died by itself (non-zero exit, signal) without reporting an error
+HUNG = "hung"  # no event within the hang limit; killed
+
+DEFAULT_HANG_TIMEOUT = 60.0
+
+
+@dataclass
+class RunRecord:
+    """Everything observed of one child run."""
+
+    plan: RunPlan
+    events: list[ev.Event] = field(default_factory=list)
+    outcome: str = CRASHED
+    exitcode: int | None = None
+    error: str | None = None
+    seconds: float = 0.0
+    hang_timeout: float | None = None
+
+    @property
+    def resumed_step(self) -> int | None:
+        """Step of the checkpoint this run reported restoring (0: fresh), None if it never said."""
+        for e in self.events:
+            if e.kind == ev.RESUMED:
+                return e.step
+        return None
+
+    @property
+    def resumed_path(self) -> str | None:
+        for e in self.events:
+            if e.kind == ev.RESUMED:
+                return e.path
+        return None
+
+    @property
+    def published(self) -> list[tuple[int, str | None]]:
+        """(step, path) of every checkpoint this run published, in order."""
+        return [(e.step or 0, e.path) for e in self.events if e.kind == ev.CHECKPOINT]
+
+    @property
+    def last_step(self) -> int:
+        steps = [e.step for e in self.events if e.kind == ev.STEP_END and e.step is not None]
+        return max(steps, default=0)
+
+    def describe(self) -> str:
+        """``killed right after checkpoint of step 3 was published`` and the like."""
+        if self.outcome == KILLED and self.plan.kill is not None:
+            return self.plan.kill.describe()
+        if self.outcome == DONE:
+            return "ran to the end"
+        if self.outcome == RAISED:
+            return "raised " + (self.error or "").strip().splitlines()[-1] if self.error else "raised"
+        if self.outcome == HUNG:
+            return f"hung after step {self.last_step}"
+        return f"died by itself (exit code {self.exitcode}) after step {self.last_step}"
+
+
+def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HANG_TIMEOUT) -> RunRecord:
+    """Run ``plan`` in a child process and record what happened."""
+    record = RunRecord(plan, hang_timeout=hang_timeout)
+    started = time.monotonic()
+    child = starter.start(plan, isolation)
+    try:
+        _read_events(child, record, hang_timeout)
+    finally:
+        if record.outcome in (KILLED, HUNG):
+            child.kill()
+            record.exitcode = child.process.exitcode
+        else:
+            record.exitcode = child.reap()
+        record.seconds = time.monotonic() - started
+    if record.outcome == CRASHED and record.exitcode == 0 and not record.events:
+        record.error = "the child exited without sending any event"
+    return record
+
+
+def _read_events(child: starter.Child, record: RunRecord, hang_timeout: float) -> None:
+    sentinel = child.process.sentinel
+    while True:
+        ready = wait([child.conn, sentinel], timeout=hang_timeout)
+        if not ready:
+            record.outcome = HUNG
+            record.error = f"no event for {hang_timeout:g} s (hang limit) after step {record.last_step}"
+            return
+        if child.conn in ready:
+            try:
+                raw = child.conn.recv_bytes()
+            except (EOFError, OSError):
+                _finish(record)
+                return
+            event = ev.Event.from_wire(raw)
+            record.events.append(event)
+            if event.kind == ev.KILL_READY:
+                record.outcome = KILLED
+                return
+            if event.kind in (ev.DONE, ev.ERROR):
+                _finish(record)
+                return
+        elif sentinel in ready:
+            # The child is gone; its loader workers may still hold the channel open. Drain what
+            # was written before the exit, then decide.
+            while child.conn.poll(0):
+                try:
+                    record.events.append(ev.Event.from_wire(child.conn.recv_bytes()))
+                except (EOFError, OSError):
+                    break
+            _finish(record)
+            return
+
+
+def _finish(record: RunRecord) -> None:
+    kinds = [e.kind for e in record.events]
+    if ev.ERROR in kinds:
+        record.outcome = RAISED
+        record.error = next(e.text for e in record.events if e.kind == ev.ERROR)
+    elif ev.DONE in kinds:
+        record.outcome = DONE
+    else:
+        record.outcome = CRASHED

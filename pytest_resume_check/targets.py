@@ -1,0 +1,238 @@
+"""Target declaration and discovery.
+
+A target tells the harness how to build and drive one trainer. Declare it in a ``conftest.py``::
+
+    from pytest_resume_check import resume_target
+
+    @resume_target(steps=lambda case: 12, cases=[{"shuffle": False}, {"shuffle": True}])
+    def my_trainer(run):
+        ...  # build the trainer from run.case / run.seed, resume per run.resume_mode, train, report
+
+or ship it from an installed package through the ``pytest_resume_check.targets`` entry-point group
+(the entry point names a :class:`Target` or an iterable of them).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from pytest_resume_check.run import RESUME_AUTO, RESUME_MODES, RESUME_PATH, RunContext
+
+ENTRY_POINT_GROUP = "pytest_resume_check.targets"
+
+#: Isolation modes: children forked from a preloaded server, or fresh interpreters.
+ISOLATION_FORKSERVER = "forkserver"
+ISOLATION_SPAWN = "spawn"
+ISOLATIONS = (ISOLATION_FORKSERVER, ISOLATION_SPAWN)
+
+
+class TargetError(Exception):
+    """A target declaration or its loading is broken; the message names the target and the fix."""
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What a target promises about its inputs across a resume.
+
+    ``ordered``: the resumed sequence equals the reference sequence (else only the per-epoch multiset
+    must match). ``ledgers``: which reported ledgers are judged (``consumed``, ``trained``).
+    """
+
+    ordered: bool = True
+    ledgers: tuple[str, ...] = ("consumed",)
+
+    def describe(self) -> str:
+        kind = "exactly-once, same order" if self.ordered else "exactly-once, any order"
+        return f"{kind} on {' and '.join(self.ledgers)}"
+
+
+EXACTLY_ONCE_ORDERED = Contract(ordered=True)
+EXACTLY_ONCE = Contract(ordered=False)
+
+
+def _contract(value: Contract | str) -> Contract:
+    if isinstance(value, Contract):
+        return value
+    named = {"exactly_once_ordered": EXACTLY_ONCE_ORDERED, "exactly_once": EXACTLY_ONCE}
+    if value not in named:
+        raise TargetError(f"unknown contract {value!r}: use one of {sorted(named)} or a Contract(...)")
+    return named[value]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One trainer the harness can run.
+
+    ``fn(run)`` runs inside the child process. ``steps(case)`` is the number of steps of an
+    uninterrupted run of that case (the matrix needs it before any run). ``cases`` lists the case
+    parameter dicts. ``boundaries(case)`` optionally names the steps that end an epoch (kill points
+    beside them are always sampled). ``preload`` names modules imported once in the fork server.
+    ``expected_failures`` maps a predicate over (case, kill id) to a reason: such cells are xfail.
+    """
+
+    name: str
+    fn: Callable[[RunContext], None]
+    steps: Callable[[Mapping[str, Any]], int]
+    cases: tuple[Mapping[str, Any], ...] = ({},)
+    contract: Contract = EXACTLY_ONCE_ORDERED
+    boundaries: Callable[[Mapping[str, Any]], Sequence[int]] | None = None
+    resume_modes: tuple[str, ...] = (RESUME_AUTO, RESUME_PATH)
+    preload: tuple[str, ...] = ()
+    isolation: str = ISOLATION_FORKSERVER
+    expected_failures: tuple[tuple[Callable[[Mapping[str, Any], str], bool], str], ...] = ()
+    description: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def ref(self) -> tuple[str, str, str]:
+        """(module name, module file, attribute) that locate ``fn`` in a child process."""
+        module = sys.modules.get(self.fn.__module__)
+        path = getattr(module, "__file__", "") or ""
+        return (self.fn.__module__, path, self.fn.__qualname__)
+
+    def with_options(self, **changes: Any) -> Target:
+        """A copy with some fields replaced (used by tests and to narrow axes)."""
+        from dataclasses import replace
+
+        return replace(self, **changes)
+
+
+def resume_target(
+    fn: Callable[[RunContext], None] | None = None,
+    *,
+    name: str | None = None,
+    steps: int | Callable[[Mapping[str, Any]], int],
+    cases: Iterable[Mapping[str, Any]] = ({},),
+    contract: Contract | str = EXACTLY_ONCE_ORDERED,
+    boundaries: Callable[[Mapping[str, Any]], Sequence[int]] | None = None,
+    resume_modes: Iterable[str] = (RESUME_AUTO, RESUME_PATH),
+    preload: Iterable[str] = (),
+    isolation: str = ISOLATION_FORKSERVER,
+    expected_failures: Iterable[tuple[Callable[[Mapping[str, Any], str], bool], str]] = (),
+    description: str = "",
+) -> Any:
+    """Declare a target; usable as ``@resume_target(steps=...)`` or ``resume_target(fn, steps=...)``."""
+
+    def build(func: Callable[[RunContext], None]) -> Target:
+        return make_target(
+            func,
+            name=name or func.__name__,
+            steps=steps,
+            cases=cases,
+            contract=contract,
+            boundaries=boundaries,
+            resume_modes=resume_modes,
+            preload=preload,
+            isolation=isolation,
+            expected_failures=expected_failures,
+            description=description or (func.__doc__ or "").strip().split("\n")[0],
+        )
+
+    return build(fn) if fn is not None else build
+
+
+def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
+    """Validate a declaration and build the :class:`Target`; errors say what to fix."""
+    name = kw["name"]
+    if not callable(func):
+        raise TargetError(f"target {name!r}: the target must be a function taking the run context")
+    if "<locals>" in func.__qualname__ or "<lambda>" in func.__qualname__:
+        raise TargetError(
+            f"target {name!r}: {func.__qualname__} is not importable by name in a child process; "
+            "define the target function at module level"
+        )
+    steps = kw["steps"]
+    steps_fn = (lambda case, _n=int(steps): _n) if isinstance(steps, int) else steps
+    if not callable(steps_fn):
+        raise TargetError(f"target {name!r}: steps must be an int or a function of the case")
+    cases = tuple(dict(c) for c in kw["cases"])
+    if not cases:
+        raise TargetError(f"target {name!r}: cases is empty; give at least one case dict (may be {{}})")
+    modes = tuple(kw["resume_modes"])
+    bad = [m for m in modes if m not in RESUME_MODES]
+    if bad:
+        raise TargetError(f"target {name!r}: unknown resume mode(s) {bad}; use {list(RESUME_MODES)}")
+    if kw["isolation"] not in ISOLATIONS:
+        raise TargetError(f"target {name!r}: isolation must be one of {list(ISOLATIONS)}")
+    return Target(
+        name=name,
+        fn=func,
+        steps=steps_fn,
+        cases=cases,
+        contract=_contract(kw["contract"]),
+        boundaries=kw["boundaries"],
+        resume_modes=modes,
+        preload=tuple(kw["preload"]),
+        isolation=kw["isolation"],
+        expected_failures=tuple(kw["expected_failures"]),
+        description=kw["description"],
+    )
+
+
+def targets_in_module(module: Any) -> list[Target]:
+    """The targets a module (a conftest) declares: module-level :class:`Target` objects, in definition
+    order, plus those listed in a module-level ``RESUME_TARGETS`` sequence."""
+    found = [v for v in vars(module).values() if isinstance(v, Target)]
+    for v in getattr(module, "RESUME_TARGETS", ()):
+        if not isinstance(v, Target):
+            raise TargetError(f"{module.__name__}.RESUME_TARGETS holds {type(v).__name__}, not a Target")
+        if v not in found:
+            found.append(v)
+    return found
+
+
+def entry_point_targets() -> list[Target]:
+    """Targets shipped by installed packages through the entry-point group."""
+    found: list[Target] = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            value = ep.load()
+        except Exception as exc:  # a broken plugin must not hide the others' targets silently
+            raise TargetError(
+                f"entry point {ep.name!r} ({ep.value}) in group {ENTRY_POINT_GROUP} failed to load: "
+                f"{type(exc).__name__}: {exc}; fix or uninstall the package that declares it"
+            ) from exc
+        values = [value] if isinstance(value, Target) else list(value)
+        for v in values:
+            if not isinstance(v, Target):
+                raise TargetError(
+                    f"entry point {ep.name!r} ({ep.value}) gave {type(v).__name__}, not a Target; "
+                    "point it at a resume_target(...) object or a list of them"
+                )
+        found.extend(values)
+    return found
+
+
+def load_target_fn(ref: tuple[str, str, str]) -> Callable[[RunContext], None]:
+    """Import the target function in a child from its (module, file, qualname) reference."""
+    module_name, path, qualname = ref
+    module = sys.modules.get(module_name)
+    if module is None:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            module = None
+        if module is not None and path and Path(getattr(module, "__file__", "") or "") != Path(path):
+            module = None
+    if module is None:
+        if not path:
+            raise TargetError(f"cannot import module {module_name!r} of the target")
+        spec = importlib.util.spec_from_file_location(f"_resume_check_target_{abs(hash(path))}", path)
+        if spec is None or spec.loader is None:
+            raise TargetError(f"cannot load the target's module from {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if isinstance(obj, Target):
+        obj = obj.fn
+    return obj

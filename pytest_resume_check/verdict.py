@@ -1,0 +1,255 @@
+"""Judge an interrupted run against the uninterrupted reference.
+
+Process problems come first (a resumed run that raised, a run that died or hung): with those the
+ledgers mean nothing. Otherwise each ledger the contract names is composed and compared with the
+reference ledger: inputs missing (LOST), inputs taken more often (DUPLICATED), the same inputs with
+other epoch labels (EPOCH), and - for ordered contracts - the same inputs in another order (REORDERED).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_resume_check import supervisor as sv
+from pytest_resume_check.ledger import Entry, Ledger, ResumeReportMissing, compose
+from pytest_resume_check.targets import Contract
+
+LOST = "LOST"
+DUPLICATED = "DUPLICATED"
+REORDERED = "REORDERED"
+EPOCH = "EPOCH"
+RESUME_ERROR = "RESUME_ERROR"
+CRASHED = "CRASHED"
+HUNG = "HUNG"
+NONDETERMINISTIC = "NONDETERMINISTIC"
+PROTOCOL = "PROTOCOL"  # the target broke the reporting protocol (e.g. never said where it resumed)
+
+CATEGORIES = (LOST, DUPLICATED, REORDERED, EPOCH, RESUME_ERROR, CRASHED, HUNG, NONDETERMINISTIC, PROTOCOL)
+
+#: Headline templates; tests import these rather than repeating the words.
+MSG_LOST = "LOST {n} input{s} after {where}: ids {ids} ({epochs})"
+MSG_DUPLICATED = "DUPLICATED {n} input{s} after {where}: ids {ids} ({epochs})"
+MSG_EPOCH = "EPOCH labels differ for {n} input{s} after {where}: ids {ids} ({detail})"
+MSG_REORDERED = "REORDERED: same inputs, other order after {where}, from position {pos}: {detail}"
+MSG_RESUME_ERROR = "RESUME_ERROR: run {run} raised while resuming: {error}"
+MSG_CRASHED = "CRASHED: {who} {what}"
+MSG_HUNG = "HUNG: {who} sent no event for {timeout} s after step {step}; it was killed"
+MSG_NONDETERMINISTIC = "NONDETERMINISTIC reference: two uninterrupted runs differ from position {pos}: {detail}"
+MSG_PROTOCOL = "PROTOCOL: {detail}"
+MSG_STEPS = "PROTOCOL: the target declares {declared} steps for this case but its reference run took {actual}"
+
+MAX_IDS = 10
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing wrong, with the headline that says it."""
+
+    category: str
+    headline: str
+    ledger: str = "consumed"
+    ids: tuple[Any, ...] = ()
+    position: int | None = None
+
+
+@dataclass
+class Verdict:
+    """The judgement of one cell."""
+
+    findings: list[Finding] = field(default_factory=list)
+    reference: Ledger = field(default_factory=Ledger)
+    composite: Ledger = field(default_factory=Ledger)
+    resumed_from: list[int] = field(default_factory=list)
+    resume_labels: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.findings
+
+    @property
+    def categories(self) -> list[str]:
+        return sorted({f.category for f in self.findings}, key=CATEGORIES.index)
+
+    @property
+    def headline(self) -> str:
+        return self.findings[0].headline if self.findings else "PASSED"
+
+    def first_divergence(self) -> int | None:
+        return next((f.position for f in self.findings if f.position is not None), None)
+
+
+def resume_label(step: int | None, path: str | None) -> str:
+    """``resume from global_step_3`` / ``restart from scratch``."""
+    if not step:
+        return "restart from scratch"
+    return f"resume from {os.path.basename(os.path.normpath(path))}" if path else f"resume from step {step}"
+
+
+def judge_reference(first: sv.RunRecord, second: sv.RunRecord | None, declared_steps: int | None,
+                    contract: Contract) -> list[Finding]:
+    """Problems of the reference itself: it must finish, take the declared steps, and repeat."""
+    for rec in (first, second):
+        if rec is not None and rec.outcome != sv.DONE:
+            return [_process_finding(rec, "the reference run", resumed=False)]
+    if declared_steps is not None and first.last_step != declared_steps:
+        return [Finding(PROTOCOL, MSG_STEPS.format(declared=declared_steps, actual=first.last_step))]
+    if second is not None:
+        for kind in contract.ledgers:
+            a = Ledger.from_events(first.events, kind)
+            b = Ledger.from_events(second.events, kind)
+            if _keys(a) != _keys(b):
+                pos = _first_difference(_keys(a), _keys(b))
+                return [Finding(NONDETERMINISTIC, MSG_NONDETERMINISTIC.format(
+                    pos=pos, detail=_pair_detail(a, b, pos)), kind, position=pos)]
+    return []
+
+
+def judge(reference: sv.RunRecord, runs: Sequence[sv.RunRecord], contract: Contract) -> Verdict:
+    """Judge the interrupted ``runs`` (first, then each resumed one) against ``reference``."""
+    verdict = Verdict()
+    for index, rec in enumerate(runs):
+        if rec.outcome in (sv.DONE, sv.KILLED):
+            continue
+        who = f"run {index + 1} of {len(runs)}"
+        verdict.findings.append(_process_finding(rec, who, resumed=rec.plan.is_resume, run=index + 1))
+        return verdict
+    if runs and runs[-1].outcome != sv.DONE:
+        verdict.findings.append(Finding(PROTOCOL, MSG_PROTOCOL.format(detail="the last run was killed")))
+        return verdict
+    for kind in contract.ledgers:
+        ref = Ledger.from_events(reference.events, kind)
+        try:
+            comp, resumed_from = compose([r.events for r in runs], kind)
+        except ResumeReportMissing as exc:
+            verdict.findings.append(Finding(PROTOCOL, MSG_PROTOCOL.format(detail=exc)))
+            return verdict
+        verdict.resumed_from = resumed_from
+        verdict.resume_labels = [resume_label(r.resumed_step, r.resumed_path) for r in runs[1:]]
+        if kind == contract.ledgers[0]:
+            verdict.reference, verdict.composite = ref, comp
+        verdict.findings.extend(compare(ref, comp, contract.ordered, kind, verdict.resume_labels,
+                                        resumed_from))
+    return verdict
+
+
+def compare(ref: Ledger, comp: Ledger, ordered: bool, kind: str = "consumed",
+            labels: Sequence[str] = (), resumed_from: Sequence[int] = ()) -> list[Finding]:
+    """Findings of one ledger against its reference (empty when they agree under the contract)."""
+    ref_left = Counter((e.id, e.epoch) for e in ref)
+    comp_left = Counter((e.id, e.epoch) for e in comp)
+    common = ref_left & comp_left
+    ref_left -= common
+    comp_left -= common
+    # Leftovers that match by id alone were taken, but labelled with another epoch.
+    by_id_ref = Counter(i for i, _ in ref_left.elements())
+    by_id_comp = Counter(i for i, _ in comp_left.elements())
+    relabelled = by_id_ref & by_id_comp
+    lost_ids = by_id_ref - relabelled
+    dup_ids = by_id_comp - relabelled
+    pos = _first_difference(_keys(ref), _keys(comp))
+    findings = []
+    where = _where(ref, comp, pos, labels, resumed_from)
+    if lost_ids:
+        entries = _pick(ref, lost_ids, ref_left)
+        findings.append(_id_finding(LOST, MSG_LOST, entries, where, kind, pos))
+    if dup_ids:
+        entries = _pick(comp, dup_ids, comp_left)
+        findings.append(_id_finding(DUPLICATED, MSG_DUPLICATED, entries, where, kind, pos))
+    if relabelled:
+        ids = sorted(relabelled, key=ref.ids.index)
+        ref_ep = {i: e for i, e in ref_left if i in relabelled}
+        comp_ep = {i: e for i, e in comp_left if i in relabelled}
+        detail = ", ".join(f"{i}: epoch {comp_ep[i]} instead of {ref_ep[i]}" for i in ids[:3])
+        findings.append(Finding(EPOCH, MSG_EPOCH.format(
+            n=sum(relabelled.values()), s=_s(sum(relabelled.values())), where=where,
+            ids=_id_list(ids), detail=detail), kind, tuple(ids), pos))
+    if not findings and ordered and pos is not None:
+        findings.append(Finding(REORDERED, MSG_REORDERED.format(
+            where=where, pos=pos, detail=_pair_detail(ref, comp, pos)), kind, position=pos))
+    return findings
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+def _process_finding(rec: sv.RunRecord, who: str, resumed: bool, run: int = 0) -> Finding:
+    if rec.outcome == sv.HUNG:
+        return Finding(HUNG, MSG_HUNG.format(who=who, timeout=f"{rec.hang_timeout:g}", step=rec.last_step))
+    if rec.outcome == sv.RAISED and resumed:
+        return Finding(RESUME_ERROR, MSG_RESUME_ERROR.format(run=run, error=_last_line(rec.error)))
+    return Finding(CRASHED, MSG_CRASHED.format(who=who, what=rec.describe()))
+
+
+def _last_line(text: str | None) -> str:
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else "(no traceback)"
+
+
+def _keys(ledger: Ledger) -> list[tuple[Any, int]]:
+    return [(e.id, e.epoch) for e in ledger]
+
+
+def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _where(ref: Ledger, comp: Ledger, pos: int | None, labels: Sequence[str],
+           resumed_from: Sequence[int]) -> str:
+    """The resume the divergence follows: the last one at or before the diverging step."""
+    if not labels:
+        return "the run"
+    if pos is None:
+        return labels[0]
+    step = (ref[pos] if pos < len(ref) else comp[pos]).step
+    chosen = labels[0]
+    for label, at in zip(labels, resumed_from):
+        if at < step:
+            chosen = label
+    return chosen
+
+
+def _pick(ledger: Ledger, wanted: Counter, leftover: Counter) -> list[Entry]:
+    """Entries of ``ledger`` that account for ``wanted`` ids, preferring unmatched (id, epoch) pairs."""
+    need = Counter(wanted)
+    spare = Counter(leftover)
+    out = []
+    for e in ledger:
+        if need[e.id] > 0 and spare[(e.id, e.epoch)] > 0:
+            need[e.id] -= 1
+            spare[(e.id, e.epoch)] -= 1
+            out.append(e)
+    return out
+
+
+def _id_finding(category: str, template: str, entries: list[Entry], where: str, kind: str,
+                pos: int | None) -> Finding:
+    epochs = sorted({e.epoch for e in entries})
+    epoch_text = f"epoch {epochs[0]}" if len(epochs) == 1 else "epochs " + ", ".join(map(str, epochs))
+    ids = [e.id for e in entries]
+    headline = template.format(n=len(ids), s=_s(len(ids)), where=where, ids=_id_list(ids), epochs=epoch_text)
+    if kind != "consumed":
+        headline += f" [{kind} ledger]"
+    return Finding(category, headline, kind, tuple(ids), pos)
+
+
+def _id_list(ids: Sequence[Any]) -> str:
+    shown = ", ".join(str(i) for i in ids[:MAX_IDS])
+    return shown + (f", ... ({len(ids) - MAX_IDS} more)" if len(ids) > MAX_IDS else "")
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
+
+
+def _pair_detail(a: Ledger, b: Ledger, pos: int | None) -> str:
+    if pos is None:
+        return "identical"
+    left = f"{a[pos].id}@e{a[pos].epoch}" if pos < len(a) else "end"
+    right = f"{b[pos].id}@e{b[pos].epoch}" if pos < len(b) else "end"
+    return f"reference has {left}, resumed has {right}"
