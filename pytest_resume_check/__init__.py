@@ -1,0 +1,35 @@
+"""pytest-resume-check: prove a training job resumed from a checkpoint continues exactly where it stopped.
+
+Public API (imported lazily, so ``import pytest_resume_check`` stays cheap)::
+
+    resume_target, Target, Contract       declare what to run          (targets)
+    RunContext, KillSpec                  what a target sees            (run)
+    WithIds, ids_of                       attach and read input ids     (ids)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_EXPORTS = {
+    "resume_target": "pytest_resume_check.targets",
+    "Target": "pytest_resume_check.targets",
+    "Contract": "pytest_resume_check.targets",
+    "EXACTLY_ONCE": "pytest_resume_check.targets",
+    "EXACTLY_ONCE_ORDERED": "pytest_resume_check.targets",
+    "RunContext": "pytest_resume_check.run",
+    "KillSpec": "pytest_resume_check.run",
+    "WithIds": "pytest_resume_check.ids",
+    "ids_of": "pytest_resume_check.ids",
+}
+
+__all__ = sorted(_EXPORTS)
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'pytest_resume_check' has no attribute {name!r}")

@@ -1,0 +1,389 @@
+"""The pytest side: options, fixtures, matrix items and the summary. The only module that uses pytest.
+
+Loading this plugin imports nothing heavy: the engine is imported when ``--resume-matrix`` is given
+or the ``resume_check`` fixture is used.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from random import Random
+from typing import Any
+
+import pytest
+
+OPT_MATRIX = "--resume-matrix"
+OPT_SEED = "--resume-matrix-seed"
+OPT_TARGET = "--resume-matrix-target"
+OPT_CELL = "--resume-matrix-cell"
+OPT_HANG = "--resume-matrix-hang-timeout"
+OPT_JSON = "--resume-matrix-json"
+OPT_ISOLATION = "--resume-matrix-isolation"
+
+HELP_MATRIX = ("run every resume-check target across the kill/resume matrix: 'quick' (default, "
+               "boundary-aware sample of kill points) or 'full' (every step)")
+HELP_SEED = "seed for shuffles and kill-point sampling: an integer, or 'last' to reuse the previous seed"
+HELP_TARGET = "only run this target (repeatable)"
+HELP_CELL = "run only this matrix cell, e.g. 'builtin_loop[b4-take2-e2-shuffle-auto-ckpt3]'"
+HELP_HANG = "seconds without an event before a run counts as HUNG and is killed (default 60)"
+HELP_JSON = "write every cell's verdict and ledgers to this JSON file"
+HELP_ISOLATION = "how children start for every target: 'forkserver' (preloaded) or 'spawn'"
+
+MATRIX_MODES = ("quick", "full")
+ISOLATIONS = ("forkserver", "spawn")
+MARKER = "resume_matrix"
+CACHE_SEED = "resume_check/seed"
+KEEP_SESSIONS = 3
+
+ERR_MODE = "{opt}={value!r} is not a matrix mode; use one of: quick, full (e.g. {opt}=quick)"
+ERR_SEED = "{opt}={value!r} is not a seed; give an integer (e.g. {opt}=1234) or 'last'"
+ERR_SEED_LAST = "{opt}=last: no previous seed is cached in this project; run once without it first"
+ERR_HANG = "{opt}={value!r} must be a positive number of seconds (e.g. {opt}=60)"
+ERR_ISOLATION = "{opt}={value!r} is not an isolation; use 'forkserver' or 'spawn'"
+ERR_NO_TARGET = ("{opt}: no resume-check target named {names}; known targets: {known}. Declare targets with "
+                 "pytest_resume_check.resume_target in a conftest.py or an entry point")
+ERR_NO_CELL = "{opt}={value!r}: no such cell in this matrix (mode {mode}, seed {seed}); check mode and seed"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated plugin settings (command line wins over the ini file)."""
+
+    mode: str | None
+    seed: int
+    targets: tuple[str, ...]
+    cell: str | None
+    hang_timeout: float
+    json_path: str | None
+    isolation: str | None
+
+
+SETTINGS_KEY = pytest.StashKey[Settings]()
+TARGETS_KEY = pytest.StashKey[list]()
+ENGINE_KEY = pytest.StashKey[Any]()
+RESULTS_KEY = pytest.StashKey[list]()
+ROOT_KEY = pytest.StashKey[Path]()
+RESULT_KEY = pytest.StashKey[Any]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("resume-check", "pytest-resume-check: kill, resume and compare training runs")
+    group.addoption(OPT_MATRIX, nargs="?", const="quick", default=None, dest="resume_matrix", help=HELP_MATRIX)
+    group.addoption(OPT_SEED, default=None, dest="resume_matrix_seed", help=HELP_SEED)
+    group.addoption(OPT_TARGET, action="append", default=[], dest="resume_matrix_target", help=HELP_TARGET)
+    group.addoption(OPT_CELL, default=None, dest="resume_matrix_cell", help=HELP_CELL)
+    group.addoption(OPT_HANG, default=None, dest="resume_matrix_hang_timeout", help=HELP_HANG)
+    group.addoption(OPT_JSON, default=None, dest="resume_matrix_json", help=HELP_JSON)
+    group.addoption(OPT_ISOLATION, default=None, dest="resume_matrix_isolation", help=HELP_ISOLATION)
+    parser.addini("resume_matrix", "matrix mode to run without the command-line flag: quick or full")
+    parser.addini("resume_matrix_seed", HELP_SEED)
+    parser.addini("resume_matrix_targets", HELP_TARGET, type="args")
+    parser.addini("resume_matrix_hang_timeout", HELP_HANG)
+    parser.addini("resume_matrix_json", HELP_JSON)
+    parser.addini("resume_matrix_isolation", HELP_ISOLATION)
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from pytest_resume_check import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def _setting(config: pytest.Config, name: str) -> Any:
+    value = config.getoption(name)
+    if value in (None, [], ""):
+        value = config.getini(name if name != "resume_matrix_target" else "resume_matrix_targets")
+    return value or None
+
+
+def _settings(config: pytest.Config) -> Settings:
+    mode = _setting(config, "resume_matrix")
+    if mode is not None and mode not in MATRIX_MODES:
+        raise pytest.UsageError(ERR_MODE.format(opt=OPT_MATRIX, value=mode))
+    hang = _setting(config, "resume_matrix_hang_timeout") or 60
+    try:
+        hang = float(hang)
+        if hang <= 0:
+            raise ValueError
+    except ValueError:
+        raise pytest.UsageError(ERR_HANG.format(opt=OPT_HANG, value=hang)) from None
+    isolation = _setting(config, "resume_matrix_isolation")
+    if isolation is not None and isolation not in ISOLATIONS:
+        raise pytest.UsageError(ERR_ISOLATION.format(opt=OPT_ISOLATION, value=isolation))
+    return Settings(
+        mode=mode,
+        seed=_seed(config),
+        targets=tuple(_setting(config, "resume_matrix_target") or ()),
+        cell=config.getoption("resume_matrix_cell"),
+        hang_timeout=hang,
+        json_path=_setting(config, "resume_matrix_json"),
+        isolation=isolation,
+    )
+
+
+def _seed(config: pytest.Config) -> int:
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is not None and "resume_matrix_seed" in worker_input:
+        return int(worker_input["resume_matrix_seed"])
+    raw = _setting(config, "resume_matrix_seed")
+    cache = getattr(config, "cache", None)
+    if raw == "last":
+        seed = cache.get(CACHE_SEED, None) if cache is not None else None
+        if seed is None:
+            raise pytest.UsageError(ERR_SEED_LAST.format(opt=OPT_SEED))
+        return int(seed)
+    if raw is None:
+        return Random().randrange(10**6)
+    try:
+        return int(raw)
+    except ValueError:
+        raise pytest.UsageError(ERR_SEED.format(opt=OPT_SEED, value=raw)) from None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{MARKER}: a cell of the resume matrix (pytest-resume-check)")
+    settings = _settings(config)
+    config.stash[SETTINGS_KEY] = settings
+    config.stash[TARGETS_KEY] = []
+    config.stash[RESULTS_KEY] = []
+    if settings.mode and getattr(config, "cache", None) is not None and not hasattr(config, "workerinput"):
+        config.cache.set(CACHE_SEED, settings.seed)
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_XdistSeed(settings.seed), "resume_check_xdist")
+
+
+class _XdistSeed:
+    """Hands the controller's seed to every xdist worker so all collect the same cells."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput["resume_matrix_seed"] = self.seed
+
+
+def pytest_plugin_registered(plugin: Any, manager: Any) -> None:
+    # Conftest modules are registered as plugins: pick up the targets they declare. Only look when
+    # the targets module is loaded at all (a conftest that declares targets imports it).
+    targets_module = sys.modules.get("pytest_resume_check.targets")
+    if targets_module is None or not hasattr(plugin, "__file__"):
+        return
+    found = targets_module.targets_in_module(plugin)
+    if found:
+        _pending_conftest_targets.extend(found)
+
+
+_pending_conftest_targets: list[Any] = []
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    s = config.stash[SETTINGS_KEY]
+    if not s.mode:
+        return []
+    return [f"resume-check: matrix={s.mode} seed={s.seed} (rerun with {OPT_SEED}={s.seed})"]
+
+
+def _discover(config: pytest.Config) -> list[Any]:
+    from pytest_resume_check.targets import TargetError, entry_point_targets
+
+    try:
+        targets = list(_pending_conftest_targets) + entry_point_targets()
+    except TargetError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    unique: dict[str, Any] = {}
+    for t in targets:
+        unique.setdefault(t.name, t)
+    targets = list(unique.values())
+    config.hook.pytest_resume_check_targets(config=config, targets=targets)
+    wanted = config.stash[SETTINGS_KEY].targets
+    if wanted:
+        missing = [w for w in wanted if w not in unique]
+        if missing:
+            raise pytest.UsageError(ERR_NO_TARGET.format(opt=OPT_TARGET, names=", ".join(missing),
+                                                         known=", ".join(sorted(unique)) or "none"))
+        targets = [t for t in targets if t.name in wanted]
+    return targets
+
+
+class ResumeMatrix(pytest.Collector):
+    """Collector that holds the matrix cells."""
+
+    def collect(self) -> list[pytest.Item]:
+        from pytest_resume_check import matrix
+
+        settings = self.config.stash[SETTINGS_KEY]
+        items = []
+        for target in _discover(self.config):
+            cases = self.config.hook.pytest_resume_check_cases(config=self.config, target=target)
+            if cases is not None:
+                target = target.with_options(cases=tuple(dict(c) for c in cases))
+            for cell in matrix.cells(target, settings.mode, settings.seed):
+                items.append(ResumeCell.from_parent(self, name=f"{target.name}[{cell.id}]", cell=cell))
+        return items
+
+
+class ResumeCheckFailure(Exception):
+    """A cell's verdict failed; the message is the whole report."""
+
+
+class ResumeCell(pytest.Item):
+    """One cell of the matrix: reference run (shared per case), interrupted runs, verdict."""
+
+    def __init__(self, *, cell: Any, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.cell = cell
+        self.add_marker(MARKER)
+        if cell.xfail_reason:
+            self.add_marker(pytest.mark.xfail(reason=cell.xfail_reason, strict=True,
+                                              raises=ResumeCheckFailure))
+        self.user_properties += [("target", cell.target.name), ("case", cell.case_id),
+                                 ("resume_mode", cell.resume_mode), ("kill", cell.kill_id)]
+
+    def runtest(self) -> None:
+        from pytest_resume_check import report
+
+        result = _engine(self.config).run_cell(self.cell)
+        self.stash[RESULT_KEY] = result
+        self.config.stash[RESULTS_KEY].append(report.cell_json(result))
+        self.config.hook.pytest_resume_check_cell_result(config=self.config, result=result)
+        self.user_properties += [("verdict", ",".join(result.verdict.categories) or "PASSED"),
+                                 ("headline", result.verdict.headline)]
+        if not result.passed:
+            raise ResumeCheckFailure(report.failure_text(result, rerun_command(self)))
+        if result.workdir is not None:
+            shutil.rmtree(result.workdir, ignore_errors=True)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        if isinstance(excinfo.value, ResumeCheckFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"resume-matrix {self.name}"
+
+
+def rerun_command(item: pytest.Item) -> str:
+    """The command that reruns exactly this cell with the same seed."""
+    settings = item.config.stash[SETTINGS_KEY]
+    args = [a for a in item.config.invocation_params.args if not str(a).startswith("-")
+            and os.path.exists(str(a))]
+    parts = ["pytest", *args, f"{OPT_MATRIX}={settings.mode}", f"{OPT_SEED}={settings.seed}",
+             f"'{OPT_CELL}={item.name}'"]
+    if settings.isolation:
+        parts.append(f"{OPT_ISOLATION}={settings.isolation}")
+    return " ".join(str(p) for p in parts)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    settings = config.stash[SETTINGS_KEY]
+    if not settings.mode:
+        return
+    node = ResumeMatrix.from_parent(session, name="resume-matrix")
+    cells = node.collect()
+    if settings.cell:
+        chosen = [c for c in cells if c.name == settings.cell]
+        if not chosen:
+            raise pytest.UsageError(ERR_NO_CELL.format(opt=OPT_CELL, value=settings.cell, mode=settings.mode,
+                                                       seed=settings.seed))
+        config.hook.pytest_deselected(items=list(items) + [c for c in cells if c not in chosen])
+        items[:] = chosen
+        return
+    items.extend(cells)
+
+
+def _session_root(config: pytest.Config) -> Path:
+    if ROOT_KEY not in config.stash:
+        base = Path(tempfile.gettempdir()) / f"pytest-resume-check-{_user()}"
+        base.mkdir(parents=True, exist_ok=True)
+        worker = getattr(config, "workerinput", {}).get("workerid", "main")
+        root = base / f"session-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{worker}"
+        root.mkdir()
+        sessions = sorted(base.glob("session-*"), key=lambda p: p.stat().st_mtime)
+        for old in sessions[:-KEEP_SESSIONS * 4]:
+            shutil.rmtree(old, ignore_errors=True)
+        config.stash[ROOT_KEY] = root
+    return config.stash[ROOT_KEY]
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "user"
+
+
+def _engine(config: pytest.Config) -> Any:
+    if ENGINE_KEY not in config.stash:
+        from pytest_resume_check.scenario import Engine
+
+        s = config.stash[SETTINGS_KEY]
+        config.stash[ENGINE_KEY] = Engine(_session_root(config), s.seed, s.hang_timeout, s.isolation)
+    return config.stash[ENGINE_KEY]
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    results = config.stash[RESULTS_KEY]
+    settings = config.stash[SETTINGS_KEY]
+    if not results:
+        return
+    failed = [r for r in results if not r["passed"]]
+    tr = terminalreporter
+    tr.write_sep("=", f"resume matrix: {len(results)} cells, {len(failed)} failing verdicts, seed {settings.seed}")
+    for r in failed[:50]:
+        tr.write_line(f"{r['target']}[{r['case_id']}-{r['resume_mode']}-{r['kill']}]: {r['headline']}")
+    if settings.json_path:
+        from pytest_resume_check import report
+
+        Path(settings.json_path).write_text(report.dump_json(results, settings.seed))
+        tr.write_line(f"resume matrix verdicts written to {settings.json_path}")
+
+
+# -- fixtures for hand-written tests --------------------------------------------------------------
+
+class ResumeCheck:
+    """What the ``resume_check`` fixture gives a test: run a target, kill it, resume it, judge it."""
+
+    def __init__(self, root: Path, seed: int, hang_timeout: float):
+        from pytest_resume_check.scenario import Engine
+
+        self.engine = Engine(root, seed, hang_timeout)
+        self._count = 0
+
+    def kill_after_checkpoint(self, step: int, extra_steps: int = 0) -> Any:
+        """Kill right after the checkpoint of ``step`` is published, or ``extra_steps`` later."""
+        from pytest_resume_check.run import KillSpec
+
+        return KillSpec(step, extra_steps)
+
+    def run(self, target: Any, *, kills: Any, case: dict | None = None, resume_mode: str = "auto") -> Any:
+        """Reference run, then the interrupted runs; returns a ``CellResult`` (``.verdict``,
+        ``.verdict.composite``, ``.runs``). ``kills``: one ``KillSpec`` per killed run."""
+        from pytest_resume_check.matrix import Cell
+
+        case = dict(case if case is not None else target.cases[0])
+        kills = tuple(kills) if isinstance(kills, (list, tuple)) else (kills,)
+        cell = Cell(target, case, resume_mode, kills, int(target.steps(case)))
+        return self.engine.run_cell(cell)
+
+    def report(self, result: Any) -> str:
+        """The failure text of a result (headline, excerpt, runs, kept files)."""
+        from pytest_resume_check import report
+
+        return report.failure_text(result)
+
+
+@pytest.fixture
+def resume_check(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ResumeCheck]:
+    """Run targets in real child processes, SIGKILL them at chosen points, resume, and judge."""
+    settings = request.config.stash[SETTINGS_KEY]
+    yield ResumeCheck(tmp_path / "resume-check", settings.seed, settings.hang_timeout)
