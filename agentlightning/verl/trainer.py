@@ -1,0 +1,323 @@
+"""``AgentLightningRayPPOTrainer``: verl's ``RayPPOTrainer`` whose async inputs survive checkpoint and resume.
+
+The bug this fixes: an async refill takes ``async_train_batch_size - carried_over`` inputs per step
+from a loader that yields batches of ``data.train_batch_size``, so the trainer buffers the unused tail
+of a loader batch while the loader has already moved past it. verl's checkpoint saves the loader
+(``data.pt``) but not that buffer, so a resume silently skipped the buffered inputs. verl also guesses
+the epoch from the optimizer step (``global_steps // len(loader)``) and, in 0.8/0.9, skips restoring
+``data.pt`` when ``global_steps % len(loader) == 0``; neither describes async input consumption.
+
+The fix, wired in here:
+
+* Save (async): ``agentlightning_input.pt`` (see :mod:`agentlightning.verl.checkpoint`) is written into
+  ``global_step_N/`` atomically *before* verl saves the model and publishes the tracker, so a tracker
+  never points at a folder without a complete input file. Sync checkpoints are verl's, byte for byte.
+* Load: after verl restores the step and the model, the input file (when present) restores the exact
+  input position and epoch; it is authoritative over verl's epoch-boundary heuristic, and ``fit()``
+  keeps the restored epoch.
+
+``fit()`` here is a compact loop that runs on CPU with the embedded defaults of
+:mod:`agentlightning.verl.cpu` (verl's own ``fit`` needs GPU rollout managers). It calls verl's real
+``_save_checkpoint``/``_load_checkpoint`` through ``super()``. Step numbering is verl's: the first step
+is ``global_steps == 1`` and ``global_step_N`` holds the state after N steps.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from omegaconf import OmegaConf, open_dict
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+from agentlightning.verl.checkpoint import (
+    DATALOADER_FILENAME,
+    STEP_FOLDER_PREFIX,
+    read_input_state,
+    repair_torn_tracker,
+    resolve_resume_folder,
+    step_of_folder,
+    write_input_state,
+)
+from agentlightning.verl.inputs import BufferedInputStream, ids_of
+from agentlightning.verl.rollout import CompletedRollouts, RolloutEngine
+
+CONFIG_ENABLED = "agentlightning.async_rollout.enabled"
+CONFIG_ASYNC_TRAIN_BATCH_SIZE = "agentlightning.async_rollout.async_train_batch_size"
+DEFAULT_INPUT_ID_KEY = "input_id"
+
+LEGACY_CHECKPOINT_WARNING = (
+    "{folder} has no agentlightning_input.pt (written before the async input fix, or by a sync run): "
+    "the buffered inputs of that checkpoint cannot be reconstructed, and the input epoch is guessed "
+    "from the step as verl does. Inputs buffered when it was saved are skipped."
+)
+NO_ROLLOUT_ENGINE_ERROR = (
+    "AgentLightningRayPPOTrainer.fit() needs a rollout engine: set trainer.rollout_engine to an object "
+    "implementing agentlightning.verl.rollout.RolloutEngine (agentlightning.verl.cpu.build_cpu_trainer "
+    "sets the CPU default)"
+)
+
+
+class AsyncRolloutConfigError(ValueError):
+    """The ``agentlightning.async_rollout`` settings are inconsistent."""
+
+
+class LegacyInputCheckpointWarning(UserWarning):
+    """An async resume from a checkpoint without an input file: buffered inputs are lost."""
+
+
+@runtime_checkable
+class InputObserver(Protocol):
+    """Watches (and may steer the checkpointing of) a trainer; set as ``trainer.input_observer``.
+
+    Every dataset item carries an integer id under ``trainer.input_id_key`` (``"input_id"`` by
+    default); ids are reported as plain ints. Input epochs start at 0. When ``input_observer`` is None
+    nothing is called.
+    """
+
+    def resumed(self, step: int, path: str | None) -> None:
+        """Called once in ``fit()`` after loading: the step of the checkpoint actually restored and
+        its folder (0 and None when starting fresh)."""
+
+    def consumed(self, ids: list[int], step: int, epoch: int) -> None:
+        """Ids taken from the input stream for training in ``step``, with the input epoch they belong
+        to: async, at each refill in stream order (one call per epoch a refill spans); sync, the loader
+        batch."""
+
+    def trained(self, ids: list[int], step: int, epoch: int) -> None:
+        """Ids whose rollouts were used in the update of ``step`` (one call per run of one epoch)."""
+
+    def step_end(self, step: int) -> None:
+        """After the update of ``step``, before any save of that step."""
+
+    def should_checkpoint(self, step: int) -> bool:
+        """Whether to save at the end of ``step``; the trainer saves if this is True *or* its own
+        ``trainer.save_freq`` says so."""
+
+    def checkpoint_published(self, step: int, path: str) -> None:
+        """After the save of ``step`` completed (the tracker names it); ``path`` is its folder."""
+
+
+@dataclass(frozen=True)
+class AsyncRolloutSettings:
+    """The ``agentlightning.async_rollout`` settings, validated."""
+
+    enabled: bool
+    async_train_batch_size: int | None
+
+
+def read_async_settings(config: Any) -> AsyncRolloutSettings:
+    """Read and validate ``agentlightning.async_rollout`` from a verl config (absent means sync)."""
+    enabled = bool(OmegaConf.select(config, CONFIG_ENABLED, default=False))
+    size = OmegaConf.select(config, CONFIG_ASYNC_TRAIN_BATCH_SIZE, default=None)
+    if not enabled:
+        return AsyncRolloutSettings(False, None if size is None else int(size))
+    train_batch_size = int(config.data.train_batch_size)
+    if size is None or int(size) <= train_batch_size:
+        raise AsyncRolloutConfigError(
+            f"{CONFIG_ASYNC_TRAIN_BATCH_SIZE}={size} must be greater than data.train_batch_size="
+            f"{train_batch_size} when {CONFIG_ENABLED}=true; raise it (for example to "
+            f"{train_batch_size + max(1, train_batch_size // 2)}) or set {CONFIG_ENABLED}=false"
+        )
+    return AsyncRolloutSettings(True, int(size))
+
+
+def add_agentlightning_config(
+    config: Any, *, enabled: bool, async_train_batch_size: int | None = None
+) -> Any:
+    """Add the ``agentlightning.async_rollout`` keys to ``config`` in place and return it.
+
+    verl puts its config in OmegaConf struct mode, where unknown keys cannot be added later: call this
+    before constructing the trainer.
+    """
+    with open_dict(config):
+        config.agentlightning = {
+            "async_rollout": {"enabled": bool(enabled), "async_train_batch_size": async_train_batch_size}
+        }
+    return config
+
+
+class ObservedTrainingMixin:
+    """Observer plumbing and the step pieces shared by the CPU-capable ``fit`` loops."""
+
+    input_observer: InputObserver | None
+    input_id_key: str
+    rollout_engine: RolloutEngine | None
+    resumed_from: str | None
+
+    def _init_observed_training(
+        self, rollout_engine: RolloutEngine | None, input_observer: InputObserver | None, input_id_key: str
+    ) -> None:
+        self.rollout_engine = rollout_engine
+        self.input_observer = input_observer
+        self.input_id_key = input_id_key
+        self.resumed_from = None
+        self.last_metrics: dict[str, float] = {}
+
+    def _observe(self, event: str, *args: Any) -> Any:
+        observer = self.input_observer
+        if observer is None:
+            return None
+        return getattr(observer, event)(*args)
+
+    def _require_engine(self) -> RolloutEngine:
+        if self.rollout_engine is None:
+            raise RuntimeError(NO_ROLLOUT_ENGINE_ERROR)
+        return self.rollout_engine
+
+    def step_folder(self, step: int) -> str:
+        """Absolute path of the ``global_step_{step}`` folder under ``trainer.default_local_dir``."""
+        base = os.path.abspath(self.config.trainer.default_local_dir)  # type: ignore[attr-defined]
+        return os.path.join(base, f"{STEP_FOLDER_PREFIX}{step}")
+
+    def _submit(self, batch: dict[str, Any], step: int, epoch: int) -> None:
+        ids = ids_of(batch, self.input_id_key)
+        self._observe("consumed", ids, step, epoch)
+        self._require_engine().submit(batch, ids, epoch, step)
+
+    def _train(self, done: CompletedRollouts | None, step: int) -> None:
+        self.last_metrics = {}
+        if done is not None:
+            self.last_metrics = self.actor_rollout_wg.update_actor(done.batch)  # type: ignore[attr-defined]
+            for epoch, ids in done.by_epoch():
+                self._observe("trained", ids, step, epoch)
+        self._observe("step_end", step)
+
+    def _save_if_due(self, step: int, is_last: bool) -> None:
+        freq = self.config.trainer.save_freq  # type: ignore[attr-defined]
+        due = freq > 0 and (is_last or step % freq == 0)  # verl's rule in RayPPOTrainer.fit
+        if self._observe("should_checkpoint", step):
+            due = True
+        if due:
+            self._save_checkpoint()  # type: ignore[attr-defined]
+            self._observe("checkpoint_published", step, self.step_folder(step))
+
+
+class AgentLightningRayPPOTrainer(ObservedTrainingMixin, RayPPOTrainer):
+    """verl's ``RayPPOTrainer`` with async input refills whose position survives checkpoint and resume.
+
+    Extra keyword arguments: ``rollout_engine`` (a :class:`~agentlightning.verl.rollout.RolloutEngine`),
+    ``input_observer`` (an :class:`InputObserver`) and ``input_id_key`` (the batch field holding each
+    input's integer id). All three can also be set as attributes after construction.
+    """
+
+    #: Test-only switch: False reproduces the behaviour before the fix (no input file is written).
+    write_input_checkpoint: bool = True
+
+    def __init__(
+        self,
+        config: Any,
+        *args: Any,
+        rollout_engine: RolloutEngine | None = None,
+        input_observer: InputObserver | None = None,
+        input_id_key: str = DEFAULT_INPUT_ID_KEY,
+        **kwargs: Any,
+    ) -> None:
+        # Validate before verl's constructor builds loaders: a bad setting should fail fast.
+        self.async_settings = read_async_settings(config)
+        super().__init__(config, *args, **kwargs)
+        self._init_observed_training(rollout_engine, input_observer, input_id_key)
+        self.input_stream = BufferedInputStream(self.train_dataloader, self.config.trainer.total_epochs)
+
+    @property
+    def async_enabled(self) -> bool:
+        """True when ``agentlightning.async_rollout.enabled`` is set."""
+        return self.async_settings.enabled
+
+    def _save_checkpoint(self) -> None:
+        """verl's save, preceded in async mode by the atomic write of the input file."""
+        if self.async_enabled and self.write_input_checkpoint:
+            # Written first: verl publishes the tracker last, so a crash here leaves the previous
+            # checkpoint selected and a tracker never names a folder without a complete input file.
+            step = self.global_steps
+            folder = os.path.join(self.config.trainer.default_local_dir, f"{STEP_FOLDER_PREFIX}{step}")
+            write_input_state(folder, step, self.input_stream.state_dict())
+        super()._save_checkpoint()
+
+    def _load_checkpoint(self) -> Any:
+        """verl's load, then the exact input position (from the input file when there is one).
+
+        The input file is read and validated before verl loads anything, so an unreadable or
+        unknown-version file stops the resume before any state changes. Sets ``self.resumed_from``.
+        """
+        self.resumed_from = None
+        if self.rollout_engine is not None:
+            self.rollout_engine.reset()  # in-flight rollouts are not checkpointed yet
+        checkpoint_dir = os.path.abspath(self.config.trainer.default_local_dir)
+        if self.config.trainer.resume_mode == "auto" and os.path.isdir(checkpoint_dir):
+            repair_torn_tracker(checkpoint_dir)
+        folder = resolve_resume_folder(self.config)
+        state = read_input_state(folder, expected_step=step_of_folder(folder)) if folder else None
+        result = super()._load_checkpoint()
+        if folder is None:
+            self.input_stream.restore_position(0, 0)
+            return result
+        self.resumed_from = folder
+        if state is not None:
+            self.input_stream.load_state_dict(state)
+        elif self.async_enabled:
+            self._restore_legacy_async_position(folder)
+        else:
+            self._restore_sync_position(folder)
+        return result
+
+    def _restore_legacy_async_position(self, folder: str) -> None:
+        # What the trainer did before the fix: verl's own data.pt handling (already done by super())
+        # and verl's step-based epoch guess. Only the counters for the end-of-run test are set here.
+        message = LEGACY_CHECKPOINT_WARNING.format(folder=folder)
+        warnings.warn(message, LegacyInputCheckpointWarning, stacklevel=3)
+        per_epoch = len(self.train_dataloader)
+        step = self.global_steps
+        at_boundary = step % per_epoch == 0
+        self.input_stream.restore_position(step // per_epoch, 0 if at_boundary else step % per_epoch)
+
+    def _restore_sync_position(self, folder: str) -> None:
+        # In sync mode one step is one loader batch, so the step gives the position exactly. verl skips
+        # data.pt at an epoch boundary and restarts the loader, which with shuffling replays the first
+        # epoch's order; restoring it always (an exhausted state yields one empty pass, which the
+        # stream counts as the end of the saved epoch) keeps the shuffle order.
+        per_epoch = len(self.train_dataloader)
+        step = self.global_steps
+        data_path = os.path.join(folder, DATALOADER_FILENAME)
+        if step > 0 and os.path.exists(data_path):
+            loader_state = torch.load(data_path, map_location="cpu", weights_only=True)
+            self.train_dataloader.load_state_dict(loader_state)
+            self.input_stream.restore_position((step - 1) // per_epoch, (step - 1) % per_epoch + 1)
+        else:
+            self.input_stream.restore_position(step // per_epoch, 0)
+
+    def fit(self) -> None:
+        """Train until the input stream is exhausted (or ``trainer.total_training_steps``), saving as due.
+
+        Each step: refill (async: ``async_train_batch_size`` minus in-flight rollouts; sync: one loader
+        batch), submit the new inputs to the rollout engine, update the actor on the finished rollouts
+        (async: those ready by the end of the step; sync: all), then save if due.
+        """
+        engine = self._require_engine()
+        self.global_steps = 0
+        self._load_checkpoint()
+        self._observe("resumed", self.global_steps, self.resumed_from)
+        cap = self.config.trainer.get("total_training_steps", None)
+        self.global_steps += 1
+        while cap is None or self.global_steps <= cap:
+            step = self.global_steps
+            if self.async_enabled:
+                wanted = self.async_settings.async_train_batch_size - engine.in_flight()
+            else:
+                wanted = self.train_dataloader.batch_size
+            chunks = self.input_stream.take(max(0, wanted))
+            if not chunks and engine.in_flight() == 0:
+                break  # nothing left: the previous step was the last one
+            for chunk in chunks:
+                self._submit(chunk.batch, step, chunk.epoch)
+            self._train(engine.collect(step) if self.async_enabled else engine.drain(step), step)
+            is_last = (self.input_stream.remaining() == 0 and engine.in_flight() == 0) or (
+                cap is not None and step >= cap
+            )
+            self._save_if_due(step, is_last)
+            self.global_steps += 1
+            if is_last:
+                break

@@ -1,0 +1,298 @@
+"""Kill-and-resume of the real trainer on CPU: real StatefulDataLoader, real verl save/load.
+
+Each case runs the trainer uninterrupted (the reference), then runs it again, checkpoints at one step,
+stops it abruptly a step later, resumes a new trainer from disk and compares the composite run (the
+first run's events up to the restored checkpoint, then the resumed run's) with the reference: inputs
+consumed and trained in the same order with the same epochs, and the same final model.
+"""
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("verl")
+
+from agentlightning.verl import checkpoint as ckpt  # noqa: E402
+from agentlightning.verl.cpu import (  # noqa: E402
+    RecordingObserver,
+    SimulatedKill,
+    StockCpuRayPPOTrainer,
+    build_cpu_trainer,
+    steps_for,
+)
+from agentlightning.verl.trainer import AgentLightningRayPPOTrainer  # noqa: E402
+
+
+@dataclass
+class Run:
+    trainer: object
+    observer: RecordingObserver
+
+
+@dataclass
+class Resumed:
+    reference: Run
+    first: Run
+    second: Run
+    checkpoint_step: int
+
+    def composite(self, kind):
+        restored = self.second.observer.resumed_step
+        return self.first.observer.ledger(kind, up_to_step=restored) + self.second.observer.ledger(kind)
+
+    def matches_reference(self):
+        return (
+            self.second.observer.resumed_step == self.checkpoint_step
+            and self.composite("consumed") == self.reference.observer.ledger("consumed")
+            and self.composite("trained") == self.reference.observer.ledger("trained")
+            and same_model(self.second.trainer, self.reference.trainer)
+        )
+
+
+@dataclass
+class Case:
+    checkpoint_step: int
+    options: dict = field(default_factory=dict)
+    other_directory: bool = False  # resume with resume_path into a different output directory
+
+
+def same_model(a, b):
+    left, right = a.actor_rollout_wg.model_state(), b.actor_rollout_wg.model_state()
+    return all(torch.equal(left[k], right[k]) for k in right)
+
+
+def run(output_dir, observer=None, write_input=True, **options):
+    trainer = build_cpu_trainer(str(output_dir), **options)
+    trainer.input_observer = observer if observer is not None else RecordingObserver()
+    if not write_input:
+        trainer.write_input_checkpoint = False
+    try:
+        trainer.fit()
+    except SimulatedKill:
+        pass
+    return Run(trainer, trainer.input_observer)
+
+
+def kill_and_resume(tmp_path, case, write_input=True):
+    options = dict(case.options)
+    reference = run(tmp_path / "reference", **options)
+    last = len(reference.observer.steps())
+    step = case.checkpoint_step
+    first_dir = tmp_path / "first"
+    killer = RecordingObserver(checkpoint_steps={step})
+    if step < last:
+        killer.kill_at_step_end = step + 1  # the step after the checkpoint is lost with the process
+    else:
+        killer.kill_after_checkpoint = step
+    first = run(first_dir, killer, write_input=write_input, **options)
+    if case.other_directory:
+        options.update(resume_mode="resume_path", resume_from_path=str(first_dir / f"global_step_{step}"))
+        second = run(tmp_path / "second", write_input=write_input, **options)
+    else:
+        second = run(first_dir, write_input=write_input, **options)
+    return Resumed(reference, first, second, step)
+
+
+# Defaults: 24 inputs, loader batches of 4 (6 per epoch), async refills of 6, 2 epochs, 8 steps.
+CROSSING = {"dataset_size": 20}  # 5 batches per epoch: step 4's refill takes 2 + 4 across the epoch
+RESUME_CASES = {
+    "partial_buffer": Case(1),  # 6 of 8 loaded inputs taken: 2 buffered
+    "empty_buffer": Case(2),  # 12 taken = 3 whole batches
+    "crossing_an_epoch": Case(3, CROSSING),
+    "seeded_shuffle": Case(3, {"shuffle": True, "seed": 3}),
+    "explicit_path_into_another_directory": Case(1, other_directory=True),
+    "step_divisible_by_loader_length": Case(6, {"async_train_batch_size": 7, "total_epochs": 3}),
+    "epoch_after_fit_startup": Case(5),  # 30 taken: input epoch 1, while verl's guess is 5 // 6 = 0
+    "loader_workers": Case(3, {"num_workers": 2, "shuffle": True}),
+}
+
+
+@pytest.mark.parametrize("name", list(RESUME_CASES))
+def test_a_resumed_async_run_continues_the_uninterrupted_run_exactly(tmp_path, name):
+    result = kill_and_resume(tmp_path, RESUME_CASES[name])
+    assert result.second.observer.resumed_step == result.checkpoint_step
+    assert result.composite("consumed") == result.reference.observer.ledger("consumed")
+    assert result.composite("trained") == result.reference.observer.ledger("trained")
+    assert same_model(result.second.trainer, result.reference.trainer)
+
+
+@pytest.mark.parametrize(
+    "options", [{}, CROSSING, {"shuffle": True, "seed": 1}, {"async_enabled": False, "shuffle": True}],
+    ids=["default", "crossing", "shuffled", "sync-shuffled"],
+)
+def test_resuming_from_any_step_continues_the_uninterrupted_run_exactly(tmp_path, options):
+    steps = steps_for(**options)
+    failing = [
+        step for step in range(1, steps + 1)
+        if not kill_and_resume(tmp_path / f"s{step}", Case(step, options)).matches_reference()
+    ]
+    assert failing == []
+
+
+def test_the_async_checkpoint_holds_the_buffered_tail_with_its_payload_types(tmp_path):
+    result = kill_and_resume(tmp_path, RESUME_CASES["partial_buffer"])
+    state = ckpt.read_input_state(str(tmp_path / "first" / "global_step_1"), expected_step=1)
+    tail = state["buffered_tail"]
+    assert state["input_epoch"] == 0 and state["loader_batches_taken_in_epoch"] == 2
+    assert tail["input_id"].tolist() == [6, 7]
+    assert isinstance(tail["features"], torch.Tensor) and tail["features"].shape == (2, 4)
+    assert tail["prompt"].dtype == object and tail["prompt"].tolist() == ["prompt 6", "prompt 7"]
+    assert tail["meta"] == [{"source": "synthetic", "index": 6}, {"source": "synthetic", "index": 7}]
+    assert result.matches_reference()
+
+
+def test_the_restored_input_epoch_survives_fit_startup(tmp_path):
+    result = kill_and_resume(tmp_path, RESUME_CASES["epoch_after_fit_startup"])
+    resumed_consumed = result.second.observer.ledger("consumed")
+    assert resumed_consumed[0] == (1, 6)  # epoch 1, although 5 // len(loader) == 0
+    assert {epoch for epoch, _ in resumed_consumed} == {1}
+
+
+def test_a_checkpoint_at_a_step_divisible_by_the_loader_length_restores_the_loader(tmp_path):
+    # verl 0.8/0.9 skips data.pt when global_steps % len(loader) == 0; the input file overrides that.
+    result = kill_and_resume(tmp_path, RESUME_CASES["step_divisible_by_loader_length"])
+    assert 6 % len(result.second.trainer.train_dataloader) == 0
+    assert result.matches_reference()
+
+
+def test_carried_over_rollouts_keep_the_consumed_inputs_exact_and_lose_only_in_flight_ones(tmp_path):
+    # Documented limit until the carry-over issue lands: in-flight rollouts are not checkpointed.
+    result = kill_and_resume(tmp_path, Case(3, {"rollout_latency": (1, 3)}))
+    first = result.first.observer
+    consumed, trained = first.ledger("consumed", up_to_step=3), first.ledger("trained", up_to_step=3)
+    in_flight = Counter(consumed) - Counter(trained)
+    assert in_flight, "the case must have rollouts in flight at the checkpoint"
+    assert result.composite("consumed") == result.reference.observer.ledger("consumed")
+    lost = Counter(result.reference.observer.ledger("trained")) - Counter(result.composite("trained"))
+    assert lost == in_flight
+
+
+def test_sync_checkpoints_keep_verls_format_byte_for_byte(tmp_path):
+    for name, trainer_cls in [("ours", AgentLightningRayPPOTrainer), ("stock", StockCpuRayPPOTrainer)]:
+        observer = RecordingObserver(checkpoint_steps={3, 6})
+        run(tmp_path / name, observer, async_enabled=False, trainer_cls=trainer_cls)
+    ours, stock = tmp_path / "ours", tmp_path / "stock"
+    files = sorted(str(p.relative_to(ours)) for p in ours.rglob("*") if p.is_file())
+    assert files == sorted(str(p.relative_to(stock)) for p in stock.rglob("*") if p.is_file())
+    assert not any(ckpt.INPUT_STATE_FILENAME in f for f in files)
+    for name in files:
+        assert (ours / name).read_bytes() == (stock / name).read_bytes(), name
+
+
+def test_a_checkpoint_without_the_input_file_loads_with_a_warning_in_async_mode(tmp_path):
+    run(tmp_path, RecordingObserver(checkpoint_steps={2}, kill_at_step_end=3))
+    os.remove(tmp_path / "global_step_2" / ckpt.INPUT_STATE_FILENAME)  # as written before the fix
+    with pytest.warns(UserWarning, match="buffered inputs of that checkpoint cannot be reconstructed"):
+        resumed = run(tmp_path)
+    assert resumed.observer.resumed_step == 2 and resumed.observer.steps()
+
+
+def test_a_sync_checkpoint_loads_without_a_warning(tmp_path, recwarn):
+    run(tmp_path, RecordingObserver(checkpoint_steps={2}, kill_at_step_end=3), async_enabled=False)
+    resumed = run(tmp_path, async_enabled=False)
+    assert resumed.observer.resumed_step == 2
+    assert not [w for w in recwarn if "cannot be reconstructed" in str(w.message)]
+
+
+def test_disabled_resume_starts_fresh_without_reading_the_input_file(tmp_path):
+    reference = run(tmp_path / "reference")
+    run(tmp_path / "out", RecordingObserver(checkpoint_steps={2}, kill_at_step_end=3))
+    (tmp_path / "out" / "global_step_2" / ckpt.INPUT_STATE_FILENAME).write_bytes(b"unreadable")
+    fresh = run(tmp_path / "out", resume_mode="disable")
+    assert (fresh.observer.resumed_step, fresh.observer.resumed_path) == (0, None)
+    assert fresh.observer.ledger("consumed") == reference.observer.ledger("consumed")
+
+
+def test_auto_resume_without_a_checkpoint_starts_fresh(tmp_path):
+    reference = run(tmp_path / "reference")
+    fresh = run(tmp_path / "empty")
+    assert (fresh.observer.resumed_step, fresh.observer.resumed_path) == (0, None)
+    assert fresh.observer.ledger("consumed") == reference.observer.ledger("consumed")
+
+
+def test_an_unknown_input_format_version_stops_the_resume_before_training(tmp_path):
+    run(tmp_path, RecordingObserver(checkpoint_steps={2}, kill_at_step_end=3))
+    path = tmp_path / "global_step_2" / ckpt.INPUT_STATE_FILENAME
+    payload = torch.load(path, weights_only=True)
+    payload[ckpt.KEY_FORMAT_VERSION] = 99
+    torch.save(payload, path)
+    trainer = build_cpu_trainer(str(tmp_path))
+    trainer.input_observer = RecordingObserver()
+    with pytest.raises(ckpt.InputCheckpointVersionError) as info:
+        trainer.fit()
+    assert str(path) in str(info.value) and "99" in str(info.value) and "supported: 1" in str(info.value)
+    assert trainer.input_observer.events == []
+    assert trainer.actor_rollout_wg.updates == 0  # verl did not even load the model
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint_selected_and_no_partial_file(tmp_path, monkeypatch):
+    reference = run(tmp_path / "reference")
+    real_save = torch.save
+
+    def save_failing_at_step_4(obj, f, *args, **kwargs):
+        if "global_step_4" in getattr(f, "name", str(f)):
+            f.write(b"partial")
+            raise OSError("disk full")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt.torch, "save", save_failing_at_step_4)
+    first = RecordingObserver(checkpoint_steps={2, 4})
+    with pytest.raises(OSError, match="disk full"):
+        run(tmp_path / "out", first)
+    monkeypatch.setattr(ckpt.torch, "save", real_save)
+    assert ckpt.read_tracker(str(tmp_path / "out")) == 2
+    assert not any("agentlightning_input" in p.name for p in (tmp_path / "out" / "global_step_4").iterdir())
+    second = run(tmp_path / "out")
+    assert second.observer.resumed_step == 2
+    composite = first.ledger("consumed", up_to_step=2) + second.observer.ledger("consumed")
+    assert composite == reference.observer.ledger("consumed")
+
+
+def test_a_torn_tracker_from_a_kill_during_verls_tracker_write_is_repaired_on_resume(tmp_path):
+    reference = run(tmp_path / "reference")
+    first = run(tmp_path / "out", RecordingObserver(checkpoint_steps={2, 4}, kill_after_checkpoint=4))
+    (tmp_path / "out" / ckpt.TRACKER_FILENAME).write_text("")  # verl's open("w") truncated, then killed
+    with pytest.warns(RuntimeWarning, match="torn"):
+        second = run(tmp_path / "out")
+    assert second.observer.resumed_step == 4
+    composite = first.observer.ledger("consumed", up_to_step=4) + second.observer.ledger("consumed")
+    assert composite == reference.observer.ledger("consumed")
+
+
+def test_stock_verl_cannot_resume_from_a_torn_tracker(tmp_path):
+    options = {"async_enabled": False, "trainer_cls": StockCpuRayPPOTrainer}
+    run(tmp_path, RecordingObserver(checkpoint_steps={2}, kill_after_checkpoint=2), **options)
+    (tmp_path / ckpt.TRACKER_FILENAME).write_text("")
+    with pytest.raises(ValueError):
+        run(tmp_path, **options)
+
+
+def test_stock_verl_replays_the_first_shuffle_order_after_an_epoch_boundary_resume(tmp_path):
+    # verl skips data.pt at global_steps % len(loader) == 0, so the sampler restarts from its seed.
+    options = {"async_enabled": False, "shuffle": True, "seed": 5}
+    stock = kill_and_resume(tmp_path / "stock", Case(6, {**options, "trainer_cls": StockCpuRayPPOTrainer}))
+    ours = kill_and_resume(tmp_path / "ours", Case(6, options))
+    reference = stock.reference.observer.ledger("consumed")
+    assert stock.composite("consumed") != reference
+    assert sorted(stock.composite("consumed")) == sorted(reference)  # same inputs, other order
+    assert ours.composite("consumed") == reference
+
+
+def test_steps_for_matches_the_length_of_an_uninterrupted_run(tmp_path):
+    for options in [{}, CROSSING, {"rollout_latency": (1, 3), "shuffle": True}, {"async_enabled": False}]:
+        assert steps_for(**options) == len(run(tmp_path / str(len(options)), **options).observer.steps())
+    assert steps_for(async_enabled=False, trainer_cls=StockCpuRayPPOTrainer) == 12
+    assert steps_for() == 8
+
+
+def test_most_resume_cases_fail_with_the_fix_switched_off(tmp_path):
+    # The tests bite: writing no input file (the behaviour before the fix) breaks most resume cases.
+    failed = [
+        name for name, case in RESUME_CASES.items()
+        if not kill_and_resume(tmp_path / name, case, write_input=False).matches_reference()
+    ]
+    print(f"fix switched off: {len(failed)} of {len(RESUME_CASES)} resume cases fail: {failed}")
+    assert len(failed) >= 0.75 * len(RESUME_CASES), failed

@@ -1,0 +1,205 @@
+"""agentlightning_input.pt: safe encoding, validated reads, atomic writes, tracker repair."""
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("verl")
+np = pytest.importorskip("numpy")
+
+from agentlightning.verl import checkpoint as ckpt  # noqa: E402
+from agentlightning.verl.inputs import STATE_KEYS  # noqa: E402
+
+
+def stream_state(tail):
+    return {
+        "loader_state": {"_num_yielded": 3, "generator": torch.arange(4, dtype=torch.uint8), "x": None},
+        "buffered_tail": tail,
+        "input_epoch": 1,
+        "loader_batches_taken_in_epoch": 3,
+    }
+
+
+def mixed_tail():
+    prompts = np.empty(2, dtype=object)
+    prompts[0] = ["a", {"nested": [1, 2]}]
+    prompts[1] = "plain"
+    return {
+        "input_id": torch.tensor([6, 7]),
+        "features": torch.randn(2, 3),
+        "prompt": prompts,
+        "labels": np.array(["x", "yz"]),
+        "weights": np.array([[1.5, 2.5], [3.5, 4.5]], dtype=np.float16),
+        "flags": np.array([True, False]),
+        "scalar": np.int32(7),
+        "meta": [{"turns": 2}, {"turns": 3}],
+    }
+
+
+def assert_equal_values(actual, expected):
+    assert type(actual) is type(expected)
+    if isinstance(expected, dict):
+        assert list(actual) == list(expected)
+        for key in expected:
+            assert_equal_values(actual[key], expected[key])
+    elif isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected, strict=True):
+            assert_equal_values(a, e)
+    elif isinstance(expected, torch.Tensor):
+        assert actual.dtype == expected.dtype and torch.equal(actual, expected)
+    elif isinstance(expected, np.ndarray):
+        assert actual.dtype == expected.dtype and actual.shape == expected.shape
+        if expected.dtype == object:
+            for a, e in zip(actual.reshape(-1), expected.reshape(-1), strict=True):
+                assert_equal_values(a, e)
+        else:
+            assert np.array_equal(actual, expected)
+    else:
+        assert actual == expected
+
+
+def test_tensor_numpy_object_array_and_list_payloads_round_trip_exactly(tmp_path):
+    state = stream_state(mixed_tail())
+    ckpt.write_input_state(str(tmp_path), 5, state)
+    assert_equal_values(ckpt.read_input_state(str(tmp_path), expected_step=5), state)
+
+
+@pytest.fixture
+def no_allow_list():
+    """Empty torch's weights_only allow-list (verl's imports register entries) for the test."""
+    registered = torch.serialization.get_safe_globals()
+    torch.serialization.clear_safe_globals()
+    yield
+    torch.serialization.add_safe_globals(registered)
+
+
+def test_the_file_loads_with_weights_only_and_no_allow_list(tmp_path, no_allow_list):
+    path = ckpt.write_input_state(str(tmp_path), 5, stream_state(mixed_tail()))
+    payload = torch.load(path, weights_only=True)
+    assert payload[ckpt.KEY_FORMAT_VERSION] == ckpt.INPUT_STATE_FORMAT_VERSION
+    assert payload[ckpt.KEY_GLOBAL_STEP] == 5
+    assert set(payload[ckpt.KEY_INPUT_STREAM]) == set(STATE_KEYS)
+
+
+def test_an_empty_buffer_is_stored_as_none(tmp_path):
+    ckpt.write_input_state(str(tmp_path), 2, stream_state(None))
+    assert ckpt.read_input_state(str(tmp_path))["buffered_tail"] is None
+
+
+def test_a_folder_without_the_file_reads_as_none(tmp_path):
+    assert ckpt.read_input_state(str(tmp_path)) is None
+
+
+def test_objects_that_would_need_pickled_code_are_refused_at_save(tmp_path):
+    class Custom:
+        pass
+
+    with pytest.raises(ckpt.InputCheckpointEncodeError) as info:
+        ckpt.write_input_state(str(tmp_path), 1, stream_state({"meta": [Custom()]}))
+    assert "input_stream['buffered_tail']['meta'][0]" in str(info.value)
+    assert str(tmp_path) in str(info.value)
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_unknown_format_version_names_the_file_the_version_and_the_supported_ones(tmp_path):
+    path = os.path.join(tmp_path, ckpt.INPUT_STATE_FILENAME)
+    torch.save({ckpt.KEY_FORMAT_VERSION: 99, ckpt.KEY_GLOBAL_STEP: 1, ckpt.KEY_INPUT_STREAM: {}}, path)
+    with pytest.raises(ckpt.InputCheckpointVersionError) as info:
+        ckpt.read_input_state(str(tmp_path))
+    message = str(info.value)
+    assert path in message and "version 99" in message and "supported: 1" in message
+    assert info.value.found == 99 and info.value.supported == (1,)
+
+
+def test_an_unreadable_file_is_a_corrupt_checkpoint_error(tmp_path):
+    with open(os.path.join(tmp_path, ckpt.INPUT_STATE_FILENAME), "wb") as f:
+        f.write(b"not a torch file")
+    with pytest.raises(ckpt.InputCheckpointCorruptError, match="cannot be read"):
+        ckpt.read_input_state(str(tmp_path))
+
+
+def test_a_file_missing_entries_is_a_corrupt_checkpoint_error(tmp_path):
+    torch.save({ckpt.KEY_FORMAT_VERSION: 1, ckpt.KEY_GLOBAL_STEP: 1, ckpt.KEY_INPUT_STREAM: {}},
+               os.path.join(tmp_path, ckpt.INPUT_STATE_FILENAME))
+    with pytest.raises(ckpt.InputCheckpointCorruptError, match="lacks required entries"):
+        ckpt.read_input_state(str(tmp_path))
+
+
+def test_a_file_from_another_step_is_refused(tmp_path):
+    ckpt.write_input_state(str(tmp_path), 3, stream_state(None))
+    with pytest.raises(ckpt.InputCheckpointStepMismatchError, match="records global step 3"):
+        ckpt.read_input_state(str(tmp_path), expected_step=4)
+
+
+def test_a_write_that_fails_part_way_leaves_the_previous_file_and_no_temporary(tmp_path, monkeypatch):
+    ckpt.write_input_state(str(tmp_path), 1, stream_state(None))
+    real_save = torch.save
+
+    def failing_save(obj, f, *args, **kwargs):
+        f.write(b"partial bytes")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt.torch, "save", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        ckpt.write_input_state(str(tmp_path), 1, stream_state(mixed_tail()))
+    monkeypatch.setattr(ckpt.torch, "save", real_save)
+    assert os.listdir(tmp_path) == [ckpt.INPUT_STATE_FILENAME]
+    assert ckpt.read_input_state(str(tmp_path))["buffered_tail"] is None
+
+
+def test_the_write_goes_through_an_open_file_and_is_fsynced(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(ckpt.os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    saved_to = []
+    real_save = torch.save
+    def recording_save(obj, f, **kwargs):
+        saved_to.append(f)
+        return real_save(obj, f, **kwargs)
+
+    monkeypatch.setattr(ckpt.torch, "save", recording_save)
+    ckpt.write_input_state(str(tmp_path), 1, stream_state(None))
+    assert len(synced) == 2  # the file, then its folder
+    assert not isinstance(saved_to[0], (str, os.PathLike))
+
+
+def make_step_folder(base, step, complete=True):
+    folder = os.path.join(base, f"global_step_{step}")
+    os.makedirs(folder)
+    if complete:
+        open(os.path.join(folder, ckpt.DATALOADER_FILENAME), "wb").close()
+    return folder
+
+
+def test_a_torn_tracker_is_repaired_to_the_newest_complete_checkpoint(tmp_path):
+    make_step_folder(tmp_path, 2)
+    make_step_folder(tmp_path, 4)
+    make_step_folder(tmp_path, 6, complete=False)  # killed during its save: never published
+    open(os.path.join(tmp_path, ckpt.TRACKER_FILENAME), "w").close()  # killed during verl's tracker write
+    with pytest.warns(RuntimeWarning, match="torn"):
+        assert ckpt.repair_torn_tracker(str(tmp_path))
+    assert ckpt.read_tracker(str(tmp_path)) == 4
+
+
+def test_a_readable_tracker_is_left_alone(tmp_path):
+    make_step_folder(tmp_path, 2)
+    make_step_folder(tmp_path, 4)
+    with open(os.path.join(tmp_path, ckpt.TRACKER_FILENAME), "w") as f:
+        f.write("2")
+    assert not ckpt.repair_torn_tracker(str(tmp_path))
+    assert ckpt.read_tracker(str(tmp_path)) == 2
+
+
+def test_a_torn_tracker_without_any_complete_checkpoint_is_a_clear_error(tmp_path):
+    open(os.path.join(tmp_path, ckpt.TRACKER_FILENAME), "w").close()
+    with pytest.raises(ckpt.TrackerError, match="no complete global_step folder"):
+        ckpt.repair_torn_tracker(str(tmp_path))
+
+
+def test_temporary_files_of_a_writer_killed_mid_write_are_cleaned_up(tmp_path):
+    stale = tmp_path / f"{ckpt.INPUT_STATE_FILENAME}.tmp.12345"
+    stale.write_bytes(b"half a file")
+    ckpt.write_input_state(str(tmp_path), 1, stream_state(None))
+    assert os.listdir(tmp_path) == [ckpt.INPUT_STATE_FILENAME]
