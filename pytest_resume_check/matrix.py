@@ -140,6 +140,6 @@ def cells(target: Target, mode: str, seed: int) -> list[Cell]:
         rng = random.Random(f"{seed}:{target.name}:{case_id(case)}")
         for resume_mode, kills in kill_points(steps, boundaries, mode, rng, target.resume_modes):
             cell = Cell(target, case, resume_mode, kills, steps)
-            reason = next((why for pred, why in target.expected_failures if pred(case, cell.kill_id)), None)
+            reason = next((why for pred, why in target.expected_failures if pred(cell)), None)
             out.append(Cell(target, case, resume_mode, kills, steps, reason))
     return out

@@ -11,6 +11,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,7 @@ class Child:
         """SIGKILL the child's process group (loader workers included), then the child itself."""
         kill_group(self.pid)
         self.process.join(timeout=30)
+        wait_group_gone(self.pid)
 
     def reap(self, timeout: float = 30) -> int | None:
         """Wait for exit, kill what is left of its group, return the exit code."""
@@ -61,6 +63,7 @@ class Child:
             self.process.join(timeout=30)
         else:
             kill_group(self.pid, only_group=True)
+        wait_group_gone(self.pid)
         self.conn.close()
         return self.process.exitcode
 
@@ -75,6 +78,20 @@ def kill_group(pid: int, only_group: bool = False) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def wait_group_gone(pgid: int, timeout: float = 10.0) -> bool:
+    """Wait until no process of group ``pgid`` is left (SIGKILL is delivered asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        time.sleep(0.005)
+    return False
 
 
 def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER) -> Child:

@@ -33,6 +33,7 @@ class RunRecord:
     error: str | None = None
     seconds: float = 0.0
     hang_timeout: float | None = None
+    pid: int | None = None
 
     @property
     def resumed_step(self) -> int | None:
@@ -77,6 +78,7 @@ def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HA
     record = RunRecord(plan, hang_timeout=hang_timeout)
     started = time.monotonic()
     child = starter.start(plan, isolation)
+    record.pid = child.pid
     try:
         _read_events(child, record, hang_timeout)
     finally:

@@ -74,7 +74,8 @@ class Target:
     uninterrupted run of that case (the matrix needs it before any run). ``cases`` lists the case
     parameter dicts. ``boundaries(case)`` optionally names the steps that end an epoch (kill points
     beside them are always sampled). ``preload`` names modules imported once in the fork server.
-    ``expected_failures`` maps a predicate over (case, kill id) to a reason: such cells are xfail.
+    ``expected_failures`` pairs a predicate over a matrix ``Cell`` (``.case``, ``.resume_mode``,
+    ``.kills``, ``.kill_id``) with a reason: matching cells are strict expected failures.
     """
 
     name: str
@@ -86,7 +87,7 @@ class Target:
     resume_modes: tuple[str, ...] = (RESUME_AUTO, RESUME_PATH)
     preload: tuple[str, ...] = ()
     isolation: str = ISOLATION_FORKSERVER
-    expected_failures: tuple[tuple[Callable[[Mapping[str, Any], str], bool], str], ...] = ()
+    expected_failures: tuple[tuple[Callable[[Any], bool], str], ...] = ()
     description: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -115,7 +116,7 @@ def resume_target(
     resume_modes: Iterable[str] = (RESUME_AUTO, RESUME_PATH),
     preload: Iterable[str] = (),
     isolation: str = ISOLATION_FORKSERVER,
-    expected_failures: Iterable[tuple[Callable[[Mapping[str, Any], str], bool], str]] = (),
+    expected_failures: Iterable[tuple[Callable[[Any], bool], str]] = (),
     description: str = "",
 ) -> Any:
     """Declare a target; usable as ``@resume_target(steps=...)`` or ``resume_target(fn, steps=...)``."""

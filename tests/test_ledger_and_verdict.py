@@ -1,0 +1,140 @@
+"""Pure tests of composite ledgers and verdict classification (no processes, no torch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_resume_check import events as ev
+from pytest_resume_check import verdict as vd
+from pytest_resume_check.ledger import Ledger, ResumeReportMissing, compose
+from pytest_resume_check.run import KillSpec, RunPlan
+from pytest_resume_check.supervisor import DONE, KILLED, RAISED, RunRecord
+
+
+def consumed(step, epoch, *ids):
+    return ev.Event(ev.CONSUMED, step=step, epoch=epoch, ids=ids)
+
+
+def resumed(step, path=None):
+    return ev.Event(ev.RESUMED, step=step, path=path)
+
+
+def stream(pairs):
+    """[(step, epoch, ids...)] -> events"""
+    return [consumed(*p) for p in pairs]
+
+
+REFERENCE = stream([(1, 0, 0, 1), (2, 0, 2, 3), (3, 1, 0, 1), (4, 1, 2, 3)])
+
+
+def ledger(events):
+    return Ledger.from_events(events)
+
+
+def test_composite_keeps_first_run_up_to_the_resumed_checkpoint_only():
+    first = stream([(1, 0, 0, 1), (2, 0, 2, 3), (3, 1, 9, 9)])  # step 3 was never saved
+    second = [resumed(2), *stream([(3, 1, 0, 1), (4, 1, 2, 3)])]
+    composite, resumed_from = compose([first, second])
+    assert resumed_from == [2]
+    assert composite.ids == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert [e.run for e in composite] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_composite_of_a_restart_from_scratch_drops_the_first_run():
+    first = stream([(1, 0, 0, 1)])
+    second = [resumed(0), *REFERENCE]
+    composite, _ = compose([first, second])
+    assert composite.ids == ledger(REFERENCE).ids
+
+
+def test_composite_of_two_kills_cuts_at_each_resume():
+    first = stream([(1, 0, 0, 1), (2, 0, 2, 3)])
+    second = [resumed(1), *stream([(2, 0, 2, 3), (3, 1, 0, 1)])]
+    third = [resumed(3), *stream([(4, 1, 2, 3)])]
+    composite, resumed_from = compose([first, second, third])
+    assert resumed_from == [1, 3]
+    assert composite.ids == [0, 1, 2, 3, 0, 1, 2, 3]
+
+
+def test_a_resumed_run_that_never_reports_its_checkpoint_is_a_protocol_error():
+    with pytest.raises(ResumeReportMissing, match="run.resumed"):
+        compose([REFERENCE, stream([(1, 0, 0)])])
+
+
+@pytest.mark.parametrize(
+    ("composite", "categories"),
+    [
+        pytest.param(REFERENCE, [], id="identical"),
+        pytest.param(stream([(1, 0, 0, 1), (2, 0, 2), (3, 1, 0, 1), (4, 1, 2, 3)]), [vd.LOST], id="lost"),
+        pytest.param(stream([(1, 0, 0, 1), (2, 0, 2, 3, 3), (3, 1, 0, 1), (4, 1, 2, 3)]), [vd.DUPLICATED],
+                     id="duplicated"),
+        pytest.param(stream([(1, 0, 0, 1), (2, 0, 2, 3), (3, 0, 0, 1), (4, 0, 2, 3)]), [vd.EPOCH], id="epoch"),
+        pytest.param(stream([(1, 0, 0, 1), (2, 0, 3, 2), (3, 1, 0, 1), (4, 1, 2, 3)]), [vd.REORDERED],
+                     id="reordered"),
+        pytest.param(stream([(1, 0, 0, 1), (2, 0, 0, 1), (3, 1, 0, 1), (4, 1, 2, 3)]),
+                     [vd.LOST, vd.DUPLICATED], id="fresh-permutation"),
+    ],
+)
+def test_compare_classifies_each_kind_of_difference(composite, categories):
+    findings = vd.compare(ledger(REFERENCE), ledger(composite), ordered=True)
+    assert [f.category for f in findings] == categories
+
+
+def test_unordered_contract_accepts_another_order_but_not_a_loss():
+    swapped = stream([(1, 0, 1, 0), (2, 0, 2, 3), (3, 1, 0, 1), (4, 1, 3, 2)])
+    assert vd.compare(ledger(REFERENCE), ledger(swapped), ordered=False) == []
+    short = stream([(1, 0, 1, 0), (2, 0, 2, 3), (3, 1, 0, 1), (4, 1, 3)])
+    assert [f.category for f in vd.compare(ledger(REFERENCE), ledger(short), ordered=False)] == [vd.LOST]
+
+
+def test_lost_headline_names_count_ids_epoch_and_resume_point():
+    first = stream([(1, 0, 0, 1), (2, 0, 2, 3)])
+    second = [resumed(3, "/ckpt/global_step_3"), *stream([(4, 1, 3)])]
+    reference = stream([(1, 0, 0, 1), (2, 0, 2, 3), (3, 1, 0, 1), (4, 1, 2, 3)])
+    first = [*first, *stream([(3, 1, 0, 1)])]
+    comp, _ = compose([first, second])
+    findings = vd.compare(ledger(reference), comp, True, labels=["resume from global_step_3"], resumed_from=[3])
+    assert findings[0].headline == vd.MSG_LOST.format(
+        n=1, s="", where="resume from global_step_3", ids="2", epochs="epoch 1")
+    assert findings[0].headline == "LOST 1 input after resume from global_step_3: ids 2 (epoch 1)"
+
+
+def _record(events, outcome, is_resume=False, error=None):
+    plan = RunPlan("t", ("m", "", "f"), {}, 0, "/tmp/x", "/tmp/x.log", is_resume=is_resume,
+                   kill=KillSpec(1) if outcome == KILLED else None)
+    return RunRecord(plan, list(events), outcome, 0, error)
+
+
+def test_a_resumed_run_that_raised_is_a_resume_error_with_its_last_traceback_line():
+    ref = _record(REFERENCE, DONE)
+    runs = [_record(REFERENCE[:1], KILLED), _record([], RAISED, True, "Traceback...\nValueError: bad file")]
+    verdict = vd.judge(ref, runs, vd.Contract())
+    assert verdict.categories == [vd.RESUME_ERROR]
+    assert verdict.headline.endswith("ValueError: bad file")
+
+
+def test_a_first_run_that_raised_is_a_crash_not_a_resume_error():
+    runs = [_record([], RAISED, False, "boom")]
+    assert vd.judge(_record(REFERENCE, DONE), runs, vd.Contract()).categories == [vd.CRASHED]
+
+
+def test_differing_reference_runs_are_reported_as_nondeterministic():
+    other = stream([(1, 0, 1, 0), (2, 0, 2, 3), (3, 1, 0, 1), (4, 1, 2, 3)])
+    findings = vd.judge_reference(_record(REFERENCE, DONE), _record(other, DONE), None, vd.Contract())
+    assert [f.category for f in findings] == [vd.NONDETERMINISTIC]
+
+
+def test_a_reference_with_other_step_count_than_declared_is_a_protocol_error():
+    events = [*REFERENCE, ev.Event(ev.STEP_END, step=4)]
+    findings = vd.judge_reference(_record(events, DONE), None, 6, vd.Contract())
+    assert findings[0].headline == vd.MSG_STEPS.format(declared=6, actual=4)
+
+
+def test_events_survive_the_wire_format():
+    e = ev.Event(ev.CONSUMED, step=3, epoch=1, ids=(1, "a", (2, 3)))
+    assert ev.Event.from_wire(e.to_wire()) == e
+
+
+def test_unknown_event_kind_on_the_wire_is_rejected():
+    with pytest.raises(ValueError, match="unknown event kind"):
+        ev.Event.from_wire(b'{"kind": "nonsense"}')
