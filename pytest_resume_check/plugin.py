@@ -288,7 +288,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     settings = config.stash[SETTINGS_KEY]
     if not settings.mode:
         return
-    node = ResumeMatrix.from_parent(session, name="resume-matrix")
+    node = ResumeMatrix.from_parent(session, name="resume-matrix", nodeid="resume-matrix")
     cells = node.collect()
     if settings.cell:
         chosen = [c for c in cells if c.name == settings.cell]
