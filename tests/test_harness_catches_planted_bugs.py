@@ -160,3 +160,10 @@ def test_sigkill_takes_the_loader_workers_with_the_run(engine):
     assert [r.outcome for r in result.runs] == ["killed", "done"]
     for record in result.runs:
         assert_no_process_left(record.pid)
+
+
+def test_spawn_isolation_gives_the_same_verdict_as_the_fork_server(tmp_path):
+    spawned = Engine(tmp_path, seed=7, hang_timeout=60, isolation="spawn", check_determinism=False)
+    t = target(loop.loop_drop_buffer)
+    result = spawned.run_cell(Cell(t, TAKE2, "auto", (KillSpec(1),), loop.total_steps(TAKE2)))
+    assert result.verdict.headline == "LOST 2 inputs after resume from step_1: ids 2, 3 (epoch 0)"
