@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import getpass
 import os
+import shlex
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -42,6 +42,7 @@ ISOLATIONS = ("forkserver", "spawn")
 MARKER = "resume_matrix"
 CACHE_SEED = "resume_check/seed"
 KEEP_SESSIONS = 3
+DEFAULT_HANG_TIMEOUT = 60.0
 
 ERR_MODE = "{opt}={value!r} is not a matrix mode; use one of: quick, full (e.g. {opt}=quick)"
 ERR_SEED = "{opt}={value!r} is not a seed; give an integer (e.g. {opt}=1234) or 'last'"
@@ -108,7 +109,7 @@ def _settings(config: pytest.Config) -> Settings:
     mode = _setting(config, "resume_matrix")
     if mode is not None and mode not in MATRIX_MODES:
         raise pytest.UsageError(ERR_MODE.format(opt=OPT_MATRIX, value=mode))
-    hang = _setting(config, "resume_matrix_hang_timeout") or 60
+    hang = _setting(config, "resume_matrix_hang_timeout") or DEFAULT_HANG_TIMEOUT
     try:
         hang = float(hang)
         if hang <= 0:
@@ -170,20 +171,6 @@ class _XdistSeed:
         node.workerinput["resume_matrix_seed"] = self.seed
 
 
-def pytest_plugin_registered(plugin: Any, manager: Any) -> None:
-    # Conftest modules are registered as plugins: pick up the targets they declare. Only look when
-    # the targets module is loaded at all (a conftest that declares targets imports it).
-    targets_module = sys.modules.get("pytest_resume_check.targets")
-    if targets_module is None or not hasattr(plugin, "__file__"):
-        return
-    found = targets_module.targets_in_module(plugin)
-    if found:
-        _pending_conftest_targets.extend(found)
-
-
-_pending_conftest_targets: list[Any] = []
-
-
 def pytest_report_header(config: pytest.Config) -> list[str]:
     s = config.stash[SETTINGS_KEY]
     if not s.mode:
@@ -191,11 +178,22 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"resume-check: matrix={s.mode} seed={s.seed} (rerun with {OPT_SEED}={s.seed})"]
 
 
+def _conftest_targets(config: pytest.Config) -> list[Any]:
+    """Targets declared by the conftest modules pytest loaded (they are registered as plugins)."""
+    from pytest_resume_check.targets import targets_in_module
+
+    found = []
+    for module in config.pluginmanager.get_plugins():
+        if getattr(module, "__file__", "").endswith("conftest.py"):
+            found.extend(targets_in_module(module))
+    return found
+
+
 def _discover(config: pytest.Config) -> list[Any]:
     from pytest_resume_check.targets import TargetError, entry_point_targets
 
     try:
-        targets = list(_pending_conftest_targets) + entry_point_targets()
+        targets = _conftest_targets(config) + entry_point_targets()
     except TargetError as exc:
         raise pytest.UsageError(str(exc)) from None
     unique: dict[str, Any] = {}
@@ -217,11 +215,14 @@ class ResumeMatrix(pytest.Collector):
     """Collector that holds the matrix cells."""
 
     def collect(self) -> list[pytest.Item]:
-        from pytest_resume_check import matrix
+        from pytest_resume_check import matrix, starter
 
         settings = self.config.stash[SETTINGS_KEY]
         items = []
-        for target in _discover(self.config):
+        targets = _discover(self.config)
+        for target in targets:  # all of them, before the fork server starts with the first run
+            starter.add_preload(target.preload)
+        for target in targets:
             cases = self.config.hook.pytest_resume_check_cases(config=self.config, target=target)
             if cases is not None:
                 target = target.with_options(cases=tuple(dict(c) for c in cases))
@@ -271,15 +272,17 @@ class ResumeCell(pytest.Item):
 
 
 def rerun_command(item: pytest.Item) -> str:
-    """The command that reruns exactly this cell with the same seed."""
+    """The command that reruns exactly this cell with the same seed (run from the same directory)."""
     settings = item.config.stash[SETTINGS_KEY]
-    args = [a for a in item.config.invocation_params.args if not str(a).startswith("-")
-            and os.path.exists(str(a))]
+    config = item.config
+    args = list(config.args) if config.args_source == pytest.Config.ArgsSource.ARGS else []
     parts = ["pytest", *args, f"{OPT_MATRIX}={settings.mode}", f"{OPT_SEED}={settings.seed}",
-             f"'{OPT_CELL}={item.name}'"]
+             f"{OPT_CELL}={item.name}"]
     if settings.isolation:
         parts.append(f"{OPT_ISOLATION}={settings.isolation}")
-    return " ".join(str(p) for p in parts)
+    if settings.hang_timeout != DEFAULT_HANG_TIMEOUT:
+        parts.append(f"{OPT_HANG}={settings.hang_timeout:g}")
+    return " ".join(shlex.quote(str(p)) for p in parts)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -290,6 +293,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     node = ResumeMatrix.from_parent(session, name="resume-matrix", nodeid="resume-matrix")
     cells = node.collect()
+    # Report the cells as collected, so "collected N items" and the deselected counts include them.
+    config.hook.pytest_collectreport(report=pytest.CollectReport(node.nodeid, "passed", None, cells))
     if settings.cell:
         chosen = [c for c in cells if c.name == settings.cell]
         if not chosen:
@@ -375,11 +380,16 @@ class ResumeCheck:
         cell = Cell(target, case, resume_mode, kills, int(target.steps(case)))
         return self.engine.run_cell(cell)
 
+    @property
+    def seed(self) -> int:
+        """The session seed these runs use (``--resume-matrix-seed`` reproduces it)."""
+        return self.engine.seed
+
     def report(self, result: Any) -> str:
-        """The failure text of a result (headline, excerpt, runs, kept files)."""
+        """The failure text of a result (headline, excerpt, runs, kept files, seed)."""
         from pytest_resume_check import report
 
-        return report.failure_text(result)
+        return report.failure_text(result, f"rerun this test with {OPT_SEED}={self.seed}")
 
 
 @pytest.fixture

@@ -68,8 +68,10 @@ def failure_text(result: CellResult, rerun: str | None = None) -> str:
             break
     if result.workdir is not None:
         lines.append(f"  kept: {result.workdir} (checkpoints, run*.log)")
+    lines.append(f"  seed: {result.seed}" if result.seed is not None else "")
     if rerun:
         lines.append(f"  rerun: {rerun}")
+    lines = [ln for ln in lines if ln]
     return "\n".join(lines)
 
 

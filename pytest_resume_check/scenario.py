@@ -38,6 +38,7 @@ class CellResult:
     reference: sv.RunRecord
     runs: list[sv.RunRecord] = field(default_factory=list)
     workdir: Path | None = None
+    seed: int | None = None
 
     @property
     def passed(self) -> bool:
@@ -127,10 +128,15 @@ class Engine:
             shutil.rmtree(workdir)
         workdir.mkdir(parents=True)
         if ref.findings:
-            return CellResult(cell, Verdict(findings=list(ref.findings)), ref.record, [], workdir)
+            return CellResult(cell, Verdict(findings=list(ref.findings)), ref.record, [], workdir, self.seed)
         runs = self.interrupted(cell.target, cell.case, cell.kills, cell.resume_mode, workdir)
         verdict = judge(ref.record, runs, cell.target.contract)
-        return CellResult(cell, verdict, ref.record, runs, workdir)
+        return CellResult(cell, verdict, ref.record, runs, workdir, self.seed)
+
+    def preload(self, targets: Sequence[Target]) -> None:
+        """Ask the fork server to preload every target's modules (call before the first run)."""
+        for target in targets:
+            starter.add_preload(target.preload)
 
 
 def _safe(text: str) -> str:

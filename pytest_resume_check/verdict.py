@@ -40,6 +40,8 @@ MSG_CRASHED = "CRASHED: {who} {what}"
 MSG_HUNG = "HUNG: {who} sent no event for {timeout} s after step {step}; it was killed"
 MSG_NONDETERMINISTIC = "NONDETERMINISTIC reference: two uninterrupted runs differ from position {pos}: {detail}"
 MSG_PROTOCOL = "PROTOCOL: {detail}"
+MSG_EMPTY = ("PROTOCOL: the reference run reported no {kind} inputs; the target must call "
+             "run.{kind}(ids, step=..., epoch=...) for what it takes (or drop '{kind}' from its contract)")
 MSG_STEPS = "PROTOCOL: the target declares {declared} steps for this case but its reference run took {actual}"
 
 MAX_IDS = 10
@@ -95,6 +97,9 @@ def judge_reference(first: sv.RunRecord, second: sv.RunRecord | None, declared_s
     for rec in (first, second):
         if rec is not None and rec.outcome != sv.DONE:
             return [_process_finding(rec, "the reference run", resumed=False)]
+    for kind in contract.ledgers:
+        if not Ledger.from_events(first.events, kind):
+            return [Finding(PROTOCOL, MSG_EMPTY.format(kind=kind))]
     if declared_steps is not None and first.last_step != declared_steps:
         return [Finding(PROTOCOL, MSG_STEPS.format(declared=declared_steps, actual=first.last_step))]
     if second is not None:
@@ -155,10 +160,12 @@ def compare(ref: Ledger, comp: Ledger, ordered: bool, kind: str = "consumed",
     where = _where(ref, comp, pos, labels, resumed_from)
     if lost_ids:
         entries = _pick(ref, lost_ids, ref_left)
-        findings.append(_id_finding(LOST, MSG_LOST, entries, where, kind, pos))
+        findings.append(_id_finding(LOST, MSG_LOST, entries, _where_step(entries[0].step, labels, resumed_from),
+                                    kind, pos))
     if dup_ids:
         entries = _pick(comp, dup_ids, comp_left)
-        findings.append(_id_finding(DUPLICATED, MSG_DUPLICATED, entries, where, kind, pos))
+        findings.append(_id_finding(DUPLICATED, MSG_DUPLICATED, entries,
+                                    _where_step(entries[0].step, labels, resumed_from), kind, pos))
     if relabelled:
         ids = sorted(relabelled, key=ref.ids.index)
         ref_ep = {i: e for i, e in ref_left if i in relabelled}
@@ -206,7 +213,13 @@ def _where(ref: Ledger, comp: Ledger, pos: int | None, labels: Sequence[str],
         return "the run"
     if pos is None:
         return labels[0]
-    step = (ref[pos] if pos < len(ref) else comp[pos]).step
+    return _where_step((ref[pos] if pos < len(ref) else comp[pos]).step, labels, resumed_from)
+
+
+def _where_step(step: int, labels: Sequence[str], resumed_from: Sequence[int]) -> str:
+    """The label of the last resume before ``step`` (the first one if none is before it)."""
+    if not labels:
+        return "the run"
     chosen = labels[0]
     for label, at in zip(labels, resumed_from):
         if at < step:
@@ -231,8 +244,10 @@ def _id_finding(category: str, template: str, entries: list[Entry], where: str, 
                 pos: int | None) -> Finding:
     epochs = sorted({e.epoch for e in entries})
     epoch_text = f"epoch {epochs[0]}" if len(epochs) == 1 else "epochs " + ", ".join(map(str, epochs))
-    ids = [e.id for e in entries]
+    ids = list(dict.fromkeys(e.id for e in entries))  # each id once, in order of appearance
     headline = template.format(n=len(ids), s=_s(len(ids)), where=where, ids=_id_list(ids), epochs=epoch_text)
+    if len(entries) > len(ids):
+        headline += f"; {len(entries)} occurrences in all"
     if kind != "consumed":
         headline += f" [{kind} ledger]"
     return Finding(category, headline, kind, tuple(ids), pos)
