@@ -157,6 +157,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[RESULTS_KEY] = []
     if settings.mode and getattr(config, "cache", None) is not None and not hasattr(config, "workerinput"):
         config.cache.set(CACHE_SEED, settings.seed)
+    config.pluginmanager.register(_ResultCollector(config.stash[RESULTS_KEY]), "resume_check_results")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistSeed(settings.seed), "resume_check_xdist")
 
@@ -253,7 +254,8 @@ class ResumeCell(pytest.Item):
 
         result = _engine(self.config).run_cell(self.cell)
         self.stash[RESULT_KEY] = result
-        self.config.stash[RESULTS_KEY].append(report.cell_json(result))
+        self.cell_json = report.cell_json(result)
+        self.cell_json["rerun"] = rerun_command(self)
         self.config.hook.pytest_resume_check_cell_result(config=self.config, result=result)
         self.user_properties += [("verdict", ",".join(result.verdict.categories) or "PASSED"),
                                  ("headline", result.verdict.headline)]
@@ -336,16 +338,55 @@ def _engine(config: pytest.Config) -> Any:
     return config.stash[ENGINE_KEY]
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    rep = yield
+    if isinstance(item, ResumeCell) and call.when == "call" and hasattr(item, "cell_json"):
+        # Carried on the report, so an xdist controller receives it with the report.
+        rep.resume_check_cell = item.cell_json
+    return rep
+
+
+class _ResultCollector:
+    """Gathers each cell's JSON from the reports (in the controller too, when xdist runs the cells)."""
+
+    def __init__(self, results: list[dict[str, Any]]):
+        self.results = results
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        cell = getattr(report, "resume_check_cell", None)
+        if cell is not None:
+            self.results.append(cell)
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    results = config.stash[RESULTS_KEY]
+    from pytest_resume_check import summary
+
+    results = sorted(config.stash[RESULTS_KEY], key=summary.cell_name)
     settings = config.stash[SETTINGS_KEY]
-    if not results:
+    if not results or hasattr(config, "workerinput"):
         return
-    failed = [r for r in results if not r["passed"]]
+    failed = [r for r in results if not r["passed"] and not r.get("xfail_reason")]
+    expected = [r for r in results if r.get("xfail_reason")]
     tr = terminalreporter
-    tr.write_sep("=", f"resume matrix: {len(results)} cells, {len(failed)} failing verdicts, seed {settings.seed}")
-    for r in failed[:50]:
-        tr.write_line(f"{r['target']}[{r['case_id']}-{r['resume_mode']}-{r['kill']}]: {r['headline']}")
+    tr.write_sep("=", f"resume matrix: {len(results)} cells, {len(failed)} failing, "
+                      f"{len(expected)} expected failures, seed {settings.seed}")
+    for line in summary.grid(results, width=min(100, tr._tw.fullwidth)):
+        tr.write_line(line)
+    smallest = summary.smallest_failures(results)
+    if smallest:
+        tr.write_line("")
+        tr.write_line("smallest failing kill point of each failing case:")
+        for r in smallest:
+            tr.write_line(f"  {summary.cell_name(r)}: {r['headline']}")
+            tr.write_line(f"    rerun: {r['rerun']}")
+    if failed:
+        tr.write_line("")
+        tr.write_line("failing cells:")
+        for r in failed[:50]:
+            tr.write_line(f"  {summary.cell_name(r)}: {r['headline']}")
+        if len(failed) > 50:
+            tr.write_line(f"  ... and {len(failed) - 50} more (see {OPT_JSON})")
     if settings.json_path:
         from pytest_resume_check import report
 

@@ -85,6 +85,7 @@ def cell_json(result: CellResult) -> dict[str, Any]:
         "resume_mode": result.cell.resume_mode,
         "kill": result.cell.kill_id,
         "passed": v.passed,
+        "xfail_reason": result.cell.xfail_reason,
         "categories": v.categories,
         "headline": v.headline,
         "resumed_from": v.resumed_from,
