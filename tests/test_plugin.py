@@ -130,9 +130,9 @@ def test_failing_target_fails_the_session_with_headline_and_a_rerun_that_reprodu
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     headline = "LOST 2 inputs after resume from step_1: ids 2, 3 (epoch 0)"
     result.stdout.fnmatch_lines([f"*{headline}*", "*reference: 0@e0 1@e0 [[]2@e0[]]*", "*rerun: pytest *"])
-    reruns = [line for line in result.outlines if "rerun:" in line and "ckpt1]'" in line]
-    assert len(reruns) == 1, reruns
-    rerun = reruns[0]
+    reruns = {line.strip() for line in result.outlines if "rerun:" in line and "ckpt1]'" in line}
+    assert len(reruns) == 1, reruns  # the failure report and the summary give the same command
+    rerun = reruns.pop()
     args = shlex.split(rerun.split("rerun: pytest", 1)[1])
     again = torch_project.runpytest_subprocess("-p", "no:cacheprovider", *args)
     again.assert_outcomes(failed=1, deselected=None)
