@@ -22,6 +22,8 @@ MODES = (QUICK, FULL)
 
 #: In quick mode, how many further kill steps are drawn at random besides the boundary ones.
 QUICK_RANDOM_SAMPLE = 3
+#: In quick mode, at most this many steps where the trainer holds buffered inputs.
+QUICK_BUFFERED_SAMPLE = 4
 #: Runs of at most this many steps get every step as a kill point even in quick mode.
 QUICK_EVERY_STEP_UP_TO = 12
 
@@ -85,7 +87,8 @@ class Cell:
         return f"{self.case_id}-{self.resume_mode}-{self.kill_id}"
 
 
-def kill_steps(steps: int, boundaries: Sequence[int], mode: str, rng: random.Random) -> list[int]:
+def kill_steps(steps: int, boundaries: Sequence[int], mode: str, rng: random.Random,
+               buffered: Sequence[int] = ()) -> list[int]:
     """Steps to checkpoint-and-kill at, for a run of ``steps`` steps."""
     every = list(range(1, steps + 1))
     if mode == FULL or steps <= QUICK_EVERY_STEP_UP_TO:
@@ -93,19 +96,21 @@ def kill_steps(steps: int, boundaries: Sequence[int], mode: str, rng: random.Ran
     chosen = {1, steps}
     for b in boundaries:
         chosen.update(s for s in (b - 1, b, b + 1) if 1 <= s <= steps)
+    held = sorted(s for s in set(buffered) if 1 <= s <= steps and s not in chosen)
+    chosen.update(held if len(held) <= QUICK_BUFFERED_SAMPLE else rng.sample(held, QUICK_BUFFERED_SAMPLE))
     rest = [s for s in every if s not in chosen]
     chosen.update(rng.sample(rest, min(QUICK_RANDOM_SAMPLE, len(rest))))
     return sorted(chosen)
 
 
 def kill_points(steps: int, boundaries: Sequence[int], mode: str, rng: random.Random,
-                resume_modes: Sequence[str]) -> list[tuple[str, tuple[KillSpec, ...]]]:
+                resume_modes: Sequence[str], buffered: Sequence[int] = ()) -> list[tuple[str, tuple[KillSpec, ...]]]:
     """(resume mode, kills) for one case.
 
     Auto resume gets every selected step killed right after its checkpoint, an unsaved-steps kill
     (including one before any checkpoint) and a double kill. Explicit-path resume gets a few of each.
     """
-    selected = kill_steps(steps, boundaries, mode, rng)
+    selected = kill_steps(steps, boundaries, mode, rng, buffered)
     points: list[tuple[str, tuple[KillSpec, ...]]] = []
     if RESUME_AUTO in resume_modes:
         points += [(RESUME_AUTO, (KillSpec(k),)) for k in selected]
@@ -138,7 +143,8 @@ def cells(target: Target, mode: str, seed: int) -> list[Cell]:
         steps = int(target.steps(case))
         boundaries = list(target.boundaries(case)) if target.boundaries else []
         rng = random.Random(f"{seed}:{target.name}:{case_id(case)}")
-        for resume_mode, kills in kill_points(steps, boundaries, mode, rng, target.resume_modes):
+        buffered = list(target.buffered(case)) if target.buffered else []
+        for resume_mode, kills in kill_points(steps, boundaries, mode, rng, target.resume_modes, buffered):
             cell = Cell(target, case, resume_mode, kills, steps)
             reason = next((why for pred, why in target.expected_failures if pred(cell)), None)
             out.append(Cell(target, case, resume_mode, kills, steps, reason))

@@ -34,6 +34,7 @@ class RunRecord:
     seconds: float = 0.0
     hang_timeout: float | None = None
     pid: int | None = None
+    isolation: str | None = None
 
     @property
     def resumed_step(self) -> int | None:
@@ -75,7 +76,7 @@ class RunRecord:
 
 def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HANG_TIMEOUT) -> RunRecord:
     """Run ``plan`` in a child process and record what happened."""
-    record = RunRecord(plan, hang_timeout=hang_timeout)
+    record = RunRecord(plan, hang_timeout=hang_timeout, isolation=isolation)
     started = time.monotonic()
     child = starter.start(plan, isolation)
     record.pid = child.pid

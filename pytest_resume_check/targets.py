@@ -72,7 +72,8 @@ class Target:
 
     ``fn(run)`` runs inside the child process. ``steps(case)`` is the number of steps of an
     uninterrupted run of that case (the matrix needs it before any run). ``cases`` lists the case
-    parameter dicts. ``boundaries(case)`` optionally names the steps that end an epoch (kill points
+    parameter dicts. ``buffered(case)`` optionally names steps after which the trainer holds buffered
+    inputs (quick mode samples them). ``boundaries(case)`` optionally names the steps that end an epoch (kill points
     beside them are always sampled). ``preload`` names modules imported once in the fork server.
     ``expected_failures`` pairs a predicate over a matrix ``Cell`` (``.case``, ``.resume_mode``,
     ``.kills``, ``.kill_id``) with a reason: matching cells are strict expected failures.
@@ -84,6 +85,7 @@ class Target:
     cases: tuple[Mapping[str, Any], ...] = ({},)
     contract: Contract = EXACTLY_ONCE_ORDERED
     boundaries: Callable[[Mapping[str, Any]], Sequence[int]] | None = None
+    buffered: Callable[[Mapping[str, Any]], Sequence[int]] | None = None
     resume_modes: tuple[str, ...] = (RESUME_AUTO, RESUME_PATH)
     preload: tuple[str, ...] = ()
     isolation: str = ISOLATION_FORKSERVER
@@ -113,6 +115,7 @@ def resume_target(
     cases: Iterable[Mapping[str, Any]] = ({},),
     contract: Contract | str = EXACTLY_ONCE_ORDERED,
     boundaries: Callable[[Mapping[str, Any]], Sequence[int]] | None = None,
+    buffered: Callable[[Mapping[str, Any]], Sequence[int]] | None = None,
     resume_modes: Iterable[str] = (RESUME_AUTO, RESUME_PATH),
     preload: Iterable[str] = (),
     isolation: str = ISOLATION_FORKSERVER,
@@ -129,6 +132,7 @@ def resume_target(
             cases=cases,
             contract=contract,
             boundaries=boundaries,
+            buffered=buffered,
             resume_modes=resume_modes,
             preload=preload,
             isolation=isolation,
@@ -169,6 +173,7 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         cases=cases,
         contract=_contract(kw["contract"]),
         boundaries=kw["boundaries"],
+        buffered=kw.get("buffered"),
         resume_modes=modes,
         preload=tuple(kw["preload"]),
         isolation=kw["isolation"],

@@ -38,6 +38,9 @@ MSG_REORDERED = "REORDERED: same inputs, other order after {where}, from positio
 MSG_RESUME_ERROR = "RESUME_ERROR: run {run} raised while resuming: {error}"
 MSG_CRASHED = "CRASHED: {who} {what}"
 MSG_HUNG = "HUNG: {who} sent no event for {timeout} s after step {step}; it was killed"
+MSG_HUNG_AT_START = ("HUNG: {who} sent no event at all within {timeout} s of being forked from the preloaded "
+                     "server; the trainer may not be fork-safe (threads or locks held at fork time): declare "
+                     "the target with isolation='spawn' or run with --resume-matrix-isolation=spawn")
 MSG_NONDETERMINISTIC = "NONDETERMINISTIC reference: two uninterrupted runs differ from position {pos}: {detail}"
 MSG_PROTOCOL = "PROTOCOL: {detail}"
 MSG_EMPTY = ("PROTOCOL: the reference run reported no {kind} inputs; the target must call "
@@ -183,6 +186,8 @@ def compare(ref: Ledger, comp: Ledger, ordered: bool, kind: str = "consumed",
 # -- helpers ---------------------------------------------------------------------------------------
 
 def _process_finding(rec: sv.RunRecord, who: str, resumed: bool, run: int = 0) -> Finding:
+    if rec.outcome == sv.HUNG and not rec.events and rec.isolation == "forkserver":
+        return Finding(HUNG, MSG_HUNG_AT_START.format(who=who, timeout=f"{rec.hang_timeout:g}"))
     if rec.outcome == sv.HUNG:
         return Finding(HUNG, MSG_HUNG.format(who=who, timeout=f"{rec.hang_timeout:g}", step=rec.last_step))
     if rec.outcome == sv.RAISED and resumed:

@@ -167,3 +167,4 @@ def test_spawn_isolation_gives_the_same_verdict_as_the_fork_server(tmp_path):
     t = target(loop.loop_drop_buffer)
     result = spawned.run_cell(Cell(t, TAKE2, "auto", (KillSpec(1),), loop.total_steps(TAKE2)))
     assert result.verdict.headline == "LOST 2 inputs after resume from step_1: ids 2, 3 (epoch 0)"
+

@@ -89,3 +89,10 @@ def test_target_declared_in_a_function_is_refused_with_the_fix():
 
     with pytest.raises(TargetError, match="module level"):
         resume_target(local, steps=3)
+
+
+def test_quick_mode_samples_steps_where_the_trainer_holds_buffered_inputs():
+    steps = matrix.kill_steps(30, [], matrix.QUICK, random.Random(0), buffered=[7, 13])
+    assert 7 in steps and 13 in steps
+    many = matrix.kill_steps(30, [], matrix.QUICK, random.Random(0), buffered=range(2, 29, 2))
+    assert len([s for s in many if s % 2 == 0 and 2 <= s <= 28]) >= matrix.QUICK_BUFFERED_SAMPLE

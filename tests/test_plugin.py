@@ -174,3 +174,47 @@ def test_hand_written_test_with_the_fixture_sees_the_verdict(torch_project):
     )
     result = torch_project.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
+
+
+FORK_UNSAFE = """
+import threading
+
+LOCK = threading.Lock()
+RELEASE = threading.Event()
+
+
+def _hold():
+    # A background thread owns LOCK until asked to let go. A process forked from an interpreter
+    # that imported this module inherits the held lock but not the thread: it can never get it.
+    with LOCK:
+        RELEASE.wait()
+
+
+threading.Thread(target=_hold, daemon=True).start()
+while not LOCK.locked():
+    pass
+
+
+def train(run):
+    RELEASE.set()
+    with LOCK:
+        run.resumed(0)
+        run.consumed([0], step=1, epoch=0)
+        run.step_end(1)
+"""
+
+
+def test_a_trainer_that_deadlocks_when_forked_is_reported_with_the_spawn_fix(pytester):
+    pytester.makepyfile(forkunsafe=FORK_UNSAFE)
+    pytester.makeconftest(
+        "import forkunsafe\n"
+        "from pytest_resume_check import resume_target\n"
+        "t = resume_target(forkunsafe.train, name='forkunsafe', steps=1, preload=('forkunsafe',),"
+        " resume_modes=['auto'])\n"
+    )
+    args = ("-p", "no:cacheprovider", "--resume-matrix", "--resume-matrix-target=forkunsafe",
+            "--resume-matrix-hang-timeout=3", "-m", "resume_matrix")
+    forked = pytester.runpytest_subprocess(*args)
+    forked.stdout.fnmatch_lines(["*HUNG: the reference run sent no event at all*isolation='spawn'*"])
+    spawned = pytester.runpytest_subprocess(*args, "--resume-matrix-isolation=spawn")
+    assert spawned.ret == 0 and spawned.parseoutcomes()["passed"] >= 1

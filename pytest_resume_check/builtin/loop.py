@@ -61,6 +61,12 @@ def epoch_boundaries(case: Mapping[str, Any]) -> list[int]:
     return [math.ceil(e * p["n"] / p["take"]) for e in range(1, p["epochs"] + 1)]
 
 
+def buffered_steps(case: Mapping[str, Any]) -> list[int]:
+    """Steps after which inputs of a loader batch wait in the buffer (take does not align with batch)."""
+    p = params(case)
+    return [s for s in range(1, total_steps(case)) if (s * p["take"]) % p["batch"]]
+
+
 class Features:
     """Map-style dataset of fixed random feature rows (module level so loader workers can use it)."""
 

@@ -19,6 +19,7 @@ builtin_loop = resume_target(
     name="builtin_loop",
     steps=loop.total_steps,
     boundaries=loop.epoch_boundaries,
+    buffered=loop.buffered_steps,
     cases=CASES,
     contract="exactly_once_ordered",
     preload=("torch", "torchdata.stateful_dataloader", "pytest_resume_check.builtin.loop:warm_up"),
