@@ -13,24 +13,38 @@ import traceback
 from typing import Any
 
 from pytest_resume_check import events as ev
-from pytest_resume_check.run import RunContext, RunPlan
+from pytest_resume_check.run import Converged, RunContext, RunPlan
 from pytest_resume_check.targets import load_target_fn
 
 #: Exit code of a child whose target raised.
 EXIT_TARGET_RAISED = 70
 
 
+#: Events that are held back and sent with the next step boundary (one pipe write per step).
+_BATCHED = frozenset({ev.CONSUMED, ev.TRAINED, ev.DIGEST, ev.LOG})
+
+
 class ConnectionSink:
-    """Writes each event to the event channel at once: a SIGKILL loses only unsent events."""
+    """Writes events to the event channel. Reports inside a step are batched and written together at
+    the step's end (or any checkpoint, pause, kill point, error or exit), so a SIGKILL loses only what
+    the step did after its last boundary - work a kill undoes anyway."""
 
     def __init__(self, conn: Any):
         self._conn = conn
+        self._pending: list[bytes] = []
 
     def send(self, event: ev.Event) -> None:
-        self._conn.send_bytes(event.to_wire())
+        self._pending.append(event.to_wire())
+        if event.kind not in _BATCHED:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._pending:
+            self._conn.send_bytes(b"\n".join(self._pending))
+            self._pending = []
 
 
-def child_main(plan: RunPlan, conn: Any) -> None:
+def child_main(plan: RunPlan, conn: Any, control: Any = None) -> None:
     """Entry point of a child process (started by :mod:`pytest_resume_check.starter`)."""
     try:
         # Own process group, so one killpg also ends the loader workers this run forks.
@@ -45,8 +59,10 @@ def child_main(plan: RunPlan, conn: Any) -> None:
     code = 0
     try:
         fn = load_target_fn(plan.target_ref)
-        fn(RunContext(plan, sink))
+        fn(RunContext(plan, sink, control))
         sink.send(ev.Event(ev.DONE))
+    except Converged:
+        sink.flush()
     except BaseException:  # report everything, SystemExit included: the parent decides what it means
         text = traceback.format_exc()
         sys.stderr.write(text)

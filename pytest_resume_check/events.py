@@ -20,8 +20,12 @@ KILL_READY = "kill_ready"
 LOG = "log"
 ERROR = "error"
 DONE = "done"
+DIGEST = "digest"  # text: the digest of the trainer's whole state at the end of a step
+PAUSED = "paused"  # the child waits for the supervisor to snapshot its checkpoint directory
+CONVERGED = "converged"  # the resumed run's state equals the reference's at this step; it stopped
 
-KINDS = frozenset({CONSUMED, TRAINED, STEP_END, CHECKPOINT, RESUMED, KILL_READY, LOG, ERROR, DONE})
+KINDS = frozenset({CONSUMED, TRAINED, STEP_END, CHECKPOINT, RESUMED, KILL_READY, LOG, ERROR, DONE, DIGEST,
+                   PAUSED, CONVERGED})
 
 
 @dataclass(frozen=True)

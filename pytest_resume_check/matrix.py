@@ -73,6 +73,19 @@ class Cell:
     kills: tuple[KillSpec, ...]
     steps: int
     xfail_reason: str | None = None
+    #: Earlier checkpoints the first run also writes (the case's other single-kill steps before the
+    #: kill), as a trainer with a periodic schedule would. Lets cells share one run's prefix.
+    prior_checkpoints: tuple[int, ...] = ()
+
+    @property
+    def shares_prefix(self) -> bool:
+        """A single kill right after a checkpoint: its first run is a prefix of its group's run."""
+        return len(self.kills) == 1 and self.kills[0].extra_steps == 0 and self.kills[0].checkpoint_step > 0
+
+    @property
+    def group(self) -> tuple[str, str, str]:
+        """Cells of one group differ only in where their single kill lands."""
+        return (self.target.name, self.case_id, self.resume_mode)
 
     @property
     def case_id(self) -> str:
@@ -144,8 +157,14 @@ def cells(target: Target, mode: str, seed: int) -> list[Cell]:
         boundaries = list(target.boundaries(case)) if target.boundaries else []
         rng = random.Random(f"{seed}:{target.name}:{case_id(case)}")
         buffered = list(target.buffered(case)) if target.buffered else []
-        for resume_mode, kills in kill_points(steps, boundaries, mode, rng, target.resume_modes, buffered):
+        points = kill_points(steps, boundaries, mode, rng, target.resume_modes, buffered)
+        singles = {(m, k[0].checkpoint_step) for m, k in points if len(k) == 1 and k[0].extra_steps == 0}
+        for resume_mode, kills in points:
             cell = Cell(target, case, resume_mode, kills, steps)
+            if cell.shares_prefix:
+                at = kills[0].checkpoint_step
+                prior = tuple(sorted(s for m, s in singles if m == resume_mode and 0 < s < at))
+                cell = Cell(target, case, resume_mode, kills, steps, None, prior)
             reason = next((why for pred, why in target.expected_failures if pred(cell)), None)
-            out.append(Cell(target, case, resume_mode, kills, steps, reason))
+            out.append(Cell(target, case, resume_mode, kills, steps, reason, cell.prior_checkpoints))
     return out

@@ -27,6 +27,7 @@ OPT_CELL = "--resume-matrix-cell"
 OPT_HANG = "--resume-matrix-hang-timeout"
 OPT_JSON = "--resume-matrix-json"
 OPT_ISOLATION = "--resume-matrix-isolation"
+OPT_EXHAUSTIVE = "--resume-matrix-exhaustive"
 
 HELP_MATRIX = ("run every resume-check target across the kill/resume matrix: 'quick' (default, "
                "boundary-aware sample of kill points) or 'full' (every step)")
@@ -35,6 +36,8 @@ HELP_TARGET = "only run this target (repeatable)"
 HELP_CELL = "run only this matrix cell, e.g. 'builtin_loop[b4-take2-e2-shuffle-auto-ckpt3]'"
 HELP_HANG = "seconds without an event before a run counts as HUNG and is killed (default 60)"
 HELP_JSON = "write every cell's verdict and ledgers to this JSON file"
+HELP_EXHAUSTIVE = ("run every cell from scratch to the end: no shared first runs, no early stop of resumed "
+                   "runs whose state digest equals the reference's (slower; a check on those shortcuts)")
 HELP_ISOLATION = "how children start for every target: 'forkserver' (preloaded) or 'spawn'"
 
 MATRIX_MODES = ("quick", "full")
@@ -65,6 +68,7 @@ class Settings:
     hang_timeout: float
     json_path: str | None
     isolation: str | None
+    exhaustive: bool = False
 
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
@@ -73,6 +77,7 @@ ENGINE_KEY = pytest.StashKey[Any]()
 RESULTS_KEY = pytest.StashKey[list]()
 ROOT_KEY = pytest.StashKey[Path]()
 RESULT_KEY = pytest.StashKey[Any]()
+CELLS_KEY = pytest.StashKey[list]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -84,12 +89,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(OPT_HANG, default=None, dest="resume_matrix_hang_timeout", help=HELP_HANG)
     group.addoption(OPT_JSON, default=None, dest="resume_matrix_json", help=HELP_JSON)
     group.addoption(OPT_ISOLATION, default=None, dest="resume_matrix_isolation", help=HELP_ISOLATION)
+    group.addoption(OPT_EXHAUSTIVE, action="store_true", default=False, dest="resume_matrix_exhaustive",
+                    help=HELP_EXHAUSTIVE)
     parser.addini("resume_matrix", "matrix mode to run without the command-line flag: quick or full")
     parser.addini("resume_matrix_seed", HELP_SEED)
     parser.addini("resume_matrix_targets", HELP_TARGET, type="args")
     parser.addini("resume_matrix_hang_timeout", HELP_HANG)
     parser.addini("resume_matrix_json", HELP_JSON)
     parser.addini("resume_matrix_isolation", HELP_ISOLATION)
+    parser.addini("resume_matrix_exhaustive", HELP_EXHAUSTIVE, type="bool", default=False)
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -127,6 +135,7 @@ def _settings(config: pytest.Config) -> Settings:
         hang_timeout=hang,
         json_path=_setting(config, "resume_matrix_json"),
         isolation=isolation,
+        exhaustive=bool(config.getoption("resume_matrix_exhaustive") or config.getini("resume_matrix_exhaustive")),
     )
 
 
@@ -282,6 +291,8 @@ def rerun_command(item: pytest.Item) -> str:
              f"{OPT_CELL}={item.name}"]
     if settings.isolation:
         parts.append(f"{OPT_ISOLATION}={settings.isolation}")
+    if settings.exhaustive:
+        parts.append(OPT_EXHAUSTIVE)
     if settings.hang_timeout != DEFAULT_HANG_TIMEOUT:
         parts.append(f"{OPT_HANG}={settings.hang_timeout:g}")
     return " ".join(shlex.quote(str(p)) for p in parts)
@@ -295,6 +306,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     node = ResumeMatrix.from_parent(session, name="resume-matrix", nodeid="resume-matrix")
     cells = node.collect()
+    config.stash[CELLS_KEY] = [item.cell for item in cells]
     # Report the cells as collected, so "collected N items" and the deselected counts include them.
     config.hook.pytest_collectreport(report=pytest.CollectReport(node.nodeid, "passed", None, cells))
     if settings.cell:
@@ -334,7 +346,9 @@ def _engine(config: pytest.Config) -> Any:
         from pytest_resume_check.scenario import Engine
 
         s = config.stash[SETTINGS_KEY]
-        config.stash[ENGINE_KEY] = Engine(_session_root(config), s.seed, s.hang_timeout, s.isolation)
+        engine = Engine(_session_root(config), s.seed, s.hang_timeout, s.isolation, share=not s.exhaustive)
+        engine.register(config.stash.get(CELLS_KEY, []))
+        config.stash[ENGINE_KEY] = engine
     return config.stash[ENGINE_KEY]
 
 

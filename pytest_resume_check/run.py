@@ -70,6 +70,15 @@ class RunPlan:
     kill: KillSpec | None = None
     is_resume: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
+    #: Reference digests by step: a resumed run whose state digest matches one stops early.
+    converge: Mapping[int, str] = field(default_factory=dict)
+    #: Steps after whose checkpoint the child pauses until the supervisor has copied the directory.
+    pause_steps: frozenset[int] = frozenset()
+
+
+class Converged(BaseException):
+    """Raised inside the target when its state equals the reference's: the child stops cleanly.
+    A BaseException, so a trainer's ``except Exception`` does not swallow it."""
 
 
 class EventSink(Protocol):
@@ -87,10 +96,11 @@ class RunContext:
     before it consumes anything.
     """
 
-    def __init__(self, plan: RunPlan, sink: EventSink):
+    def __init__(self, plan: RunPlan, sink: EventSink, control: Any = None):
         self.plan = plan
         self._sink = sink
-        self._resumed_reported = False
+        self._control = control
+        self._resumed_step: int | None = None
 
     # -- what the target reads -------------------------------------------------------------------
     @property
@@ -126,7 +136,7 @@ class RunContext:
     # -- what the target reports -----------------------------------------------------------------
     def resumed(self, step: int, path: str | os.PathLike[str] | None = None) -> None:
         """Report the checkpoint actually restored: its step (0 when starting fresh) and folder."""
-        self._resumed_reported = True
+        self._resumed_step = int(step)
         self._sink.send(ev.Event(ev.RESUMED, step=int(step), path=str(path) if path else None))
 
     def consumed(self, ids: Iterable[Any], *, step: int, epoch: int) -> None:
@@ -151,9 +161,23 @@ class RunContext:
     def checkpoint_published(self, step: int, path: str | os.PathLike[str] | None = None) -> None:
         """Report that the checkpoint of ``step`` is complete and selected for resume."""
         self._sink.send(ev.Event(ev.CHECKPOINT, step=int(step), path=str(path) if path else None))
+        if int(step) in self.plan.pause_steps and self._control is not None:
+            self._sink.send(ev.Event(ev.PAUSED, step=int(step)))
+            self._control.recv_bytes()  # the supervisor copied what is on disk; go on
         kill = self.plan.kill
         if kill is not None and kill.extra_steps == 0 and kill.checkpoint_step == step:
             self._await_kill(kill.describe())
+
+    def state_digest(self, step: int, digest: str) -> None:
+        """Optional: report a digest of the trainer's *whole* state after ``step`` (see
+        :mod:`pytest_resume_check.digest`). A resumed run whose digest equals the uninterrupted run's
+        at the same step stops there; the reference supplies the rest. Call it after ``step_end``
+        and after any checkpoint of that step."""
+        self._sink.send(ev.Event(ev.DIGEST, step=int(step), text=str(digest)))
+        resumed = self._resumed_step
+        if resumed is not None and int(step) > resumed and self.plan.converge.get(int(step)) == digest:
+            self._sink.send(ev.Event(ev.CONVERGED, step=int(step)))
+            raise Converged(step)
 
     def log(self, text: str) -> None:
         """Send a line to the parent's log of this run."""

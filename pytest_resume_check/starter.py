@@ -44,6 +44,12 @@ class Child:
 
     process: Any
     conn: multiprocessing.connection.Connection
+    control: multiprocessing.connection.Connection | None = None
+
+    def resume(self) -> None:
+        """Let a child paused at a snapshot point go on."""
+        if self.control is not None:
+            self.control.send_bytes(b"go")
 
     @property
     def pid(self) -> int:
@@ -65,6 +71,8 @@ class Child:
             kill_group(self.pid, only_group=True)
         wait_group_gone(self.pid)
         self.conn.close()
+        if self.control is not None:
+            self.control.close()
         return self.process.exitcode
 
 
@@ -105,7 +113,11 @@ def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER) -> Child:
         ctx.set_forkserver_preload([*_preload, "pytest_resume_check._warmup"])
         _server_started = True
     reader, writer = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=child_main, args=(plan, writer), name=f"resume-check:{plan.target_name}")
+    control_reader, control_writer = ctx.Pipe(duplex=False) if plan.pause_steps else (None, None)
+    process = ctx.Process(target=child_main, args=(plan, writer, control_reader),
+                          name=f"resume-check:{plan.target_name}")
     process.start()
     writer.close()  # the child holds the only write end: EOF means it (and its workers) are gone
-    return Child(process, reader)
+    if control_reader is not None:
+        control_reader.close()
+    return Child(process, reader, control_writer)

@@ -5,6 +5,7 @@ hang limit. A run ends in one of the outcomes below; no process of the run outli
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
@@ -18,6 +19,8 @@ KILLED = "killed"  # killed by the harness at the planned point
 RAISED = "raised"  # the target raised an exception
 CRASHED = "crashed"  # the process died by itself (non-zero exit, signal) without reporting an error
 HUNG = "hung"  # no event within the hang limit; killed
+CONVERGED = "converged"  # a resumed run reached the reference's state and stopped; the rest is the reference's
+FINISHED = (DONE, CONVERGED)
 
 DEFAULT_HANG_TIMEOUT = 60.0
 
@@ -57,6 +60,15 @@ class RunRecord:
         return [(e.step or 0, e.path) for e in self.events if e.kind == ev.CHECKPOINT]
 
     @property
+    def converged_step(self) -> int | None:
+        return next((e.step for e in self.events if e.kind == ev.CONVERGED), None)
+
+    @property
+    def steps_run(self) -> int:
+        """Trainer steps this run executed (for cost accounting)."""
+        return sum(1 for e in self.events if e.kind == ev.STEP_END)
+
+    @property
     def last_step(self) -> int:
         steps = [e.step for e in self.events if e.kind == ev.STEP_END and e.step is not None]
         return max(steps, default=0)
@@ -67,6 +79,8 @@ class RunRecord:
             return self.plan.kill.describe()
         if self.outcome == DONE:
             return "ran to the end"
+        if self.outcome == CONVERGED:
+            return f"reached the reference's exact state at step {self.converged_step} (the rest is the reference's)"
         if self.outcome == RAISED:
             return "raised " + (self.error or "").strip().splitlines()[-1] if self.error else "raised"
         if self.outcome == HUNG:
@@ -74,14 +88,16 @@ class RunRecord:
         return f"died by itself (exit code {self.exitcode}) after step {self.last_step}"
 
 
-def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HANG_TIMEOUT) -> RunRecord:
-    """Run ``plan`` in a child process and record what happened."""
+def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HANG_TIMEOUT,
+              on_pause: Callable[[int], None] | None = None) -> RunRecord:
+    """Run ``plan`` in a child process and record what happened. ``on_pause(step)`` is called while
+    the child waits at one of ``plan.pause_steps`` (to copy its checkpoint directory)."""
     record = RunRecord(plan, hang_timeout=hang_timeout, isolation=isolation)
     started = time.monotonic()
     child = starter.start(plan, isolation)
     record.pid = child.pid
     try:
-        _read_events(child, record, hang_timeout)
+        _read_events(child, record, hang_timeout, on_pause)
     finally:
         if record.outcome in (KILLED, HUNG):
             child.kill()
@@ -94,7 +110,8 @@ def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HA
     return record
 
 
-def _read_events(child: starter.Child, record: RunRecord, hang_timeout: float) -> None:
+def _read_events(child: starter.Child, record: RunRecord, hang_timeout: float,
+                 on_pause: Callable[[int], None] | None) -> None:
     sentinel = child.process.sentinel
     while True:
         ready = wait([child.conn, sentinel], timeout=hang_timeout)
@@ -108,24 +125,33 @@ def _read_events(child: starter.Child, record: RunRecord, hang_timeout: float) -
             except (EOFError, OSError):
                 _finish(record)
                 return
-            event = ev.Event.from_wire(raw)
-            record.events.append(event)
-            if event.kind == ev.KILL_READY:
-                record.outcome = KILLED
-                return
-            if event.kind in (ev.DONE, ev.ERROR):
-                _finish(record)
-                return
+            for event in _decode(raw):
+                record.events.append(event)
+                if event.kind == ev.PAUSED:
+                    if on_pause is not None:
+                        on_pause(event.step or 0)
+                    child.resume()
+                elif event.kind == ev.KILL_READY:
+                    record.outcome = KILLED
+                    return
+                elif event.kind in (ev.DONE, ev.ERROR, ev.CONVERGED):
+                    _finish(record)
+                    return
         elif sentinel in ready:
             # The child is gone; its loader workers may still hold the channel open. Drain what
             # was written before the exit, then decide.
             while child.conn.poll(0):
                 try:
-                    record.events.append(ev.Event.from_wire(child.conn.recv_bytes()))
+                    record.events.extend(_decode(child.conn.recv_bytes()))
                 except (EOFError, OSError):
                     break
             _finish(record)
             return
+
+
+def _decode(raw: bytes) -> list[ev.Event]:
+    """One channel message holds one or more events, one JSON object a line."""
+    return [ev.Event.from_wire(line) for line in raw.split(b"\n") if line]
 
 
 def _finish(record: RunRecord) -> None:
@@ -135,5 +161,7 @@ def _finish(record: RunRecord) -> None:
         record.error = next(e.text for e in record.events if e.kind == ev.ERROR)
     elif ev.DONE in kinds:
         record.outcome = DONE
+    elif ev.CONVERGED in kinds:
+        record.outcome = CONVERGED
     else:
         record.outcome = CRASHED

@@ -120,12 +120,12 @@ def judge(reference: sv.RunRecord, runs: Sequence[sv.RunRecord], contract: Contr
     """Judge the interrupted ``runs`` (first, then each resumed one) against ``reference``."""
     verdict = Verdict()
     for index, rec in enumerate(runs):
-        if rec.outcome in (sv.DONE, sv.KILLED):
+        if rec.outcome in (sv.DONE, sv.KILLED, sv.CONVERGED):
             continue
         who = f"run {index + 1} of {len(runs)}"
         verdict.findings.append(_process_finding(rec, who, resumed=rec.plan.is_resume, run=index + 1))
         return verdict
-    if runs and runs[-1].outcome != sv.DONE:
+    if runs and runs[-1].outcome not in sv.FINISHED:
         verdict.findings.append(Finding(PROTOCOL, MSG_PROTOCOL.format(detail="the last run was killed")))
         return verdict
     for kind in contract.ledgers:
@@ -135,6 +135,11 @@ def judge(reference: sv.RunRecord, runs: Sequence[sv.RunRecord], contract: Contr
         except ResumeReportMissing as exc:
             verdict.findings.append(Finding(PROTOCOL, MSG_PROTOCOL.format(detail=exc)))
             return verdict
+        converged = runs[-1].converged_step if runs else None
+        if converged is not None:
+            # From here the resumed run's state equals the reference's: the reference's rest is its rest.
+            tail = (Entry(e.id, e.step, e.epoch, len(runs)) for e in ref if e.step > converged)
+            comp = Ledger(comp + Ledger(tail))
         verdict.resumed_from = resumed_from
         verdict.resume_labels = [resume_label(r.resumed_step, r.resumed_path) for r in runs[1:]]
         if kind == contract.ledgers[0]:

@@ -25,7 +25,7 @@ PROJECT_FILES = ("conftest.py", "trainer.py", "pytest.ini")
 BY_HAND = "test_by_hand.py"
 BY_HAND_TESTS = 3
 
-MATRIX_SUMMARY = re.compile(r"=+ resume matrix: (\d+) cells, (\d+) failing verdicts, seed (\d+) =+")
+MATRIX_SUMMARY = re.compile(r"resume matrix: (\d+) cells, (\d+) failing, \d+ expected failures, seed (\d+)")
 RERUN = re.compile(r"^\s*rerun: pytest (.*)$")
 
 # The planted bug: the resumed trainer never restores the loader position, so each resume replays

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_resume_check.digest import digest_of
 from pytest_resume_check.ids import WithIds, ids_of
 from pytest_resume_check.run import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, RunContext
 
@@ -107,10 +108,13 @@ def train(run: RunContext, bug: str | None = None) -> None:
     torch.manual_seed(run.seed)
     dataset = WithIds(Features(p["n"]))
 
+    hidden: list[Any] = []  # generators whose state decides the future
+
     def make_loader(seed: int) -> tuple[Any, Any]:
         if bug == SHARED_GENERATOR and p["shuffle"]:
             generator = torch.Generator()
             generator.manual_seed(seed)
+            hidden.append(generator)  # the next epoch's permutation depends on it: part of the state
             return None, StatefulDataLoader(dataset, batch_size=p["batch"], shuffle=True, generator=generator,
                                             num_workers=int(p["workers"]))
         # One permutation per epoch, a pure function of (seed, epoch): nothing hidden in a shared
@@ -200,6 +204,13 @@ def train(run: RunContext, bug: str | None = None) -> None:
                 "buffer_epochs": [e for _, _, e in kept],
             })
             run.checkpoint_published(step, path)
+        # Everything that decides the rest of the run. Not torch's global RNG: after start-up only the
+        # loader's per-iterator base seed draws from it, and this loop's data order never uses it.
+        run.state_digest(step, digest_of({
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": loader.state_dict(),
+            "buffer": buffer, "epoch": epoch, "batches": batches_in_epoch, "step": step,
+            "generators": [g.get_state() for g in hidden],
+        }))
 
 
 def warm_up() -> None:
