@@ -38,6 +38,8 @@ class RunRecord:
     hang_timeout: float | None = None
     pid: int | None = None
     isolation: str | None = None
+    #: Seconds from starting the child to its first event (start-up cost of the run).
+    first_event_seconds: float | None = None
 
     @property
     def resumed_step(self) -> int | None:
@@ -97,7 +99,7 @@ def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HA
     child = starter.start(plan, isolation)
     record.pid = child.pid
     try:
-        _read_events(child, record, hang_timeout, on_pause)
+        _read_events(child, record, hang_timeout, on_pause, started)
     finally:
         if record.outcome in (KILLED, HUNG):
             child.kill()
@@ -111,7 +113,7 @@ def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HA
 
 
 def _read_events(child: starter.Child, record: RunRecord, hang_timeout: float,
-                 on_pause: Callable[[int], None] | None) -> None:
+                 on_pause: Callable[[int], None] | None, started: float) -> None:
     sentinel = child.process.sentinel
     while True:
         ready = wait([child.conn, sentinel], timeout=hang_timeout)
@@ -125,6 +127,8 @@ def _read_events(child: starter.Child, record: RunRecord, hang_timeout: float,
             except (EOFError, OSError):
                 _finish(record)
                 return
+            if record.first_event_seconds is None:
+                record.first_event_seconds = time.monotonic() - started
             for event in _decode(raw):
                 record.events.append(event)
                 if event.kind == ev.PAUSED:
