@@ -218,3 +218,19 @@ def test_a_trainer_that_deadlocks_when_forked_is_reported_with_the_spawn_fix(pyt
     forked.stdout.fnmatch_lines(["*HUNG: the reference run sent no event at all*isolation='spawn'*"])
     spawned = pytester.runpytest_subprocess(*args, "--resume-matrix-isolation=spawn")
     assert spawned.ret == 0 and spawned.parseoutcomes()["passed"] >= 1
+
+
+def test_a_hook_can_narrow_the_cases_of_a_target(torch_project):
+    torch_project.makeconftest(CONFTEST.replace(
+        'CASES = [{"id": "take2", "take": 2, "n": 8, "epochs": 2}]',
+        'CASES = [{"id": "take2", "take": 2, "n": 8, "epochs": 2}, {"id": "take4", "take": 4, "n": 8}]',
+    ) + """
+
+def pytest_resume_check_cases(config, target):
+    return [c for c in target.cases if c["id"] == "take4"] if target.name == "correct" else None
+""")
+    result = torch_project.runpytest_subprocess("-p", "no:cacheprovider", "--resume-matrix",
+                                                "--resume-matrix-target=correct", "--collect-only", "-q")
+    names = [line for line in result.outlines if line.startswith("resume-matrix::")]
+    assert names and all("[take4-" in n for n in names)
+    result.stdout.fnmatch_lines([f"{len(names)} tests collected*"])
