@@ -32,7 +32,8 @@ from pytest_resume_check.matrix import parse_kill_id
 MAX_TIMELINES = 200
 #: Failing cells listed at all; beyond this the report points at --resume-matrix-json.
 MAX_LISTED = 2000
-#: Timelines drawn when the page opens (the rest when their cell is opened).
+#: The first failing cell of each target is open (and drawn) when the page loads, for this many targets;
+#: the others are drawn when opened. A target's further failing cells fold into one line.
 OPEN_FIRST = 3
 #: Steps kept in one timeline, and steps of context kept around the first and last interesting step.
 MAX_STEPS = 40
@@ -107,9 +108,10 @@ def write_report(results: Sequence[Mapping[str, Any]], path: str | os.PathLike[s
 def render(results: Sequence[Mapping[str, Any]], seed: int | None = None) -> str:
     """The whole HTML document as a string."""
     cells = sorted(results, key=summary.cell_name)
-    failing = [c for c in cells if not c["passed"]]
-    # Unexpected failures first: those are what fails the build.
-    failing.sort(key=lambda c: bool(c.get("xfail_reason")))
+    # Unexpected failures first (those fail the build), then target by target in heatmap order.
+    targets = list(dict.fromkeys(c["target"] for c in cells))
+    failing = sorted((c for c in cells if not c["passed"]), key=lambda c: (
+        bool(c.get("xfail_reason")), targets.index(c["target"]), c["case_id"], c["resume_mode"], _kill_key(c["kill"])))
     listed = failing[:MAX_LISTED]
     with_timeline = listed[:MAX_TIMELINES]
     anchors = {summary.cell_name(c): f"cell-{i}" for i, c in enumerate(listed)}
@@ -189,7 +191,7 @@ def timeline(cell: Mapping[str, Any]) -> dict[str, Any]:
     ``ref``/``res``: groups ``[step, run, epoch, ids, marks, hidden]`` of the reference and resumed
     (composite) ledgers, one per (step, run, epoch) in ledger order, restricted to the shown steps;
     ``kills``: ``[run, checkpoint step, kill step]``; ``resumed``: the step each later run restored;
-    ``lo``/``hi``: the shown steps; ``last``: the last step of the reference.
+    ``lo``/``hi``: the shown steps; ``last``: the last step of the reference; ``ran``: each run's outcome.
     """
     reference = [list(r) for r in cell.get("reference") or []]
     composite = [list(r) for r in cell.get("composite") or []]
@@ -206,6 +208,7 @@ def timeline(cell: Mapping[str, Any]) -> dict[str, Any]:
     hi = min(max(last, max(interesting, default=1)), max(interesting, default=1) + CONTEXT_STEPS)
     hi = min(hi, lo + MAX_STEPS - 1)
     return {
+        "cell": summary.cell_name(cell),
         "ref": _groups(reference, ref_marks, lo, hi),
         "res": _groups(composite, comp_marks, lo, hi),
         "kills": kills,
@@ -213,7 +216,6 @@ def timeline(cell: Mapping[str, Any]) -> dict[str, Any]:
         "lo": lo,
         "hi": hi,
         "last": last,
-        "counts": dict(Counter(m for m in ref_marks + comp_marks if m != OK)),
         "ran": [str(r.get("outcome", "")) for r in cell.get("runs") or []],
     }
 
@@ -228,6 +230,7 @@ def _kills(kill_id: str) -> list[list[int]]:
 
 def _groups(rows: list[list[Any]], marks: str, lo: int, hi: int) -> list[list[Any]]:
     groups: list[list[Any]] = []
+    drawn: Counter = Counter()  # inputs drawn per step, over all groups of the step
     for (ident, step, epoch, run), mark in zip(rows, marks):
         step, epoch, run = int(step), int(epoch), int(run)
         if not lo <= step <= hi:
@@ -235,7 +238,8 @@ def _groups(rows: list[list[Any]], marks: str, lo: int, hi: int) -> list[list[An
         if not groups or groups[-1][:3] != [step, run, epoch]:
             groups.append([step, run, epoch, [], "", 0])
         group = groups[-1]
-        if len(group[3]) < MAX_PER_STEP:
+        if drawn[step] < MAX_PER_STEP:
+            drawn[step] += 1
             group[3].append(ident if isinstance(ident, (int, str)) else str(ident))
             group[4] += mark
         else:
@@ -366,15 +370,29 @@ def _failures(listed: Sequence[Mapping[str, Any]], total: int, drawn: int, ancho
     out.append('<p class="tools"><input id="filter" type="search" placeholder="filter by name or headline" '
                'aria-label="filter failing cells"> <button id="open-all" type="button">draw all</button></p>')
     out.append(_TIMELINE_LEGEND)
+    # Drawn cells, grouped by target (unexpected failures, then expected ones): the first cell of a
+    # group is shown, the rest fold into one line, so a target with hundreds of failures stays short.
+    groups: dict[tuple[bool, str], list[int]] = {}
+    for i in range(min(drawn, len(listed))):
+        groups.setdefault((bool(listed[i].get("xfail_reason")), listed[i]["target"]), []).append(i)
+    for g, ((expected, target), indices) in enumerate(groups.items()):
+        kind = "expected failure" if expected else "failing cell"
+        out.append(f'<div class="group"><h3>{escape(target)} <span class="meta">{len(indices)} {kind}'
+                   f'{"s" if len(indices) != 1 else ""}</span></h3>')
+        items = [_failure(listed[i], anchors[summary.cell_name(listed[i])], i, g < OPEN_FIRST and i == indices[0],
+                          seed) for i in indices]
+        out.append(items[0])
+        if len(items) > 1:
+            out.append(f'<details class="more"><summary>{len(items) - 1} more {kind}s of {escape(target)}'
+                       f"</summary>{''.join(items[1:])}</details>")
+        out.append("</div>")
     rest = []
-    for i, cell in enumerate(listed):
+    for i in range(drawn, len(listed)):
+        cell = listed[i]
         name = summary.cell_name(cell)
-        if i < drawn:
-            out.append(_failure(cell, anchors[name], i, i < OPEN_FIRST, seed))
-        else:
-            rest.append(f'<tr id="{anchors[name]}"><td><code>{escape(name)}</code></td>'
-                        f"<td>{escape(cell.get('headline', ''))}</td><td><code>{escape(_rerun(cell, seed))}</code>"
-                        "</td></tr>")
+        rest.append(f'<tr id="{anchors[name]}"><td><code>{escape(name)}</code></td>'
+                    f"<td>{escape(cell.get('headline', ''))}</td><td><code>{escape(_rerun(cell, seed))}</code>"
+                    "</td></tr>")
     if rest:
         out.append(f"<h3>{len(rest)} more failing cells (no timeline)</h3><div class=\"scroll\"><table "
                    f"class=\"rest\"><thead><tr><th>cell</th><th>headline</th><th>rerun</th></tr></thead><tbody>"
@@ -485,6 +503,7 @@ border-radius:2px}
 .band{display:inline-block;width:16px;height:10px;background:repeating-linear-gradient(45deg,#f4b6b6 0 3px,
 #fff 3px 6px)}
 details.failure{border:1px solid var(--line);border-radius:6px;margin:8px 0;padding:6px 10px}
+details.more>summary{cursor:pointer;color:var(--muted);margin:4px 0 10px}details.more{margin-left:16px}
 details.failure>summary{cursor:pointer}
 details.failure .headline{display:block;margin:4px 0 0 24px;font-weight:600}
 details.failure .body{margin-left:24px}
@@ -635,7 +654,7 @@ _JS = r"""
     drawn[i] = true;
   }
   function drawAll() {
-    document.querySelectorAll("details.failure").forEach(function (d) { d.open = true; });
+    document.querySelectorAll("details.failure, details.more").forEach(function (d) { d.open = true; });
     for (var i = 0; i < data.length; i++) { drawIndex(i); }
   }
   document.querySelectorAll("details.failure").forEach(function (d) {
@@ -645,7 +664,9 @@ _JS = r"""
   function openHash() {
     if (location.hash === "#render-all") { drawAll(); return; }
     var target = location.hash ? document.getElementById(location.hash.slice(1)) : null;
-    if (target && target.tagName === "DETAILS") { target.open = true; drawIndex(+target.getAttribute("data-t")); }
+    if (!target) { return; }
+    for (var p = target; p; p = p.parentElement) { if (p.tagName === "DETAILS") { p.open = true; } }
+    if (target.tagName === "DETAILS") { drawIndex(+target.getAttribute("data-t")); target.scrollIntoView(); }
   }
   window.addEventListener("hashchange", openHash);
   openHash();
@@ -653,6 +674,7 @@ _JS = r"""
   if (filter) {
     filter.addEventListener("input", function () {
       var q = filter.value.toLowerCase();
+      document.querySelectorAll("details.more").forEach(function (d) { d.open = q.length > 0; });
       document.querySelectorAll("details.failure").forEach(function (d) {
         d.style.display = d.getAttribute("data-search").indexOf(q) >= 0 ? "" : "none";
       });

@@ -28,6 +28,7 @@ OPT_HANG = "--resume-matrix-hang-timeout"
 OPT_JSON = "--resume-matrix-json"
 OPT_ISOLATION = "--resume-matrix-isolation"
 OPT_EXHAUSTIVE = "--resume-matrix-exhaustive"
+OPT_HTML = "--resume-matrix-html"
 
 HELP_MATRIX = ("run every resume-check target across the kill/resume matrix: 'quick' (default, "
                "boundary-aware sample of kill points) or 'full' (every step)")
@@ -38,6 +39,7 @@ HELP_HANG = "seconds without an event before a run counts as HUNG and is killed 
 HELP_JSON = "write every cell's verdict and ledgers to this JSON file"
 HELP_EXHAUSTIVE = ("run every cell from scratch to the end: no shared first runs, no early stop of resumed "
                    "runs whose state digest equals the reference's (slower; a check on those shortcuts)")
+HELP_HTML = "write a self-contained HTML report (heatmaps, timelines of failing cells) to this file"
 HELP_ISOLATION = "how children start for every target: 'forkserver' (preloaded) or 'spawn'"
 
 MATRIX_MODES = ("quick", "full")
@@ -68,6 +70,7 @@ class Settings:
     hang_timeout: float
     json_path: str | None
     isolation: str | None
+    html_path: str | None = None
     exhaustive: bool = False
 
 
@@ -88,6 +91,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(OPT_CELL, default=None, dest="resume_matrix_cell", help=HELP_CELL)
     group.addoption(OPT_HANG, default=None, dest="resume_matrix_hang_timeout", help=HELP_HANG)
     group.addoption(OPT_JSON, default=None, dest="resume_matrix_json", help=HELP_JSON)
+    group.addoption(OPT_HTML, default=None, dest="resume_matrix_html", help=HELP_HTML)
     group.addoption(OPT_ISOLATION, default=None, dest="resume_matrix_isolation", help=HELP_ISOLATION)
     group.addoption(OPT_EXHAUSTIVE, action="store_true", default=False, dest="resume_matrix_exhaustive",
                     help=HELP_EXHAUSTIVE)
@@ -96,6 +100,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("resume_matrix_targets", HELP_TARGET, type="args")
     parser.addini("resume_matrix_hang_timeout", HELP_HANG)
     parser.addini("resume_matrix_json", HELP_JSON)
+    parser.addini("resume_matrix_html", HELP_HTML)
     parser.addini("resume_matrix_isolation", HELP_ISOLATION)
     parser.addini("resume_matrix_exhaustive", HELP_EXHAUSTIVE, type="bool", default=False)
 
@@ -134,6 +139,7 @@ def _settings(config: pytest.Config) -> Settings:
         cell=config.getoption("resume_matrix_cell"),
         hang_timeout=hang,
         json_path=_setting(config, "resume_matrix_json"),
+        html_path=_setting(config, "resume_matrix_html"),
         isolation=isolation,
         exhaustive=bool(config.getoption("resume_matrix_exhaustive") or config.getini("resume_matrix_exhaustive")),
     )
@@ -404,8 +410,15 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if settings.json_path:
         from pytest_resume_check import report
 
-        Path(settings.json_path).write_text(report.dump_json(results, settings.seed))
-        tr.write_line(f"resume matrix verdicts written to {settings.json_path}")
+        path = Path(settings.json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(report.dump_json(results, settings.seed))
+        tr.write_line(f"resume matrix verdicts written to {path}")
+    if settings.html_path:
+        from pytest_resume_check import html
+
+        written = html.write_report(results, Path(settings.html_path), seed=settings.seed)
+        tr.write_line(f"resume matrix HTML report written to {written}")
 
 
 # -- fixtures for hand-written tests --------------------------------------------------------------

@@ -13,7 +13,8 @@ import pytest
 from pytest_resume_check import plugin
 
 ENGINE_MODULES = ["events", "run", "targets", "child", "starter", "supervisor", "ledger", "verdict",
-                  "matrix", "scenario", "report", "ids", "builtin.loop", "builtin.targets"]
+                  "matrix", "scenario", "report", "ids", "builtin.loop", "builtin.targets", "summary", "html",
+                  "digest"]
 
 
 def test_engine_modules_never_import_pytest():

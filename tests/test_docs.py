@@ -1,0 +1,314 @@
+"""The documentation cannot rot: the site builds with ``mkdocs build --strict``; code on the pages is
+either included from a file under docs/examples that a test here runs, or a command that a test
+collects or runs; and the verdicts, findings and outputs the pages quote are what the harness says
+today.
+
+(docs/writing-a-target.md quotes its example project verbatim and is checked by
+test_downstream_example.py; docs/trainer-configuration.md belongs to the trainer's tests.)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_resume_check import plugin
+from pytest_resume_check import verdict as vd
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+EXAMPLES = DOCS / "examples"
+PLANTED = EXAMPLES / "planted"
+DOWNSTREAM = EXAMPLES / "downstream"
+
+#: The pages whose every block this module checks.
+CHECKED_PAGES = ("index.md", "quickstart.md", "matrix.md", "reading-a-report.md", "ci.md",
+                 "crash-consistency.md", "design.md", "findings.md")
+#: Languages that are code and must be included from a tested file, never written inline.
+INCLUDED_LANGUAGES = {"python", "yaml", "ini", "toml"}
+#: Example files the pages include, each run by a test below.
+TESTED_EXAMPLES = {
+    "planted/conftest.py": "test_report_page_quotes_real_verdicts_of_the_planted_example",
+    "ci/conftest.py": "test_cases_hook_example_adds_worker_cases_in_ci_only",
+    "ci/resume-matrix.yml": "test_ci_workflow_runs_its_matrix_command_on_the_example_project",
+    "ini/pytest.ini": "test_ini_example_configures_the_matrix",
+    "reports/html_from_json.py": "test_html_from_json_example_writes_the_report",
+    "findings/torchdata_shared_generator.py": "test_torchdata_finding_script_shows_two_orders",
+}
+#: Shell lines that install things: shown, not run here (.ci/run installs the same way).
+INSTALL = re.compile(r"^(python3 -m venv \S+|(\.venv/bin/)?pip install .+)$")
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+INCLUDE = re.compile(r'^--8<-- "([^"]+)"$')
+HTML_OPTION = "--resume-matrix-html"
+NO_HTML_OPTION = "the plugin has no --resume-matrix-html option yet"
+
+HAS_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "torchdata"))
+HAS_VERL = HAS_TORCH and importlib.util.find_spec("verl") is not None
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch and torchdata are not installed")
+needs_verl = pytest.mark.skipif(not HAS_VERL, reason="verl is not installed")
+
+
+def html_option_wired() -> bool:
+    return HTML_OPTION in vars(plugin).values()
+
+
+def blocks(page: str) -> list[tuple[str, str]]:
+    """(language, body) of every fenced block of a page."""
+    return FENCE.findall((DOCS / page).read_text())
+
+
+def shell_lines() -> list[tuple[str, str, str]]:
+    """(page, directory relative to the repository, line) of every shell command on the checked pages."""
+    out = []
+    for page in CHECKED_PAGES:
+        for lang, body in blocks(page):
+            if lang != "bash":
+                continue
+            cwd = "."
+            for line in body.splitlines():
+                if line.startswith("cd "):
+                    cwd = line[3:].strip()
+                elif line.strip():
+                    out.append((page, cwd, line.strip()))
+    return out
+
+
+PYTEST_COMMANDS = [(p, cwd, line) for p, cwd, line in shell_lines() if line.startswith("pytest ")]
+
+
+def run_pytest(args, cwd, timeout=600, env=None):
+    return subprocess.run([sys.executable, "-m", "pytest", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})})
+
+
+def text_block_after(page: str, marker: str) -> list[str]:
+    """The lines of the first ``text`` block after ``marker`` on ``page``."""
+    text = (DOCS / page).read_text()
+    rest = text[text.index(marker):]
+    return re.search(r"^```text\n(.*?)^```", rest, re.M | re.S).group(1).splitlines()
+
+
+# -- the site and the shape of the pages -------------------------------------------------------------------
+
+def test_mkdocs_build_is_strict_clean(tmp_path):
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
+                           "-d", str(tmp_path / "site")], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "site" / "img" / "html-report.png").is_file()
+
+
+def test_code_on_the_pages_is_included_from_tested_files():
+    included = set()
+    for page in CHECKED_PAGES:
+        for lang, body in blocks(page):
+            if lang not in INCLUDED_LANGUAGES:
+                continue
+            match = INCLUDE.match(body.strip())
+            assert match, f"{page}: a {lang} block written inline; include a tested file from docs/examples"
+            included.add(match.group(1))
+    assert included <= set(TESTED_EXAMPLES), f"included but not run by a test: {included - set(TESTED_EXAMPLES)}"
+    for path, test in TESTED_EXAMPLES.items():
+        assert (EXAMPLES / path).is_file(), path
+        assert test in globals(), f"{path} names a test that does not exist: {test}"
+
+
+def test_shell_blocks_hold_only_commands_the_tests_run_or_installs():
+    for page, _, line in shell_lines():
+        assert line.startswith(("pytest ", "python docs/examples/")) or INSTALL.match(line), f"{page}: {line}"
+
+
+def test_the_html_screenshot_is_shown():
+    assert "](img/html-report.png)" in (DOCS / "reading-a-report.md").read_text()
+    assert (DOCS / "img" / "html-report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_matrix_page_lists_every_option_and_no_other():
+    page = (DOCS / "matrix.md").read_text()
+    options = {v for k, v in vars(plugin).items() if k.startswith("OPT_")}
+    for option in options:
+        assert f"`{option}" in page, f"docs/matrix.md does not list {option}"
+    shown = set(re.findall(r"`(--resume-matrix[a-z-]*)", page))
+    if not html_option_wired():
+        shown.discard(HTML_OPTION)
+    assert shown <= options, f"docs/matrix.md lists options the plugin does not have: {shown - options}"
+    inis = set(re.findall(r'addini\(\s*"(resume_matrix\w*)"', Path(plugin.__file__).read_text()))
+    for ini in inis:
+        assert f"`{ini}`" in page, f"docs/matrix.md does not list the ini setting {ini}"
+
+
+# -- every pytest command on the pages collects --------------------------------------------------------
+
+@needs_torch
+@pytest.mark.parametrize(("page", "cwd", "line"), PYTEST_COMMANDS,
+                         ids=[f"{p}:{i}" for i, (p, _, _) in enumerate(PYTEST_COMMANDS)])
+def test_every_pytest_command_on_the_pages_collects(page, cwd, line, tmp_path):
+    """Collecting checks the options, the target names and the cell ids; running is left to the tests
+    below (and to the matrix's own tests). Commands for the project root run in an empty folder, where
+    the installed targets are found the same way."""
+    args = shlex.split(line)[1:]
+    if "verl_stock_sync" in line and not HAS_VERL:
+        pytest.skip("verl is not installed")
+    if HTML_OPTION in line and not html_option_wired():
+        pytest.skip(NO_HTML_OPTION)
+    args = [a for i, a in enumerate(args) if a != "-n" and (i == 0 or args[i - 1] != "-n")]  # xdist only spreads
+    folder = ROOT / cwd if cwd != "." else tmp_path
+    extra = [a for a in ("--co", "-q") if a not in args]
+    done = run_pytest([*args, *extra, "-p", "no:cacheprovider"], folder, timeout=300)
+    assert done.returncode == 0, f"{page}: {line}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    cells = [ln for ln in done.stdout.splitlines() if ln.startswith("resume-matrix::")]
+    assert cells, f"{page}: {line} collects no matrix cell"
+    if "--resume-matrix-cell=" in line:
+        assert len(cells) == 1
+
+
+# -- the examples the pages include --------------------------------------------------------------------
+
+def test_html_from_json_example_writes_the_report(tmp_path):
+    cell = {"target": "t", "case": {}, "case_id": "c", "resume_mode": "auto", "kill": "ckpt1", "passed": False,
+            "xfail_reason": None, "categories": ["LOST"], "headline": "LOST 1 input", "resumed_from": [1],
+            "reference": [[0, 1, 0, 0], [1, 2, 0, 0]], "composite": [[0, 1, 0, 0]], "runs": []}
+    (tmp_path / "m.json").write_text(json.dumps({"seed": 3, "cells": [cell]}))
+    done = subprocess.run([sys.executable, str(EXAMPLES / "reports" / "html_from_json.py"), "m.json", "out/r.html"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "out/r.html: 1 cells, 1 failing"
+    assert "LOST 1 input" in (tmp_path / "out" / "r.html").read_text()
+
+
+@needs_torch
+def test_cases_hook_example_adds_worker_cases_in_ci_only(pytester):
+    shutil.copy(EXAMPLES / "ci" / "conftest.py", pytester.path / "conftest.py")
+    args = ("--resume-matrix", "--resume-matrix-target=builtin_loop", "--co", "-q", "-p", "no:cacheprovider")
+
+    def case_ids(env):
+        done = run_pytest(args, pytester.path, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return {m.group(1) for m in re.finditer(r"builtin_loop\[(.+?)-(?:auto|path)-ckpt", done.stdout)}
+
+    local = case_ids({"CI": ""})
+    ci = case_ids({"CI": "true"})
+    assert local and ci > local
+    assert ci - local == {f"{c}-w2" for c in local if not c.endswith("-w2")}  # cases with workers stay as they are
+
+
+@needs_torch
+def test_ini_example_configures_the_matrix(pytester):
+    shutil.copy(EXAMPLES / "ini" / "pytest.ini", pytester.path / "pytest.ini")
+    done = run_pytest(("-m", "resume_matrix", "--co", "-q", "-p", "no:cacheprovider"), pytester.path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    cells = [ln for ln in done.stdout.splitlines() if ln.startswith("resume-matrix::")]
+    assert cells and all(ln.startswith("resume-matrix::builtin_loop[") for ln in cells)
+    header = run_pytest(("-m", "resume_matrix", "--co", "-p", "no:cacheprovider"), pytester.path)
+    assert "resume-check: matrix=quick seed=1234" in header.stdout
+
+
+@needs_torch
+def test_ci_workflow_runs_its_matrix_command_on_the_example_project(pytester):
+    yaml = pytest.importorskip("yaml")
+    if not html_option_wired():
+        pytest.skip(NO_HTML_OPTION)
+    workflow = yaml.safe_load((EXAMPLES / "ci" / "resume-matrix.yml").read_text())
+    steps = workflow["jobs"]["resume-matrix"]["steps"]
+    matrix = next(s for s in steps if s.get("name") == "Resume matrix")
+    kept = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact"))
+    for name in ("conftest.py", "trainer.py", "pytest.ini"):
+        shutil.copy(DOWNSTREAM / name, pytester.path / name)
+    # The step's env as a pull request sees it: quick mode, the fixed seed.
+    env = {**os.environ, "MODE": "quick", "SEED": "1234", "PYTHONWARNINGS": "ignore",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-c", matrix["run"]], cwd=pytester.path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "resume-check: matrix=quick seed=1234" in done.stdout
+    reports = kept["with"]["path"].split()
+    assert reports == ["resume-matrix.xml", "resume-matrix.json", "resume-matrix.html"]
+    for report in reports:
+        assert (pytester.path / report).stat().st_size > 0, report
+    cells = json.loads((pytester.path / "resume-matrix.json").read_text())["cells"]
+    assert cells and all(c["passed"] for c in cells)
+    assert '<property name="verdict" value="PASSED"' in (pytester.path / "resume-matrix.xml").read_text()
+
+
+# -- the verdicts and findings the pages quote --------------------------------------------------------------
+
+TEMPLATE_CATEGORIES = ("CRASHED", "HUNG", "NONDETERMINISTIC", "PROTOCOL")
+
+
+def template_pattern(template: str) -> re.Pattern[str]:
+    parts = re.split(r"\{[^}]*\}", template)
+    return re.compile("^" + ".+".join(re.escape(p) for p in parts) + "$")
+
+
+def test_report_page_example_lines_of_process_verdicts_match_the_message_templates():
+    templates = [vd.MSG_CRASHED, vd.MSG_HUNG, vd.MSG_NONDETERMINISTIC, vd.MSG_PROTOCOL, vd.MSG_STEPS]
+    shown = [line for lang, body in blocks("reading-a-report.md") if lang == "text"
+             for line in body.splitlines() if line.startswith(TEMPLATE_CATEGORIES)]
+    assert len(shown) == 5
+    for line in shown:
+        assert any(template_pattern(t).match(line) for t in templates), line
+    # The PROTOCOL example for a missing resumed() call is the ledger's own message.
+    from pytest_resume_check.ledger import compose
+    with pytest.raises(Exception, match=re.escape(shown[3].split(": ", 1)[1])):
+        compose([[], []])
+
+
+@needs_torch
+def test_report_page_quotes_real_verdicts_of_the_planted_example(tmp_path):
+    cells = ("drop_buffer[b4-take2-auto-ckpt1]", "reread", "shared_generator[b4-take2-shuffle-auto-ckpt1]",
+             "epoch_reset[b4-take2-auto-ckpt5]", "raise_on_resume[b4-take2-auto-ckpt1]")
+    report = tmp_path / "planted.json"
+    done = run_pytest(("--resume-matrix", "-m", "resume_matrix", "--resume-matrix-seed=1234", "-p", "no:cacheprovider",
+                       "-k", " or ".join(cells), f"--resume-matrix-json={report}"), PLANTED,
+                      env={"COLUMNS": "80"})
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+    real = {line.rstrip() for line in done.stdout.splitlines()}
+    real |= {c["headline"] for c in json.loads(report.read_text())["cells"]}
+    quoted = [line.rstrip() for lang, body in blocks("reading-a-report.md") if lang == "text"
+              for line in body.splitlines()]
+    for line in quoted:
+        if line.startswith(TEMPLATE_CATEGORIES) or line.lstrip().startswith("kept:") or not line.strip():
+            continue
+        assert line in real, f"docs/reading-a-report.md shows a line this run did not print:\n{line}"
+    # The torchdata finding quotes the same cell.
+    finding = text_block_after("findings.md", "shared_generator[b4-take2-shuffle-auto-ckpt1]")
+    assert finding[0] in real
+
+
+def test_torchdata_finding_script_shows_two_orders():
+    pytest.importorskip("torch")
+    pytest.importorskip("torchdata")
+    done = subprocess.run([sys.executable, "-W", "ignore", "docs/examples/findings/torchdata_shared_generator.py"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    shown = text_block_after("findings.md", "python docs/examples/findings/torchdata_shared_generator.py")
+    assert done.stdout.splitlines() == shown
+    assert done.returncode == 1, "the orders agree: torchdata fixed it; update docs/findings.md"
+
+
+@needs_verl
+def test_verl_finding_reproduces_with_its_documented_command(pytester):
+    line = next(ln for p, _, ln in PYTEST_COMMANDS
+                if p == "findings.md" and "--resume-matrix-cell=verl_stock_sync" in ln)
+    args = shlex.split(line)[1:]
+    done = run_pytest([*args, "-p", "no:cacheprovider", "--junitxml=verl.xml"], pytester.path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "1 xfailed" in done.stdout
+    cell = json.loads((pytester.path / "verl.json").read_text())["cells"][0]
+    shown = text_block_after("findings.md", line)
+    assert cell["categories"] == ["REORDERED"] and shown == [cell["headline"]]
+    # The junit excerpt on the CI page is this cell's.
+    xml = (pytester.path / "verl.xml").read_text()
+    page = (DOCS / "ci.md").read_text()
+    for prop in re.findall(r"<property [^>]*/>", page):
+        assert prop in xml, prop
