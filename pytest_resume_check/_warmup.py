@@ -7,16 +7,40 @@ starter sets it just before the server starts.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import importlib
 import os
+import warnings
 
 ENV = "PYTEST_RESUME_CHECK_WARMUP"
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def _run_all() -> None:
+    _become_subreaper()
     specs = [s for s in os.environ.get(ENV, "").split(",") if s]
-    if not specs:
-        return
+    if specs:
+        _quietly(specs)
+    # Without this the first garbage collection in every forked child walks (and so copies) every
+    # object torch and verl left in the server: about 0.4 s per run with verl 0.8.
+    gc.collect()
+    gc.freeze()
+
+
+def _become_subreaper() -> None:
+    """Loader workers of a killed child are orphaned. Without a subreaper they go to PID 1, which on
+    some machines reaps only every ~1.5 s, and the harness waits for them to vanish. As subreaper
+    the server adopts them and its SIGCHLD handler reaps them at once."""
+    warnings.filterwarnings("ignore", message="forkserver: waitpid returned unexpected pid")
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: PID 1 reaps, only slower
+        pass
+
+
+def _quietly(specs: list[str]) -> None:
     # Warnings printed while warming up would land in whichever test started the server.
     saved = os.dup(2)
     devnull = os.open(os.devnull, os.O_WRONLY)

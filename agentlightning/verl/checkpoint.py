@@ -1,8 +1,11 @@
 """``agentlightning_input.pt``: the async input position stored in each ``global_step_N`` folder.
 
-What the file holds (keys are the constants below): the format version, the global step, and the
-input stream state of :mod:`agentlightning.verl.inputs` (loader state, buffered tail, input epoch,
-loader batches taken in that epoch).
+What the file holds (keys are the constants below): the format version, the global step, the input
+stream state of :mod:`agentlightning.verl.inputs` (loader state, buffered tail, input epoch, loader
+batches taken in that epoch) and, since format version 2, the carried-over groups of
+:mod:`agentlightning.verl.inflight` (the original row of every input whose rollouts were still running,
+with its id, input epoch and first submission step). Version 1 files (no carried-over groups) are still
+read; :class:`InputCheckpoint` says which version a file was.
 
 Safety: the file holds only tensors and plain Python values (numpy arrays are stored as tagged dicts
 and rebuilt on load), so ``torch.load(weights_only=True)`` reads it with no allow-list and no pickled
@@ -24,20 +27,27 @@ import contextlib
 import os
 import re
 import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from agentlightning.verl import inflight
 from agentlightning.verl.inputs import STATE_KEYS
 
 INPUT_STATE_FILENAME = "agentlightning_input.pt"
-INPUT_STATE_FORMAT_VERSION = 1
-SUPPORTED_INPUT_STATE_FORMAT_VERSIONS = (1,)
+#: Version 2 added the carried-over groups (KEY_CARRIED_OVER); version 1 files are still read.
+INPUT_STATE_FORMAT_VERSION = 2
+SUPPORTED_INPUT_STATE_FORMAT_VERSIONS = (1, 2)
+#: The first version that records carried-over (in-flight) groups.
+CARRIED_OVER_SINCE_VERSION = 2
 
 KEY_FORMAT_VERSION = "format_version"
 KEY_GLOBAL_STEP = "global_step"
 KEY_INPUT_STREAM = "input_stream"
+KEY_CARRIED_OVER = "carried_over"
 
 # verl's names inside a checkpoint directory.
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
@@ -234,10 +244,36 @@ def input_state_path(step_folder: str) -> str:
     return os.path.join(step_folder, INPUT_STATE_FILENAME)
 
 
-def write_input_state(step_folder: str, global_step: int, stream_state: dict[str, Any]) -> str:
+@dataclass(frozen=True)
+class InputCheckpoint:
+    """A decoded input file: its path, format version, step, stream state and carried-over groups.
+
+    ``carried_over`` is the :class:`~agentlightning.verl.inflight.InFlightInputs` state, or None for a
+    version 1 file, which did not record in-flight inputs.
+    """
+
+    path: str
+    format_version: int
+    global_step: int
+    stream: dict[str, Any]
+    carried_over: dict[str, Any] | None
+
+    @property
+    def records_carried_over(self) -> bool:
+        """True when the file says which inputs were in flight (format version 2 and later)."""
+        return self.carried_over is not None
+
+
+def write_input_state(
+    step_folder: str,
+    global_step: int,
+    stream_state: Mapping[str, Any],
+    carried_over: Mapping[str, Any] | None = None,
+) -> str:
     """Atomically write the input file for ``global_step`` into ``step_folder``; returns its path.
 
-    Temporary files left by an earlier writer that was killed mid-write are removed first.
+    ``carried_over`` is the in-flight record's ``state_dict()``; None stores an empty record (nothing in
+    flight). Temporary files left by an earlier writer that was killed mid-write are removed first.
     """
     path = input_state_path(step_folder)
     if os.path.isdir(step_folder):
@@ -245,21 +281,25 @@ def write_input_state(step_folder: str, global_step: int, stream_state: dict[str
             if name.startswith(INPUT_STATE_FILENAME + _TEMP_SUFFIX):
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(step_folder, name))
+    if carried_over is None:
+        carried_over = inflight.InFlightInputs().state_dict()
     try:
-        encoded = encode_value(stream_state, KEY_INPUT_STREAM)
+        stream = encode_value(dict(stream_state), KEY_INPUT_STREAM)
+        groups = encode_value(dict(carried_over), KEY_CARRIED_OVER)
     except InputCheckpointEncodeError as err:
         raise InputCheckpointEncodeError(path, err.problem, err.fix) from None
     payload = {
         KEY_FORMAT_VERSION: INPUT_STATE_FORMAT_VERSION,
         KEY_GLOBAL_STEP: int(global_step),
-        KEY_INPUT_STREAM: encoded,
+        KEY_INPUT_STREAM: stream,
+        KEY_CARRIED_OVER: groups,
     }
     atomic_torch_save(payload, path)
     return path
 
 
-def read_input_state(step_folder: str, expected_step: int | None = None) -> dict[str, Any] | None:
-    """The decoded input stream state stored in ``step_folder``, or None if it has no input file.
+def read_input_checkpoint(step_folder: str, expected_step: int | None = None) -> InputCheckpoint | None:
+    """The decoded input file in ``step_folder`` (format version 1 or 2), or None if it has none.
 
     Raises :class:`InputCheckpointVersionError` for an unknown format version,
     :class:`InputCheckpointCorruptError` for an unreadable or incomplete file and
@@ -284,9 +324,7 @@ def read_input_state(step_folder: str, expected_step: int | None = None) -> dict
     version = payload[KEY_FORMAT_VERSION]
     if version not in SUPPORTED_INPUT_STATE_FORMAT_VERSIONS:
         raise InputCheckpointVersionError(path, version)
-    stream = payload.get(KEY_INPUT_STREAM)
-    missing = [KEY_GLOBAL_STEP] if KEY_GLOBAL_STEP not in payload else []
-    missing += [key for key in STATE_KEYS if not isinstance(stream, dict) or key not in stream]
+    missing = _missing_entries(payload, version)
     if missing:
         raise InputCheckpointCorruptError(
             path,
@@ -299,7 +337,44 @@ def read_input_state(step_folder: str, expected_step: int | None = None) -> dict
             f"records global step {payload[KEY_GLOBAL_STEP]} but its folder is for step {expected_step}",
             "Do not rename or copy files between global_step folders; resume from the original folder",
         )
-    return decode_value(stream)
+    carried_over = None
+    if version >= CARRIED_OVER_SINCE_VERSION:
+        carried_over = decode_value(payload[KEY_CARRIED_OVER])
+        lengths = {key: len(carried_over[key]) for key in inflight.STATE_KEYS}
+        if len(set(lengths.values())) != 1:
+            raise InputCheckpointCorruptError(
+                path,
+                f"has carried-over lists of different lengths {lengths}",
+                "Resume from another checkpoint with trainer.resume_mode=resume_path",
+            )
+    return InputCheckpoint(
+        path=path,
+        format_version=int(version),
+        global_step=int(payload[KEY_GLOBAL_STEP]),
+        stream=decode_value(payload[KEY_INPUT_STREAM]),
+        carried_over=carried_over,
+    )
+
+
+def _missing_entries(payload: dict[str, Any], version: int) -> list[str]:
+    stream = payload.get(KEY_INPUT_STREAM)
+    missing = [KEY_GLOBAL_STEP] if KEY_GLOBAL_STEP not in payload else []
+    missing += [key for key in STATE_KEYS if not isinstance(stream, dict) or key not in stream]
+    if version >= CARRIED_OVER_SINCE_VERSION:
+        groups = payload.get(KEY_CARRIED_OVER)
+        missing += [
+            f"{KEY_CARRIED_OVER}.{key}"
+            for key in inflight.STATE_KEYS
+            if not isinstance(groups, dict) or not isinstance(groups.get(key), list)
+        ]
+    return missing
+
+
+def read_input_state(step_folder: str, expected_step: int | None = None) -> dict[str, Any] | None:
+    """The decoded input stream state stored in ``step_folder``, or None if it has no input file
+    (:func:`read_input_checkpoint` without the version and the carried-over groups)."""
+    checkpoint = read_input_checkpoint(step_folder, expected_step)
+    return None if checkpoint is None else checkpoint.stream
 
 
 # ---------------------------------------------------------------- resume folder and tracker

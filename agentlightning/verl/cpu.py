@@ -6,6 +6,10 @@ real ``_save_checkpoint``/``_load_checkpoint``); only the GPU work is replaced: 
 :class:`~agentlightning.verl.cpu_workers.CpuActorWorkerGroup` (a tiny torch model with an optimizer)
 and rollouts come from :class:`~agentlightning.verl.rollout.DeterministicRolloutEngine`.
 
+Rollout latencies can also follow a profile of :mod:`agentlightning.verl.schedule` keyed on the
+admission order (:class:`AdmissionOrderLatency`), which makes the step schedule independent of the
+shuffle order and seed, so it can be computed without running anything.
+
 Used by the tests, the docs example and the resume-check target. :class:`StockCpuRayPPOTrainer`
 drives *stock* verl the same way (sync only, verl's loop structure, verl's save/load unchanged), so
 verl's own resume behaviour can be observed on CPU.
@@ -24,12 +28,14 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.trainer.ppo.utils import Role
 
 from agentlightning.verl.checkpoint import resolve_resume_folder
 from agentlightning.verl.cpu_workers import CpuActorWorkerGroup
-from agentlightning.verl.rollout import DeterministicRolloutEngine, LatencySpec
+from agentlightning.verl.rollout import DeterministicRolloutEngine, LatencySpec, RowTransform
+from agentlightning.verl.schedule import LatencyProfile
 from agentlightning.verl.trainer import (
     DEFAULT_INPUT_ID_KEY,
     AgentLightningRayPPOTrainer,
@@ -190,6 +196,74 @@ class StockCpuRayPPOTrainer(ObservedTrainingMixin, RayPPOTrainer):
                     return
 
 
+class _Indices(Dataset):
+    """A dataset whose item ``i`` is ``i``: stands in for a real one when only the order matters."""
+
+    def __init__(self, size: int) -> None:
+        self.size = int(size)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> int:
+        return int(index)
+
+
+def epoch_orders(loader: Any, epochs: int) -> list[list[int]]:
+    """The dataset indices ``loader`` yields in each of its first ``epochs`` passes from where its sampler
+    stands now, computed without touching ``loader``.
+
+    A stand-in ``StatefulDataLoader`` over an index dataset with the same batch size, ``drop_last`` and
+    number of workers iterates a copy of the sampler (a sampler with a ``generator``, like torchdata's
+    ``RandomSampler``, is rebuilt around a clone of that generator). Running a real loader matters: with
+    loader workers, torchdata's iterator draws permutations the single-process one does not (epoch 0
+    gets the generator's second permutation), so the order cannot be derived from the sampler alone.
+    """
+    sampler = loader.sampler
+    generator = getattr(sampler, "generator", None)
+    if isinstance(generator, torch.Generator):
+        clone = torch.Generator()
+        clone.set_state(generator.get_state())
+        sampler = type(sampler)(data_source=sampler.data_source, generator=clone)
+    stand_in = StatefulDataLoader(
+        _Indices(len(loader.dataset)),
+        batch_size=loader.batch_size,
+        sampler=sampler,
+        drop_last=loader.drop_last,
+        num_workers=loader.num_workers,
+        multiprocessing_context=loader.multiprocessing_context,
+    )
+    return [[int(i) for batch in stand_in for i in batch.tolist()] for _ in range(epochs)]
+
+
+class AdmissionOrderLatency:
+    """A latency per ``(input_id, epoch)`` that follows a profile keyed on the admission index.
+
+    The admission index of an input is ``epoch * inputs_per_epoch + its position in that epoch's
+    order``; ``orders`` lists each epoch's order (see :func:`epoch_orders`). The rollout of the k-th input
+    admitted in a run therefore takes ``profile(k)`` steps whatever the shuffle order, so
+    :func:`agentlightning.verl.schedule.simulate_async_schedule` predicts the run exactly. Inputs that are
+    never admitted take one step.
+    """
+
+    def __init__(self, profile: LatencyProfile, orders: Sequence[Sequence[int]]) -> None:
+        self.profile = profile
+        self._index: dict[tuple[int, int], int] = {}
+        offset = 0
+        for epoch, order in enumerate(orders):
+            for position, input_id in enumerate(order):
+                self._index[(epoch, int(input_id))] = offset + position
+            offset += len(order)
+
+    def admission_index(self, input_id: int, epoch: int) -> int | None:
+        """The admission index of ``input_id`` in input epoch ``epoch`` (None if never admitted)."""
+        return self._index.get((int(epoch), int(input_id)))
+
+    def __call__(self, input_id: int, epoch: int) -> int:
+        index = self.admission_index(input_id, epoch)
+        return 1 if index is None else int(self.profile(index))
+
+
 def build_cpu_trainer(
     output_dir: str,
     *,
@@ -205,15 +279,19 @@ def build_cpu_trainer(
     resume_from_path: str | None = None,
     save_freq: int = -1,
     rollout_latency: LatencySpec = 1,
+    latency_profile: LatencyProfile | None = None,
+    rollout_transform: RowTransform | None = None,
     input_id_key: str = DEFAULT_INPUT_ID_KEY,
     trainer_cls: type[RayPPOTrainer] = AgentLightningRayPPOTrainer,
 ) -> Any:
     """A constructed CPU trainer writing checkpoints to ``output_dir``; call ``.fit()`` to train.
 
     ``rollout_latency`` is the steps each rollout takes: an int, an inclusive ``(low, high)`` range
-    drawn per input from ``seed``, or a function ``(input_id, epoch) -> steps``. Latencies above 1
-    make rollouts carry over between steps (async only; sync waits for all). ``trainer_cls`` may be
-    :class:`StockCpuRayPPOTrainer` (sync only) or a subclass of either trainer.
+    drawn per input from ``seed``, or a function ``(input_id, epoch) -> steps``. ``latency_profile``,
+    if given, replaces it with a profile keyed on the admission order (:class:`AdmissionOrderLatency`).
+    Latencies above 1 make rollouts carry over between steps (async only; sync waits for all).
+    ``rollout_transform`` is applied by the rollout engine to each input row it receives.
+    ``trainer_cls`` may be :class:`StockCpuRayPPOTrainer` (sync only) or a subclass of either trainer.
     """
     config = make_cpu_config(
         output_dir,
@@ -240,9 +318,12 @@ def build_cpu_trainer(
         collate_fn=collate_inputs,
         train_sampler=None,  # verl's create_rl_sampler: seeded torchdata RandomSampler or sequential
         device_name="cpu",
-        rollout_engine=DeterministicRolloutEngine(seed=seed, latency=rollout_latency),
+        rollout_engine=DeterministicRolloutEngine(seed=seed, latency=rollout_latency, transform=rollout_transform),
         input_id_key=input_id_key,
     )
+    if latency_profile is not None:
+        orders = epoch_orders(trainer.train_dataloader, total_epochs)
+        trainer.rollout_engine.latency = AdmissionOrderLatency(latency_profile, orders)
     trainer.actor_rollout_wg = CpuActorWorkerGroup(feature_dim=FEATURE_DIM, seed=seed)
     return trainer
 
@@ -339,13 +420,14 @@ def steps_for(
     seed: int = 0,
     num_workers: int = 0,
     rollout_latency: LatencySpec = 1,
+    latency_profile: LatencyProfile | None = None,
     trainer_cls: type[RayPPOTrainer] = AgentLightningRayPPOTrainer,
 ) -> int:
     """Number of steps an uninterrupted :func:`build_cpu_trainer` run with these parameters takes.
 
     Computed by running that configuration once, uncheckpointed, in a temporary directory (a few
     tenths of a second on CPU), so it is exact for any latency and shuffle; results are cached.
-    ``rollout_latency`` must be hashable (an int, a tuple or a module-level function).
+    ``rollout_latency`` and ``latency_profile`` must be hashable (ints, tuples, module-level functions).
     """
     key = (
         ("async_enabled", async_enabled),
@@ -357,6 +439,7 @@ def steps_for(
         ("seed", seed),
         ("num_workers", num_workers),
         ("rollout_latency", rollout_latency),
+        ("latency_profile", latency_profile),
         ("trainer_cls", trainer_cls),
     )
     return _count_steps(key)

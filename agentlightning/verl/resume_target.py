@@ -2,34 +2,42 @@
 
 Three targets, registered through the ``pytest_resume_check.targets`` entry point:
 
-* ``agentlightning_async`` - async refills that split loader batches; contract exactly-once, same
-  order. Every cell must pass.
-* ``agentlightning_sync`` - the same trainer in sync mode (verl's checkpoint format).
+* ``agentlightning_async`` - async refills that split loader batches, with rollout latency profiles
+  (all fast; mixed; long tails) that carry groups over across checkpoint steps; contract exactly-once,
+  same order, on both the consumed and the trained ledger. Every cell must pass.
+* ``agentlightning_sync`` - the same trainer in sync mode (verl's checkpoint format), both ledgers.
 * ``verl_stock_sync`` - stock ``RayPPOTrainer`` save/load driven the same way on CPU. Its known
   failures are declared as expected failures with the reason, so the matrix documents them.
 
 verl is imported only inside the child processes (and the fork server, through ``preload``): loading
-this module costs nothing.
+this module costs nothing. The async step counts come from the pure-Python schedule simulation of
+:mod:`agentlightning.verl.schedule`, whose latency profiles are keyed on the admission order so the
+count is exact for every shuffle and seed.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
+from agentlightning.verl.schedule import LATENCY_PROFILES, AsyncSchedule, simulate_async_schedule
+from pytest_resume_check.digest import digest_of
 from pytest_resume_check.run import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, RunContext
-from pytest_resume_check.targets import resume_target
+from pytest_resume_check.targets import Contract, resume_target
 
 #: Case keys: ``n`` dataset size, ``batch`` (data.train_batch_size), ``refill``
-#: (agentlightning.async_rollout.async_train_batch_size), ``epochs``, ``shuffle``, ``workers``.
-DEFAULTS = {"n": 24, "batch": 4, "refill": 6, "epochs": 2, "shuffle": False, "workers": 0}
+#: (agentlightning.async_rollout.async_train_batch_size), ``epochs``, ``shuffle``, ``workers``,
+#: ``latency`` (a profile name of agentlightning.verl.schedule.LATENCY_PROFILES; async only).
+DEFAULTS = {"n": 24, "batch": 4, "refill": 6, "epochs": 2, "shuffle": False, "workers": 0, "latency": "fast"}
 
+#: Loader batch vs refill: 6 and 5 do not divide into batches of 4, 8 does, 10 spans three batches.
 ASYNC_CASES = (
-    {"id": "b4-r6-e2", "refill": 6},
-    {"id": "b4-r8-e2-shuffle", "refill": 8, "shuffle": True},
-    {"id": "b4-r6-e2-shuffle-w2", "refill": 6, "shuffle": True, "workers": 2},
-    {"id": "b4-r5-e1", "refill": 5, "epochs": 1},
+    {"id": "b4-r6-e2-fast", "refill": 6},
+    {"id": "b4-r6-e2-mixed", "refill": 6, "latency": "mixed"},
+    {"id": "b4-r8-e2-shuffle-tail", "refill": 8, "shuffle": True, "latency": "tail"},
+    {"id": "b4-r10-e2-shuffle-mixed", "refill": 10, "shuffle": True, "latency": "mixed"},
+    {"id": "b4-r5-e1-tail", "refill": 5, "epochs": 1, "latency": "tail"},
+    {"id": "n12-b4-r6-e2-shuffle-w2-tail", "n": 12, "refill": 6, "shuffle": True, "workers": 2, "latency": "tail"},
 )
 SYNC_CASES = (
     {"id": "b4-e2", "n": 16},
@@ -46,19 +54,26 @@ def params(case: Mapping[str, Any]) -> dict[str, Any]:
     return {**DEFAULTS, **{k: v for k, v in case.items() if k != "id"}}
 
 
-def _loader_inputs(p: Mapping[str, Any]) -> int:
-    return (p["n"] // p["batch"]) * p["batch"]  # verl's train loader drops the last partial batch
+def async_schedule(case: Mapping[str, Any]) -> AsyncSchedule:
+    """The uninterrupted async run of a case, simulated in pure Python (no torch, no verl)."""
+    p = params(case)
+    return simulate_async_schedule(
+        dataset_size=p["n"],
+        train_batch_size=p["batch"],
+        async_train_batch_size=p["refill"],
+        total_epochs=p["epochs"],
+        latency=LATENCY_PROFILES[p["latency"]],
+    )
 
 
 def async_steps(case: Mapping[str, Any]) -> int:
-    """Steps of an uninterrupted async run (rollouts take one step): ``refill`` inputs per step."""
-    p = params(case)
-    return math.ceil(_loader_inputs(p) * p["epochs"] / p["refill"])
+    """Steps of an uninterrupted async run: until the step that trains the last admitted input."""
+    return async_schedule(case).steps
 
 
 def async_boundaries(case: Mapping[str, Any]) -> list[int]:
-    p = params(case)
-    return [math.ceil(e * _loader_inputs(p) / p["refill"]) for e in range(1, p["epochs"] + 1)]
+    """The steps that admit the last input of an epoch (the loader starts its next pass after them)."""
+    return async_schedule(case).admission_ends()
 
 
 def sync_steps(case: Mapping[str, Any]) -> int:
@@ -72,10 +87,12 @@ def sync_boundaries(case: Mapping[str, Any]) -> list[int]:
 
 
 class RunObserver:
-    """Adapts the trainer's ``InputObserver`` calls to the harness's run context."""
+    """Adapts the trainer's ``InputObserver`` calls to the harness's run context, and reports a
+    digest of the trainer's whole state after each step (so resumed runs can stop early)."""
 
-    def __init__(self, run: RunContext):
+    def __init__(self, run: RunContext, trainer: Any = None):
         self.run = run
+        self.trainer = trainer
 
     def resumed(self, step: int, path: str | None) -> None:
         self.run.resumed(step, path)
@@ -88,12 +105,39 @@ class RunObserver:
 
     def step_end(self, step: int) -> None:
         self.run.step_end(step)
+        if not self.run.should_checkpoint(step):
+            self._digest(step)
 
     def should_checkpoint(self, step: int) -> bool:
         return self.run.should_checkpoint(step)
 
     def checkpoint_published(self, step: int, path: str) -> None:
         self.run.checkpoint_published(step, path)
+        self._digest(step)
+
+    def _digest(self, step: int) -> None:
+        state = trainer_state(self.trainer)
+        if state is not None:
+            self.run.state_digest(step, digest_of(state))
+
+
+def trainer_state(trainer: Any) -> dict[str, Any] | None:
+    """Everything that decides the rest of an Agent Lightning run: input position and buffer, the
+    in-flight record, the rollouts pending in the engine, the actor's model and optimizer, the step.
+    None for trainers without an input stream (stock verl keeps its epoch in a local of ``fit``)."""
+    if trainer is None or not hasattr(trainer, "input_stream"):
+        return None
+    worker = trainer.actor_rollout_wg
+    pending = getattr(trainer.rollout_engine, "_pending", ())
+    return {
+        "inputs": trainer.input_stream.state_dict(),
+        "in_flight": trainer.in_flight_inputs.state_dict(),
+        "pending": [(p.input_id, p.epoch, p.ready_step) for p in pending],
+        "model": worker.model.state_dict(),
+        "optimizer": worker.optimizer.state_dict(),
+        "updates": worker.updates,
+        "step": trainer.global_steps,
+    }
 
 
 def _fit(run: RunContext, *, async_enabled: bool, stock: bool = False) -> None:
@@ -113,9 +157,10 @@ def _fit(run: RunContext, *, async_enabled: bool, stock: bool = False) -> None:
         num_workers=int(p["workers"]),
         resume_mode=_VERL_MODES[run.resume_mode],
         resume_from_path=str(run.resume_path) if run.resume_path else None,
+        latency_profile=LATENCY_PROFILES[p["latency"]] if async_enabled else None,
         trainer_cls=StockCpuRayPPOTrainer if stock else AgentLightningRayPPOTrainer,
     )
-    trainer.input_observer = RunObserver(run)
+    trainer.input_observer = RunObserver(run, trainer)
     trainer.fit()
 
 
@@ -135,7 +180,8 @@ def fit_stock(run: RunContext) -> None:
 
 
 def warm_up() -> None:
-    """One short run in the fork server, so children start with verl and torch initialised."""
+    """One short run in the fork server, so children start with verl and torch initialised (the
+    harness then freezes the server's heap for the garbage collector)."""
     import tempfile
 
     from agentlightning.verl.cpu import build_cpu_trainer
@@ -155,14 +201,17 @@ def _stock_replays_epoch(cell: Any) -> bool:
     )
 
 
+#: Exactly-once, same order, on what was taken from the loader and on what was trained on.
+BOTH_LEDGERS = Contract(ordered=True, ledgers=("consumed", "trained"))
+
 agentlightning_async = resume_target(
     fit_async, name="agentlightning_async", steps=async_steps, boundaries=async_boundaries,
-    cases=ASYNC_CASES, contract="exactly_once_ordered", preload=PRELOAD,
-    description="Agent Lightning VERL trainer, async refills (the fixed trainer)",
+    cases=ASYNC_CASES, contract=BOTH_LEDGERS, preload=PRELOAD,
+    description="Agent Lightning VERL trainer, async refills with carried-over rollouts (the fixed trainer)",
 )
 agentlightning_sync = resume_target(
     fit_sync, name="agentlightning_sync", steps=sync_steps, boundaries=sync_boundaries,
-    cases=SYNC_CASES, contract="exactly_once_ordered", preload=PRELOAD,
+    cases=SYNC_CASES, contract=BOTH_LEDGERS, preload=PRELOAD,
     description="Agent Lightning VERL trainer, sync mode",
 )
 verl_stock_sync = resume_target(

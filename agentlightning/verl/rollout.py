@@ -6,7 +6,12 @@ latency above one, rollouts submitted in one step finish in a later one (they "c
 agent rollouts do in async training. Rewards are a seeded function of the input, so every run of the
 same configuration produces the same rollouts.
 
-In-flight rollouts are not checkpointed yet: a resume starts with none in flight.
+An engine's own state is not checkpointed (an external rollout server's cannot be). Instead the trainer
+records the original row of every in-flight input (:mod:`agentlightning.verl.inflight`); a resume calls
+:meth:`RolloutEngine.reset` and then resubmits those rows, in their original order and with the step
+they were first submitted in, before it takes any new input. The deterministic engine derives a
+rollout's finishing step from that submission step, so resubmitted rollouts finish exactly when they
+would have in the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from agentlightning.verl.inputs import Batch, concat_batches, select_rows
 # A latency is a constant number of steps, an inclusive (low, high) range drawn per input from the
 # seed, or a function of (input_id, input_epoch).
 LatencySpec = int | tuple[int, int] | Callable[[int, int], int]
+# A per-rollout transformation of one input row (a batch of one input), applied at submission.
+RowTransform = Callable[[Batch], Batch]
 
 REWARD_KEY = "reward"
 
@@ -60,7 +67,12 @@ class RolloutEngine(Protocol):
     """
 
     def submit(self, batch: Batch, ids: list[int], epoch: int, step: int) -> None:
-        """Start rollouts for the inputs of ``batch`` (ids ``ids``, input epoch ``epoch``) in ``step``."""
+        """Start rollouts for the inputs of ``batch`` (ids ``ids``, input epoch ``epoch``).
+
+        ``step`` is the step the inputs were first submitted in: the current step for new inputs, the
+        original step for inputs a resume resubmits. ``batch`` holds the inputs as taken from the input
+        stream; the engine must not modify it in place.
+        """
 
     def collect(self, step: int) -> CompletedRollouts | None:
         """Rollouts that have finished by the end of ``step``, in submission order; None if none."""
@@ -72,7 +84,7 @@ class RolloutEngine(Protocol):
         """Number of submitted rollouts not yet returned by ``collect``/``drain``."""
 
     def reset(self) -> None:
-        """Drop all in-flight rollouts (a resume starts with none in flight)."""
+        """Drop all in-flight rollouts (a resume then resubmits the ones its checkpoint recorded)."""
 
 
 @dataclass
@@ -88,13 +100,22 @@ class DeterministicRolloutEngine:
 
     A rollout submitted in step ``s`` with latency ``k >= 1`` is ready at the end of step ``s + k - 1``.
     Its reward is drawn from ``seed``, the input id and the input epoch only, so it does not depend on
-    batching, timing or on whether the run was resumed.
+    batching, timing or on whether the run was resumed. ``transform``, if given, is applied to each
+    input row at submission (as a real engine templates a prompt or repeats an input for a group); the
+    rollouts it returns carry the transformed rows.
     """
 
-    def __init__(self, seed: int = 0, latency: LatencySpec = 1, reward_key: str = REWARD_KEY) -> None:
+    def __init__(
+        self,
+        seed: int = 0,
+        latency: LatencySpec = 1,
+        reward_key: str = REWARD_KEY,
+        transform: RowTransform | None = None,
+    ) -> None:
         self.seed = int(seed)
         self.latency = latency
         self.reward_key = reward_key
+        self.transform = transform
         self._pending: list[_Pending] = []
         _ = self.latency_of(0, 0)  # reject a bad latency spec at construction, not mid-run
 
@@ -121,7 +142,10 @@ class DeterministicRolloutEngine:
         """Start one rollout per input of ``batch``."""
         for row, input_id in enumerate(ids):
             ready = step + self.latency_of(input_id, epoch) - 1
-            self._pending.append(_Pending(input_id, epoch, ready, select_rows(batch, [row])))
+            rollout_input = select_rows(batch, [row])
+            if self.transform is not None:
+                rollout_input = self.transform(rollout_input)
+            self._pending.append(_Pending(input_id, epoch, ready, rollout_input))
 
     def collect(self, step: int) -> CompletedRollouts | None:
         """Rollouts ready by the end of ``step``; the others stay in flight."""

@@ -15,6 +15,13 @@ The fix, wired in here:
 * Load: after verl restores the step and the model, the input file (when present) restores the exact
   input position and epoch; it is authoritative over verl's epoch-boundary heuristic, and ``fit()``
   keeps the restored epoch.
+* Carry-over (format version 2): inputs whose rollouts are still running at a save have left the loader
+  and the buffer. The input file also holds their original rows with the step each was first submitted
+  in (:mod:`agentlightning.verl.inflight`); a resume resets the rollout engine and resubmits them first,
+  in order and with that step, and the next refill counts them, so the active window, the finishing
+  steps and the total number of steps equal the uninterrupted run's.
+* Epoch limits: a refill never takes inputs beyond ``trainer.total_epochs``; training ends after the
+  step that trains the last admitted input.
 
 ``fit()`` here is a compact loop that runs on CPU with the embedded defaults of
 :mod:`agentlightning.verl.cpu` (verl's own ``fit`` needs GPU rollout managers). It calls verl's real
@@ -36,12 +43,14 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from agentlightning.verl.checkpoint import (
     DATALOADER_FILENAME,
     STEP_FOLDER_PREFIX,
-    read_input_state,
+    InputCheckpoint,
+    read_input_checkpoint,
     repair_torn_tracker,
     resolve_resume_folder,
     step_of_folder,
     write_input_state,
 )
+from agentlightning.verl.inflight import InFlightInputs
 from agentlightning.verl.inputs import BufferedInputStream, ids_of
 from agentlightning.verl.rollout import CompletedRollouts, RolloutEngine
 
@@ -53,6 +62,12 @@ LEGACY_CHECKPOINT_WARNING = (
     "{folder} has no agentlightning_input.pt (written before the async input fix, or by a sync run): "
     "the buffered inputs of that checkpoint cannot be reconstructed, and the input epoch is guessed "
     "from the step as verl does. Inputs buffered when it was saved are skipped."
+)
+FORMAT_1_CHECKPOINT_WARNING = (
+    "{path} was written in input checkpoint format version 1, which does not record in-flight rollouts: "
+    "the buffered inputs, loader position and input epoch are restored exactly, but inputs whose rollouts "
+    "were still running when it was saved (carried over to the next step) are not resubmitted and are "
+    "never trained on."
 )
 NO_ROLLOUT_ENGINE_ERROR = (
     "AgentLightningRayPPOTrainer.fit() needs a rollout engine: set trainer.rollout_engine to an object "
@@ -67,6 +82,10 @@ class AsyncRolloutConfigError(ValueError):
 
 class LegacyInputCheckpointWarning(UserWarning):
     """An async resume from a checkpoint without an input file: buffered inputs are lost."""
+
+
+class InFlightInputsNotRecordedWarning(UserWarning):
+    """A resume from a format version 1 input file: inputs in flight at that save are not trained on."""
 
 
 @runtime_checkable
@@ -147,6 +166,7 @@ class ObservedTrainingMixin:
     input_id_key: str
     rollout_engine: RolloutEngine | None
     resumed_from: str | None
+    in_flight_inputs: InFlightInputs
 
     def _init_observed_training(
         self, rollout_engine: RolloutEngine | None, input_observer: InputObserver | None, input_id_key: str
@@ -156,6 +176,7 @@ class ObservedTrainingMixin:
         self.input_id_key = input_id_key
         self.resumed_from = None
         self.last_metrics: dict[str, float] = {}
+        self.in_flight_inputs = InFlightInputs()
 
     def _observe(self, event: str, *args: Any) -> Any:
         observer = self.input_observer
@@ -176,11 +197,14 @@ class ObservedTrainingMixin:
     def _submit(self, batch: dict[str, Any], step: int, epoch: int) -> None:
         ids = ids_of(batch, self.input_id_key)
         self._observe("consumed", ids, step, epoch)
+        # Recorded before the engine sees the batch: the record keeps the rows as taken from the stream.
+        self.in_flight_inputs.add(batch, ids, epoch, step)
         self._require_engine().submit(batch, ids, epoch, step)
 
     def _train(self, done: CompletedRollouts | None, step: int) -> None:
         self.last_metrics = {}
         if done is not None:
+            self.in_flight_inputs.complete(done.ids, done.epochs)
             self.last_metrics = self.actor_rollout_wg.update_actor(done.batch)  # type: ignore[attr-defined]
             for epoch, ids in done.by_epoch():
                 self._observe("trained", ids, step, epoch)
@@ -206,6 +230,9 @@ class AgentLightningRayPPOTrainer(ObservedTrainingMixin, RayPPOTrainer):
 
     #: Test-only switch: False reproduces the behaviour before the fix (no input file is written).
     write_input_checkpoint: bool = True
+    #: Test-only switch: False neither records in-flight inputs in the input file nor resubmits them on
+    #: resume (the recovery limits of format version 1).
+    restore_in_flight_inputs: bool = True
 
     def __init__(
         self,
@@ -234,35 +261,58 @@ class AgentLightningRayPPOTrainer(ObservedTrainingMixin, RayPPOTrainer):
             # checkpoint selected and a tracker never names a folder without a complete input file.
             step = self.global_steps
             folder = os.path.join(self.config.trainer.default_local_dir, f"{STEP_FOLDER_PREFIX}{step}")
-            write_input_state(folder, step, self.input_stream.state_dict())
+            carried_over = self.in_flight_inputs.state_dict() if self.restore_in_flight_inputs else None
+            write_input_state(folder, step, self.input_stream.state_dict(), carried_over)
         super()._save_checkpoint()
 
     def _load_checkpoint(self) -> Any:
-        """verl's load, then the exact input position (from the input file when there is one).
+        """verl's load, then the exact input position and the carried-over groups (from the input file
+        when there is one).
 
         The input file is read and validated before verl loads anything, so an unreadable or
-        unknown-version file stops the resume before any state changes. Sets ``self.resumed_from``.
+        unknown-version file stops the resume before any state changes. The rollout engine is reset and
+        the groups in flight at the save are resubmitted (see :meth:`_resubmit_carried_over`). Sets
+        ``self.resumed_from``.
         """
         self.resumed_from = None
+        self.in_flight_inputs.clear()
         if self.rollout_engine is not None:
-            self.rollout_engine.reset()  # in-flight rollouts are not checkpointed yet
+            self.rollout_engine.reset()
         checkpoint_dir = os.path.abspath(self.config.trainer.default_local_dir)
         if self.config.trainer.resume_mode == "auto" and os.path.isdir(checkpoint_dir):
             repair_torn_tracker(checkpoint_dir)
         folder = resolve_resume_folder(self.config)
-        state = read_input_state(folder, expected_step=step_of_folder(folder)) if folder else None
+        checkpoint = read_input_checkpoint(folder, expected_step=step_of_folder(folder)) if folder else None
         result = super()._load_checkpoint()
         if folder is None:
             self.input_stream.restore_position(0, 0)
             return result
         self.resumed_from = folder
-        if state is not None:
-            self.input_stream.load_state_dict(state)
+        if checkpoint is not None:
+            self.input_stream.load_state_dict(checkpoint.stream)
+            self._resubmit_carried_over(checkpoint)
         elif self.async_enabled:
             self._restore_legacy_async_position(folder)
         else:
             self._restore_sync_position(folder)
         return result
+
+    def _resubmit_carried_over(self, checkpoint: InputCheckpoint) -> None:
+        # The groups are resubmitted before anything else and with the step they were first submitted
+        # in, so the engine holds them in the uninterrupted run's order and (for the deterministic
+        # engine) finishes each at the same step. They are not reported as consumed again: that happened
+        # in the step that first took them, which the checkpoint covers.
+        if not checkpoint.records_carried_over:
+            message = FORMAT_1_CHECKPOINT_WARNING.format(path=checkpoint.path)
+            warnings.warn(message, InFlightInputsNotRecordedWarning, stacklevel=4)
+            return
+        if not self.restore_in_flight_inputs:
+            return
+        assert checkpoint.carried_over is not None
+        self.in_flight_inputs.load_state_dict(checkpoint.carried_over)
+        engine = self._require_engine()
+        for call in self.in_flight_inputs.resubmissions():
+            engine.submit(call.batch, call.ids, call.epoch, call.step)
 
     def _restore_legacy_async_position(self, folder: str) -> None:
         # What the trainer did before the fix: verl's own data.pt handling (already done by super())
@@ -292,9 +342,10 @@ class AgentLightningRayPPOTrainer(ObservedTrainingMixin, RayPPOTrainer):
     def fit(self) -> None:
         """Train until the input stream is exhausted (or ``trainer.total_training_steps``), saving as due.
 
-        Each step: refill (async: ``async_train_batch_size`` minus in-flight rollouts; sync: one loader
-        batch), submit the new inputs to the rollout engine, update the actor on the finished rollouts
-        (async: those ready by the end of the step; sync: all), then save if due.
+        Each step: refill (async: ``async_train_batch_size`` minus the carried-over groups, never past
+        ``trainer.total_epochs``; sync: one loader batch), submit the new inputs to the rollout engine,
+        update the actor on the finished rollouts (async: those ready by the end of the step; sync:
+        all), then save if due. The last step is the one that trains the last admitted input.
         """
         engine = self._require_engine()
         self.global_steps = 0
@@ -305,16 +356,17 @@ class AgentLightningRayPPOTrainer(ObservedTrainingMixin, RayPPOTrainer):
         while cap is None or self.global_steps <= cap:
             step = self.global_steps
             if self.async_enabled:
-                wanted = self.async_settings.async_train_batch_size - engine.in_flight()
+                # The carried-over groups (resubmitted ones included) count against the window.
+                wanted = self.async_settings.async_train_batch_size - len(self.in_flight_inputs)
             else:
                 wanted = self.train_dataloader.batch_size
             chunks = self.input_stream.take(max(0, wanted))
-            if not chunks and engine.in_flight() == 0:
+            if not chunks and not self.in_flight_inputs:
                 break  # nothing left: the previous step was the last one
             for chunk in chunks:
                 self._submit(chunk.batch, step, chunk.epoch)
             self._train(engine.collect(step) if self.async_enabled else engine.drain(step), step)
-            is_last = (self.input_stream.remaining() == 0 and engine.in_flight() == 0) or (
+            is_last = (self.input_stream.remaining() == 0 and not self.in_flight_inputs) or (
                 cap is not None and step >= cap
             )
             self._save_if_due(step, is_last)

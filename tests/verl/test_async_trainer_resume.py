@@ -3,7 +3,8 @@
 Each case runs the trainer uninterrupted (the reference), then runs it again, checkpoints at one step,
 stops it abruptly a step later, resumes a new trainer from disk and compares the composite run (the
 first run's events up to the restored checkpoint, then the resumed run's) with the reference: inputs
-consumed and trained in the same order with the same epochs, and the same final model.
+consumed and trained in the same order with the same epochs, the same number of steps, and the same
+final model. Rollout latencies above one step carry groups over across the checkpoint.
 """
 
 import os
@@ -23,7 +24,15 @@ from agentlightning.verl.cpu import (  # noqa: E402
     build_cpu_trainer,
     steps_for,
 )
-from agentlightning.verl.trainer import AgentLightningRayPPOTrainer  # noqa: E402
+from agentlightning.verl.schedule import (  # noqa: E402
+    long_tail_latency,
+    mixed_latency,
+    simulate_async_schedule,
+)
+from agentlightning.verl.trainer import (  # noqa: E402
+    AgentLightningRayPPOTrainer,
+    InFlightInputsNotRecordedWarning,
+)
 
 
 @dataclass
@@ -43,11 +52,30 @@ class Resumed:
         restored = self.second.observer.resumed_step
         return self.first.observer.ledger(kind, up_to_step=restored) + self.second.observer.ledger(kind)
 
+    def steps(self):
+        """The steps of the interrupted job: the first run's up to the restored checkpoint, then the
+        resumed run's."""
+        restored = self.second.observer.resumed_step
+        return [s for s in self.first.observer.steps() if s <= restored] + self.second.observer.steps()
+
+    def in_flight_at_checkpoint(self):
+        """(epoch, id) of the groups carried over at the checkpoint, in submission order."""
+        first = self.first.observer
+        trained = Counter(first.ledger("trained", up_to_step=self.checkpoint_step))
+        carried = []
+        for item in first.ledger("consumed", up_to_step=self.checkpoint_step):
+            if trained[item]:
+                trained[item] -= 1
+            else:
+                carried.append(item)
+        return carried
+
     def matches_reference(self):
         return (
             self.second.observer.resumed_step == self.checkpoint_step
             and self.composite("consumed") == self.reference.observer.ledger("consumed")
             and self.composite("trained") == self.reference.observer.ledger("trained")
+            and self.steps() == self.reference.observer.steps()
             and same_model(self.second.trainer, self.reference.trainer)
         )
 
@@ -64,11 +92,13 @@ def same_model(a, b):
     return all(torch.equal(left[k], right[k]) for k in right)
 
 
-def run(output_dir, observer=None, write_input=True, **options):
+def run(output_dir, observer=None, write_input=True, restore_in_flight=True, **options):
     trainer = build_cpu_trainer(str(output_dir), **options)
     trainer.input_observer = observer if observer is not None else RecordingObserver()
     if not write_input:
         trainer.write_input_checkpoint = False
+    if not restore_in_flight:
+        trainer.restore_in_flight_inputs = False
     try:
         trainer.fit()
     except SimulatedKill:
@@ -76,7 +106,7 @@ def run(output_dir, observer=None, write_input=True, **options):
     return Run(trainer, trainer.input_observer)
 
 
-def kill_and_resume(tmp_path, case, write_input=True):
+def kill_and_resume(tmp_path, case, **switches):
     options = dict(case.options)
     reference = run(tmp_path / "reference", **options)
     last = len(reference.observer.steps())
@@ -87,12 +117,12 @@ def kill_and_resume(tmp_path, case, write_input=True):
         killer.kill_at_step_end = step + 1  # the step after the checkpoint is lost with the process
     else:
         killer.kill_after_checkpoint = step
-    first = run(first_dir, killer, write_input=write_input, **options)
+    first = run(first_dir, killer, **switches, **options)
     if case.other_directory:
         options.update(resume_mode="resume_path", resume_from_path=str(first_dir / f"global_step_{step}"))
-        second = run(tmp_path / "second", write_input=write_input, **options)
+        second = run(tmp_path / "second", **switches, **options)
     else:
-        second = run(first_dir, write_input=write_input, **options)
+        second = run(first_dir, **switches, **options)
     return Resumed(reference, first, second, step)
 
 
@@ -107,7 +137,16 @@ RESUME_CASES = {
     "step_divisible_by_loader_length": Case(6, {"async_train_batch_size": 7, "total_epochs": 3}),
     "epoch_after_fit_startup": Case(5),  # 30 taken: input epoch 1, while verl's guess is 5 // 6 = 0
     "loader_workers": Case(3, {"num_workers": 2, "shuffle": True}),
+    # Carried-over groups at the checkpoint (latencies above one step):
+    "carry_over_mixed": Case(3, {"latency_profile": mixed_latency}),
+    "carry_over_long_tail_shuffled": Case(4, {"latency_profile": long_tail_latency, "shuffle": True, "seed": 2}),
+    "carry_over_across_an_epoch": Case(8, {"latency_profile": mixed_latency, "async_train_batch_size": 6}),
+    "carry_over_seeded_range_into_another_directory": Case(
+        5, {"rollout_latency": (1, 3), "shuffle": True, "seed": 4}, other_directory=True
+    ),
 }
+#: Latency profiles whose groups carry over (the long tail spans four and five steps).
+CARRY_OVER = {"mixed": {"latency_profile": mixed_latency}, "long_tail": {"latency_profile": long_tail_latency}}
 
 
 @pytest.mark.parametrize("name", list(RESUME_CASES))
@@ -120,8 +159,18 @@ def test_a_resumed_async_run_continues_the_uninterrupted_run_exactly(tmp_path, n
 
 
 @pytest.mark.parametrize(
-    "options", [{}, CROSSING, {"shuffle": True, "seed": 1}, {"async_enabled": False, "shuffle": True}],
-    ids=["default", "crossing", "shuffled", "sync-shuffled"],
+    "options",
+    [
+        {},
+        CROSSING,
+        {"shuffle": True, "seed": 1},
+        {"async_enabled": False, "shuffle": True},
+        CARRY_OVER["mixed"],
+        {**CARRY_OVER["long_tail"], "shuffle": True, "seed": 1, "total_epochs": 3},
+        {**CARRY_OVER["long_tail"], "async_train_batch_size": 9, "total_epochs": 1},
+    ],
+    ids=["default", "crossing", "shuffled", "sync-shuffled", "mixed", "long-tail-shuffled-3-epochs",
+         "long-tail-refill-9-1-epoch"],
 )
 def test_resuming_from_any_step_continues_the_uninterrupted_run_exactly(tmp_path, options):
     steps = steps_for(**options)
@@ -158,16 +207,96 @@ def test_a_checkpoint_at_a_step_divisible_by_the_loader_length_restores_the_load
     assert result.matches_reference()
 
 
-def test_carried_over_rollouts_keep_the_consumed_inputs_exact_and_lose_only_in_flight_ones(tmp_path):
-    # Documented limit until the carry-over issue lands: in-flight rollouts are not checkpointed.
-    result = kill_and_resume(tmp_path, Case(3, {"rollout_latency": (1, 3)}))
-    first = result.first.observer
-    consumed, trained = first.ledger("consumed", up_to_step=3), first.ledger("trained", up_to_step=3)
-    in_flight = Counter(consumed) - Counter(trained)
-    assert in_flight, "the case must have rollouts in flight at the checkpoint"
+@pytest.mark.parametrize("profile", list(CARRY_OVER))
+def test_carried_over_groups_are_resubmitted_first_and_trained_as_in_the_uninterrupted_run(tmp_path, profile):
+    result = kill_and_resume(tmp_path, Case(4, CARRY_OVER[profile]))
+    carried = result.in_flight_at_checkpoint()
+    assert carried, "the case must have groups in flight at the checkpoint"
+    assert result.matches_reference()
+    # The resumed run took no input twice: its first refill counted the resubmitted groups, so the
+    # active window is as large as in the uninterrupted run.
+    assert result.second.observer.ledger("consumed") == result.reference.observer.ledger("consumed")[
+        len(result.first.observer.ledger("consumed", up_to_step=4)):
+    ]
+    assert set(carried) <= set(result.second.observer.ledger("trained"))
+
+
+def test_the_checkpoint_holds_the_original_rows_of_carried_over_groups_and_their_submission_steps(tmp_path):
+    result = kill_and_resume(tmp_path, Case(4, CARRY_OVER["long_tail"]))
+    checkpoint = ckpt.read_input_checkpoint(str(tmp_path / "first" / "global_step_4"), expected_step=4)
+    assert checkpoint.format_version == ckpt.INPUT_STATE_FORMAT_VERSION == 2
+    groups = checkpoint.carried_over
+    carried = result.in_flight_at_checkpoint()
+    assert list(zip(groups["input_epochs"], groups["input_ids"])) == carried
+    consumed_in = {(epoch, ids_): step for kind, step, epoch, ids in result.first.observer.events
+                   if kind == "consumed" for ids_ in ids}
+    assert groups["submitted_steps"] == [consumed_in[item] for item in carried]
+    assert max(4 - s for s in groups["submitted_steps"]) >= 2  # a long tail spans several checkpoints
+    dataset = result.first.trainer.train_dataset
+    for row, input_id in zip(groups["rows"], groups["input_ids"]):
+        original = dataset[input_id]
+        assert row["input_id"].tolist() == [input_id]
+        assert torch.equal(row["features"], original["features"].unsqueeze(0))
+        assert row["prompt"].dtype == object and row["prompt"].tolist() == [original["prompt"]]
+        assert row["meta"] == [original["meta"]]
+
+
+def test_nothing_is_transformed_twice_after_a_resume(tmp_path):
+    def template(row):  # a per-rollout transformation, as a rollout engine templates a prompt
+        row = dict(row)
+        row["prompt"] = row["prompt"].copy()
+        row["prompt"][0] = f"<rollout>{row['prompt'][0]}"
+        return row
+
+    seen = {}
+
+    def recording(trainer, name):
+        update = trainer.actor_rollout_wg.update_actor
+
+        def update_actor(batch):
+            seen.setdefault(name, []).extend(batch["prompt"].tolist())
+            return update(batch)
+
+        trainer.actor_rollout_wg.update_actor = update_actor
+
+    options = {**CARRY_OVER["mixed"], "rollout_transform": template}
+    reference = build_cpu_trainer(str(tmp_path / "reference"), **options)
+    recording(reference, "reference")
+    reference.fit()
+    first = build_cpu_trainer(str(tmp_path / "out"), **options)
+    first.input_observer = RecordingObserver(checkpoint_steps={3}, kill_at_step_end=4)
+    recording(first, "first")
+    with pytest.raises(SimulatedKill):
+        first.fit()
+    second = build_cpu_trainer(str(tmp_path / "out"), **options)
+    recording(second, "second")
+    second.fit()
+    assert len(first.in_flight_inputs) > 0
+    assert all(p.count("<rollout>") == 1 for p in seen["second"])
+    updates_before = first.input_observer.ledger("trained", up_to_step=3)
+    assert seen["reference"] == seen["first"][: len(updates_before)] + seen["second"]
+
+
+def test_a_resume_after_the_last_admission_only_trains_the_carried_over_tail_and_ends_on_time(tmp_path):
+    schedule = simulate_async_schedule(dataset_size=24, train_batch_size=4, async_train_batch_size=6,
+                                       total_epochs=2, latency=long_tail_latency)
+    step = schedule.admitted_at[-1]  # the refill of this step took the last input of the last epoch
+    assert schedule.carried_over_after(step) > 0 and step < schedule.steps
+    result = kill_and_resume(tmp_path, Case(step, CARRY_OVER["long_tail"]))
+    assert result.second.observer.ledger("consumed") == []  # nothing beyond trainer.total_epochs
+    assert sorted(result.second.observer.ledger("trained")) == sorted(result.in_flight_at_checkpoint())
+    assert result.second.observer.steps() == list(range(step + 1, schedule.steps + 1))
+    assert result.matches_reference()
+
+
+def test_with_restoration_switched_off_carried_over_inputs_are_consumed_but_never_trained(tmp_path):
+    result = kill_and_resume(tmp_path, Case(4, CARRY_OVER["long_tail"]), restore_in_flight=False)
+    carried = result.in_flight_at_checkpoint()
+    assert carried
     assert result.composite("consumed") == result.reference.observer.ledger("consumed")
     lost = Counter(result.reference.observer.ledger("trained")) - Counter(result.composite("trained"))
-    assert lost == in_flight
+    assert lost == Counter(carried)
+    assert not result.matches_reference()
 
 
 def test_sync_checkpoints_keep_verls_format_byte_for_byte(tmp_path):
@@ -180,6 +309,28 @@ def test_sync_checkpoints_keep_verls_format_byte_for_byte(tmp_path):
     assert not any(ckpt.INPUT_STATE_FILENAME in f for f in files)
     for name in files:
         assert (ours / name).read_bytes() == (stock / name).read_bytes(), name
+
+
+def test_a_format_1_input_file_loads_with_a_warning_and_the_previous_recovery_limits(tmp_path):
+    options = CARRY_OVER["mixed"]
+    reference = run(tmp_path / "reference", **options)
+    first = run(tmp_path / "out", RecordingObserver(checkpoint_steps={3}, kill_at_step_end=4), **options)
+    path = tmp_path / "out" / "global_step_3" / ckpt.INPUT_STATE_FILENAME
+    payload = torch.load(path, weights_only=True)
+    carried = payload.pop(ckpt.KEY_CARRIED_OVER)
+    assert carried["input_ids"], "the case must have groups in flight at the checkpoint"
+    payload[ckpt.KEY_FORMAT_VERSION] = 1  # exactly what a version 1 writer produced
+    torch.save(payload, path)
+    with pytest.warns(InFlightInputsNotRecordedWarning, match="format version 1") as caught:
+        second = run(tmp_path / "out", **options)
+    [warning] = [w for w in caught if w.category is InFlightInputsNotRecordedWarning]
+    assert str(path) in str(warning.message)
+    assert second.observer.resumed_step == 3
+    composite = first.observer.ledger("consumed", up_to_step=3) + second.observer.ledger("consumed")
+    assert composite == reference.observer.ledger("consumed")  # buffered tail and position: exact
+    trained = first.observer.ledger("trained", up_to_step=3) + second.observer.ledger("trained")
+    lost = Counter(reference.observer.ledger("trained")) - Counter(trained)
+    assert sorted(lost.elements()) == sorted(zip(carried["input_epochs"], carried["input_ids"]))
 
 
 def test_a_checkpoint_without_the_input_file_loads_with_a_warning_in_async_mode(tmp_path):
@@ -223,7 +374,7 @@ def test_an_unknown_input_format_version_stops_the_resume_before_training(tmp_pa
     trainer.input_observer = RecordingObserver()
     with pytest.raises(ckpt.InputCheckpointVersionError) as info:
         trainer.fit()
-    assert str(path) in str(info.value) and "99" in str(info.value) and "supported: 1" in str(info.value)
+    assert str(path) in str(info.value) and "99" in str(info.value) and "supported: 1, 2" in str(info.value)
     assert trainer.input_observer.events == []
     assert trainer.actor_rollout_wg.updates == 0  # verl did not even load the model
 
@@ -282,7 +433,8 @@ def test_stock_verl_replays_the_first_shuffle_order_after_an_epoch_boundary_resu
 
 
 def test_steps_for_matches_the_length_of_an_uninterrupted_run(tmp_path):
-    for options in [{}, CROSSING, {"rollout_latency": (1, 3), "shuffle": True}, {"async_enabled": False}]:
+    cases = [{}, CROSSING, {"rollout_latency": (1, 3), "shuffle": True}, {"async_enabled": False}, CARRY_OVER["mixed"]]
+    for options in cases:
         assert steps_for(**options) == len(run(tmp_path / str(len(options)), **options).observer.steps())
     assert steps_for(async_enabled=False, trainer_cls=StockCpuRayPPOTrainer) == 12
     assert steps_for() == 8

@@ -9,6 +9,7 @@ pytest.importorskip("verl")
 np = pytest.importorskip("numpy")
 
 from agentlightning.verl import checkpoint as ckpt  # noqa: E402
+from agentlightning.verl import inflight  # noqa: E402
 from agentlightning.verl.inputs import STATE_KEYS  # noqa: E402
 
 
@@ -35,6 +36,27 @@ def mixed_tail():
         "scalar": np.int32(7),
         "meta": [{"turns": 2}, {"turns": 3}],
     }
+
+
+def carried_over(rows):
+    return {
+        "rows": rows,
+        "input_ids": [int(r["input_id"][0]) for r in rows],
+        "input_epochs": [1] * len(rows),
+        "submitted_steps": list(range(3, 3 + len(rows))),
+    }
+
+
+def one_row(i):
+    prompts = np.empty(1, dtype=object)
+    prompts[0] = {"text": f"prompt {i}", "turns": [i]}
+    return {"input_id": torch.tensor([i]), "features": torch.randn(1, 3), "prompt": prompts, "meta": [{"i": i}]}
+
+
+def write_format_1(folder, step, stream):
+    """What a writer of format version 1 produced: no carried-over groups."""
+    payload = {ckpt.KEY_FORMAT_VERSION: 1, ckpt.KEY_GLOBAL_STEP: step, ckpt.KEY_INPUT_STREAM: stream}
+    torch.save(payload, os.path.join(folder, ckpt.INPUT_STATE_FILENAME))
 
 
 def assert_equal_values(actual, expected):
@@ -76,11 +98,46 @@ def no_allow_list():
 
 
 def test_the_file_loads_with_weights_only_and_no_allow_list(tmp_path, no_allow_list):
-    path = ckpt.write_input_state(str(tmp_path), 5, stream_state(mixed_tail()))
+    groups = carried_over([one_row(4), one_row(9)])
+    path = ckpt.write_input_state(str(tmp_path), 5, stream_state(mixed_tail()), groups)
     payload = torch.load(path, weights_only=True)
-    assert payload[ckpt.KEY_FORMAT_VERSION] == ckpt.INPUT_STATE_FORMAT_VERSION
+    assert payload[ckpt.KEY_FORMAT_VERSION] == ckpt.INPUT_STATE_FORMAT_VERSION == 2
     assert payload[ckpt.KEY_GLOBAL_STEP] == 5
     assert set(payload[ckpt.KEY_INPUT_STREAM]) == set(STATE_KEYS)
+    assert set(payload[ckpt.KEY_CARRIED_OVER]) == set(inflight.STATE_KEYS)
+    assert payload[ckpt.KEY_CARRIED_OVER]["submitted_steps"] == [3, 4]
+
+
+def test_carried_over_rows_round_trip_exactly_with_their_ids_epochs_and_submission_steps(tmp_path):
+    groups = carried_over([one_row(4), one_row(9)])
+    ckpt.write_input_state(str(tmp_path), 5, stream_state(None), groups)
+    checkpoint = ckpt.read_input_checkpoint(str(tmp_path), expected_step=5)
+    assert checkpoint.format_version == 2 and checkpoint.records_carried_over
+    assert_equal_values(checkpoint.carried_over, groups)
+
+
+def test_nothing_in_flight_is_stored_as_an_empty_record(tmp_path):
+    ckpt.write_input_state(str(tmp_path), 2, stream_state(None))
+    checkpoint = ckpt.read_input_checkpoint(str(tmp_path))
+    assert checkpoint.records_carried_over
+    assert checkpoint.carried_over == {key: [] for key in inflight.STATE_KEYS}
+
+
+def test_a_format_1_file_is_read_without_carried_over_groups(tmp_path):
+    write_format_1(str(tmp_path), 4, stream_state(None))
+    checkpoint = ckpt.read_input_checkpoint(str(tmp_path), expected_step=4)
+    assert checkpoint.format_version == 1 and not checkpoint.records_carried_over
+    assert checkpoint.carried_over is None
+    assert checkpoint.stream["input_epoch"] == 1
+
+
+def test_a_format_2_file_without_its_carried_over_groups_is_a_corrupt_checkpoint_error(tmp_path):
+    path = ckpt.write_input_state(str(tmp_path), 2, stream_state(None))
+    payload = torch.load(path, weights_only=True)
+    del payload[ckpt.KEY_CARRIED_OVER]
+    torch.save(payload, path)
+    with pytest.raises(ckpt.InputCheckpointCorruptError, match="carried_over.rows"):
+        ckpt.read_input_checkpoint(str(tmp_path))
 
 
 def test_an_empty_buffer_is_stored_as_none(tmp_path):
@@ -100,6 +157,11 @@ def test_objects_that_would_need_pickled_code_are_refused_at_save(tmp_path):
         ckpt.write_input_state(str(tmp_path), 1, stream_state({"meta": [Custom()]}))
     assert "input_stream['buffered_tail']['meta'][0]" in str(info.value)
     assert str(tmp_path) in str(info.value)
+    row = {"input_id": torch.tensor([1]), "meta": [Custom()]}
+    with pytest.raises(ckpt.InputCheckpointEncodeError) as info:
+        ckpt.write_input_state(str(tmp_path), 1, stream_state(None), carried_over([row]))
+    assert "carried_over['rows'][0]['meta'][0]" in str(info.value)
+    assert str(tmp_path) in str(info.value)
     assert os.listdir(tmp_path) == []
 
 
@@ -109,8 +171,8 @@ def test_an_unknown_format_version_names_the_file_the_version_and_the_supported_
     with pytest.raises(ckpt.InputCheckpointVersionError) as info:
         ckpt.read_input_state(str(tmp_path))
     message = str(info.value)
-    assert path in message and "version 99" in message and "supported: 1" in message
-    assert info.value.found == 99 and info.value.supported == (1,)
+    assert path in message and "version 99" in message and "supported: 1, 2" in message
+    assert info.value.found == 99 and info.value.supported == (1, 2)
 
 
 def test_an_unreadable_file_is_a_corrupt_checkpoint_error(tmp_path):
@@ -121,7 +183,7 @@ def test_an_unreadable_file_is_a_corrupt_checkpoint_error(tmp_path):
 
 
 def test_a_file_missing_entries_is_a_corrupt_checkpoint_error(tmp_path):
-    torch.save({ckpt.KEY_FORMAT_VERSION: 1, ckpt.KEY_GLOBAL_STEP: 1, ckpt.KEY_INPUT_STREAM: {}},
+    torch.save({ckpt.KEY_FORMAT_VERSION: 2, ckpt.KEY_GLOBAL_STEP: 1, ckpt.KEY_INPUT_STREAM: {}},
                os.path.join(tmp_path, ckpt.INPUT_STATE_FILENAME))
     with pytest.raises(ckpt.InputCheckpointCorruptError, match="lacks required entries"):
         ckpt.read_input_state(str(tmp_path))

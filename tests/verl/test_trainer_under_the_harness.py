@@ -1,10 +1,14 @@
 """The Agent Lightning trainer driven by the harness: real child processes, SIGKILL, resume.
 
-The fixed async trainer passes; with the fix switched off the buffered tail is LOST; stock verl
-replays epoch 0's order after a resume from an epoch-end checkpoint.
+The fixed async trainer passes on both ledgers, with groups carried over across the checkpoint for
+every latency profile; with the input file switched off the buffered tail is LOST; with the restoration
+of in-flight inputs switched off exactly the cells with carry-over at a resume point are LOST on the
+trained ledger; stock verl replays epoch 0's order after a resume from an epoch-end checkpoint.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -12,7 +16,9 @@ pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 pytest.importorskip("verl")
 
+from agentlightning.verl import checkpoint as ckpt  # noqa: E402
 from agentlightning.verl import resume_target as rt  # noqa: E402
+from pytest_resume_check import matrix  # noqa: E402
 from pytest_resume_check import verdict as vd  # noqa: E402
 from pytest_resume_check.matrix import Cell  # noqa: E402
 from pytest_resume_check.run import KillSpec, RunContext  # noqa: E402
@@ -20,6 +26,13 @@ from pytest_resume_check.scenario import Engine  # noqa: E402
 from pytest_resume_check.targets import resume_target  # noqa: E402
 
 CASE = {"id": "b4-r6-e2", "refill": 6}  # 6 inputs per step from batches of 4: a tail of 2 after step 1
+#: One case per latency profile; the slow ones carry groups over across checkpoint steps.
+PROFILE_CASES = {
+    "fast": {"id": "b4-r6-e2-fast", "refill": 6},
+    "mixed": {"id": "b4-r6-e2-mixed", "refill": 6, "latency": "mixed"},
+    "tail": {"id": "b4-r8-e2-shuffle-tail", "refill": 8, "shuffle": True, "latency": "tail"},
+}
+TRAINED_LEDGER = " [trained ledger]"
 
 
 def fit_async_unfixed(run: RunContext) -> None:
@@ -30,8 +43,20 @@ def fit_async_unfixed(run: RunContext) -> None:
     rt.fit_async(run)
 
 
+def fit_async_without_carry_over(run: RunContext) -> None:
+    """The async trainer with the restoration of in-flight inputs switched off (format 1's limits)."""
+    from agentlightning.verl.trainer import AgentLightningRayPPOTrainer
+
+    AgentLightningRayPPOTrainer.restore_in_flight_inputs = False  # this child process only
+    rt.fit_async(run)
+
+
 unfixed = resume_target(fit_async_unfixed, name="unfixed", steps=rt.async_steps, cases=[CASE],
                         preload=rt.PRELOAD)
+without_carry_over = resume_target(
+    fit_async_without_carry_over, name="without_carry_over", steps=rt.async_steps,
+    boundaries=rt.async_boundaries, cases=rt.ASYNC_CASES, contract=rt.BOTH_LEDGERS, preload=rt.PRELOAD,
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +66,12 @@ def engine(tmp_path_factory):
 
 def run(engine, target, case, *kills, mode="auto"):
     return engine.run_cell(Cell(target, case, mode, tuple(kills), int(target.steps(case))))
+
+
+def carry_over_at_resume(cell) -> bool:
+    """Whether any checkpoint a run of ``cell`` resumes from has groups in flight."""
+    schedule = rt.async_schedule(cell.case)
+    return any(k.checkpoint_step and schedule.carried_over_after(k.checkpoint_step) for k in cell.kills)
 
 
 @pytest.mark.parametrize("mode", ["auto", "path"])
@@ -60,6 +91,59 @@ def test_fixed_async_trainer_survives_two_kills_across_the_epoch_boundary(engine
     result = run(engine, rt.agentlightning_async, CASE, KillSpec(3), KillSpec(5, 1))
     assert result.passed, result.verdict.headline
     assert result.verdict.resumed_from == [3, 5]
+
+
+@pytest.mark.parametrize("profile", list(PROFILE_CASES))
+def test_carried_over_groups_survive_a_sigkill_for_every_latency_profile(engine, profile):
+    case = PROFILE_CASES[profile]
+    schedule = rt.async_schedule(case)
+    steps = schedule.steps
+    carrying = [s for s in range(1, steps) if schedule.carried_over_after(s)]
+    assert bool(carrying) == (profile != "fast")
+    picked = carrying[len(carrying) // 2] if carrying else steps // 2
+    for mode, kills in [
+        ("auto", (KillSpec(picked),)),
+        ("auto", (KillSpec(picked, 1),)),  # one step of work after the checkpoint is lost and redone
+        ("path", (KillSpec(picked),)),
+        ("auto", (KillSpec(carrying[0] if carrying else 1), KillSpec(picked + 2, 1))),
+    ]:
+        result = run(engine, rt.agentlightning_async, case, *kills, mode=mode)
+        assert result.passed, f"{matrix.kill_id(kills)} ({mode}): {result.verdict.headline}"
+        assert result.verdict.resumed_from == [k.checkpoint_step for k in kills]
+        stored = ckpt.read_input_checkpoint(os.path.join(result.runs[0].plan.checkpoint_dir,
+                                                         f"global_step_{kills[0].checkpoint_step}"))
+        assert len(stored.carried_over["input_ids"]) == schedule.carried_over_after(kills[0].checkpoint_step)
+
+
+def test_with_restoration_switched_off_a_carry_over_at_the_kill_is_lost_on_the_trained_ledger(engine):
+    case = PROFILE_CASES["tail"]
+    step = 4
+    assert rt.async_schedule(case).carried_over_after(step) == 4
+    result = run(engine, without_carry_over, case, KillSpec(step))
+    assert result.verdict.categories == [vd.LOST]
+    [finding] = result.verdict.findings
+    assert finding.ledger == "trained" and finding.headline.endswith(TRAINED_LEDGER)
+    assert finding.headline.startswith("LOST 4 inputs after resume from global_step_4: ids ")
+    assert run(engine, rt.agentlightning_async, case, KillSpec(step)).passed
+
+
+@pytest.mark.parametrize("case", rt.ASYNC_CASES, ids=[c["id"] for c in rt.ASYNC_CASES])
+def test_with_restoration_switched_off_exactly_the_quick_matrix_cells_with_carry_over_fail(engine, case):
+    cells = [c for c in matrix.cells(without_carry_over, matrix.QUICK, seed=0) if c.case_id == case["id"]]
+    wrong, lost = [], 0
+    for cell in cells:
+        verdict = engine.run_cell(cell).verdict
+        if carry_over_at_resume(cell):
+            lost += 1
+            ok = verdict.categories == [vd.LOST] and all(
+                f.ledger == "trained" and f.headline.endswith(TRAINED_LEDGER) for f in verdict.findings)
+        else:
+            ok = verdict.passed
+        if not ok:
+            wrong.append(f"{cell.id}: {verdict.headline}")
+    print(f"restoration switched off, {case['id']}: {lost} of {len(cells)} quick-matrix cells LOST [trained ledger]")
+    assert wrong == []
+    assert (lost > 0) == (rt.params(case)["latency"] != "fast")
 
 
 def test_stock_verl_replays_epoch_zero_order_after_an_epoch_end_checkpoint(engine):
