@@ -6,6 +6,8 @@ nothing heavy.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import multiprocessing
 import os
 import sys
@@ -58,8 +60,12 @@ def child_main(plan: RunPlan, conn: Any, control: Any = None) -> None:
     sink = ConnectionSink(conn)
     code = 0
     try:
+        recorder = _recorder(plan, sink)
         fn = load_target_fn(plan.target_ref)
-        fn(RunContext(plan, sink, control))
+        run = RunContext(plan, sink, control, recorder)
+        if recorder is not None:
+            recorder.on_kill = run._await_kill
+        fn(run)
         sink.send(ev.Event(ev.DONE))
     except Converged:
         sink.flush()
@@ -75,6 +81,24 @@ def child_main(plan: RunPlan, conn: Any, control: Any = None) -> None:
     sys.stderr.flush()
     # Skip interpreter teardown: atexit handlers of a half-built trainer must not block the exit.
     os._exit(code)
+
+
+def _recorder(plan: RunPlan, sink: ConnectionSink) -> Any:
+    """The file-operation recorder of a run with a fault plan (None otherwise)."""
+    if plan.faults is None:
+        return None
+    from pytest_resume_check.faults import Recorder
+
+    if importlib.util.find_spec("torch") is not None:
+        importlib.import_module("torch")  # so torch.save to a path is wrapped too
+
+    def report(op: Any) -> None:
+        sink.send(ev.Event(ev.FILE_OP, path=op.path, text=op.kind,
+                           extra={"index": op.index, "target": op.target}))
+
+    recorder = Recorder(plan.faults, plan.checkpoint_dir, report, lambda why, extra: None)
+    recorder.install()
+    return recorder
 
 
 def _redirect_output(log_path: str) -> None:

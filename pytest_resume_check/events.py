@@ -23,9 +23,10 @@ DONE = "done"
 DIGEST = "digest"  # text: the digest of the trainer's whole state at the end of a step
 PAUSED = "paused"  # the child waits for the supervisor to snapshot its checkpoint directory
 CONVERGED = "converged"  # the resumed run's state equals the reference's at this step; it stopped
+FILE_OP = "file_op"  # a file operation of the watched save (path, extra: index, kind, target)
 
 KINDS = frozenset({CONSUMED, TRAINED, STEP_END, CHECKPOINT, RESUMED, KILL_READY, LOG, ERROR, DONE, DIGEST,
-                   PAUSED, CONVERGED})
+                   PAUSED, CONVERGED, FILE_OP})
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from pytest_resume_check import faults
 from pytest_resume_check.run import RESUME_AUTO, RESUME_PATH, KillSpec
 from pytest_resume_check.targets import Target
 
@@ -47,15 +48,20 @@ def kill_id(kills: Sequence[KillSpec]) -> str:
     """``ckpt3`` (killed right after checkpoint 3), ``ckpt3+1`` (one unsaved step later),
     ``ckpt2,ckpt5`` (killed twice)."""
     return ",".join(
-        f"ckpt{k.checkpoint_step}" + (f"+{k.extra_steps}" if k.extra_steps else "") for k in kills
+        f"save{k.checkpoint_step}{k.fault.label}" if k.fault is not None
+        else f"ckpt{k.checkpoint_step}" + (f"+{k.extra_steps}" if k.extra_steps else "") for k in kills
     )
 
 
 def parse_kill_id(text: str) -> tuple[KillSpec, ...]:
     """Inverse of :func:`kill_id`; raises ValueError with the expected form."""
     kills = []
-    for part in text.split(","):
+    for part in text.split(",") if not text.startswith("save") else [text]:
         part = part.strip()
+        if part.startswith("save") and "@" in part:
+            step, _, label = part[4:].partition("@")
+            kills.append(KillSpec(int(step), 0, faults.parse_label(int(step), label)))
+            continue
         if not part.startswith("ckpt"):
             raise ValueError(f"kill point {text!r}: each part must look like ckpt3 or ckpt3+1")
         step, _, extra = part[4:].partition("+")
@@ -76,11 +82,14 @@ class Cell:
     #: Earlier checkpoints the first run also writes (the case's other single-kill steps before the
     #: kill), as a trainer with a periodic schedule would. Lets cells share one run's prefix.
     prior_checkpoints: tuple[int, ...] = ()
+    #: For crash-consistency cells: the recorded file operations of the save the fault hits.
+    save_ops: tuple[faults.FileOp, ...] = ()
 
     @property
     def shares_prefix(self) -> bool:
         """A single kill right after a checkpoint: its first run is a prefix of its group's run."""
-        return len(self.kills) == 1 and self.kills[0].extra_steps == 0 and self.kills[0].checkpoint_step > 0
+        k = self.kills[0]
+        return len(self.kills) == 1 and k.extra_steps == 0 and k.checkpoint_step > 0 and k.fault is None
 
     @property
     def group(self) -> tuple[str, str, str]:
@@ -167,4 +176,73 @@ def cells(target: Target, mode: str, seed: int) -> list[Cell]:
                 cell = Cell(target, case, resume_mode, kills, steps, None, prior)
             reason = next((why for pred, why in target.expected_failures if pred(cell)), None)
             out.append(Cell(target, case, resume_mode, kills, steps, reason, cell.prior_checkpoints))
+    return out
+
+
+#: In quick mode, how many op indices get each I/O error kind besides ENOSPC-once (which gets all).
+QUICK_ERROR_SAMPLE = 3
+
+
+def tearable_files(ops: Sequence[faults.FileOp]) -> list[tuple[str, int]]:
+    """(final path, index of the op that gave it its final name and content) of every file the save
+    wrote *without* making its content durable first. Only such a file can be found torn (half
+    written) under its final name after a crash: one written in place, renamed before an fsync, or
+    written by ``torch.save(path)`` (which never fsyncs). Files fsynced before their rename cannot."""
+    written: dict[str, tuple[int, bool]] = {}  # path -> (finalising op, durable)
+    for op in ops:
+        if op.kind in ("open", "torch.save"):
+            written[op.path] = (op.index, False)
+        elif op.kind == "fsync" and op.path in written:
+            written[op.path] = (written[op.path][0], True)
+        elif op.kind == "close" and op.path in written:
+            written[op.path] = (op.index, written[op.path][1])
+        elif op.kind in ("replace", "rename") and op.path in written and op.target:
+            durable = written.pop(op.path)[1]
+            written[op.target] = (op.index, durable)
+    return sorted(((p, i) for p, (i, durable) in written.items() if not durable), key=lambda item: item[1])
+
+
+def crash_points(ops: Sequence[faults.FileOp], mode: str) -> list[int]:
+    """Op indices to fault. ``full``: every op and the end. ``quick``: every op that is not a write,
+    the first and last write of each run of writes to one file, and the end."""
+    total = len(ops)
+    if mode == FULL:
+        return list(range(total + 1))
+    chosen = {total}
+    for op in ops:
+        if op.kind != "write":
+            chosen.add(op.index)
+            continue
+        before = ops[op.index - 1] if op.index else None
+        after = ops[op.index + 1] if op.index + 1 < total else None
+        if not (before and before.kind == "write" and before.path == op.path) or not (
+                after and after.kind == "write" and after.path == op.path):
+            chosen.add(op.index)
+    return sorted(chosen)
+
+
+def crash_cells(target: Target, case: Mapping[str, Any], ops: Sequence[faults.FileOp], step: int, prior: int,
+                mode: str, rng: random.Random) -> list[Cell]:
+    """Cells of the crash-consistency axis for the save of checkpoint ``step`` (a checkpoint of
+    ``prior`` exists before it): a kill before each chosen op and after the last (plain and with
+    power loss), a half-written copy of every file that was not durable when it got its final name,
+    and I/O errors at the ops (ENOSPC at each chosen op; EIO and persistent ENOSPC at a sample in
+    quick mode, at every op in full mode)."""
+    total = len(ops)
+    points = crash_points(ops, mode)
+    at_ops = [i for i in points if i < total]
+    sample = at_ops if mode == FULL else sorted(rng.sample(at_ops, min(QUICK_ERROR_SAMPLE, len(at_ops))))
+    plans = [faults.FaultPlan(step, faults.CRASH, i, total=total) for i in points]
+    plans += [faults.FaultPlan(step, faults.POWER, i, total=total) for i in points]
+    plans += [faults.FaultPlan(step, faults.TORN, min(i + 1, total), file=path, total=total)
+              for path, i in tearable_files(ops)]
+    plans += [faults.FaultPlan(step, faults.ERROR, i, faults.ERRNOS["enospc"], total=total) for i in at_ops]
+    plans += [faults.FaultPlan(step, faults.ERROR, i, faults.ERRNOS["eio"], total=total) for i in sample]
+    plans += [faults.FaultPlan(step, faults.ERROR, i, faults.ERRNOS["enospc"], True, total=total) for i in sample]
+    steps = int(target.steps(case))
+    out = []
+    for plan in plans:
+        cell = Cell(target, case, RESUME_AUTO, (KillSpec(step, 0, plan),), steps, None, (prior,), tuple(ops))
+        reason = next((why for pred, why in target.expected_failures if pred(cell)), None)
+        out.append(replace(cell, xfail_reason=reason))
     return out

@@ -242,9 +242,45 @@ class ResumeMatrix(pytest.Collector):
             cases = self.config.hook.pytest_resume_check_cases(config=self.config, target=target)
             if cases is not None:
                 target = target.with_options(cases=tuple(dict(c) for c in cases))
-            for cell in matrix.cells(target, settings.mode, settings.seed):
+            cells = matrix.cells(target, settings.mode, settings.seed)
+            if target.crash_save:
+                try:
+                    cells += self._crash_cells(target, settings)
+                except Exception as exc:  # a target whose save cannot even be recorded
+                    items.append(BrokenTarget.from_parent(self, name=f"{target.name}[record-save]",
+                                                          message=str(exc)))
+            for cell in cells:
                 items.append(ResumeCell.from_parent(self, name=f"{target.name}[{cell.id}]", cell=cell))
         return items
+
+    def _crash_cells(self, target: Any, settings: Settings) -> list[Any]:
+        import random
+
+        from pytest_resume_check import matrix
+
+        step, prior = target.crash_save
+        case = target.cases[0]
+        ops = _engine(self.config).record_ops(target, case, step, prior)
+        rng = random.Random(f"{settings.seed}:{target.name}:crash")
+        return matrix.crash_cells(target, case, ops, step, prior, settings.mode, rng)
+
+
+class BrokenTarget(pytest.Item):
+    """Stands for a target the matrix could not even be built for; fails with the reason."""
+
+    def __init__(self, *, message: str, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.message = message
+        self.add_marker(MARKER)
+
+    def runtest(self) -> None:
+        raise ResumeCheckFailure(self.message)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        return str(excinfo.value)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"resume-matrix {self.name}"
 
 
 class ResumeCheckFailure(Exception):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_resume_check import events as ev
+from pytest_resume_check.faults import FaultPlan
 
 #: Resume modes a target must understand.
 RESUME_AUTO = "auto"
@@ -36,6 +37,8 @@ class KillSpec:
 
     checkpoint_step: int
     extra_steps: int = 0
+    #: A fault during the save of ``checkpoint_step`` (crash point, I/O error, power loss, torn file).
+    fault: FaultPlan | None = None
 
     @property
     def kill_step(self) -> int:
@@ -44,6 +47,11 @@ class KillSpec:
 
     def describe(self) -> str:
         """Words for reports: ``killed after checkpoint 3 was published``."""
+        if self.fault is not None:
+            f = self.fault
+            what = {"crash": "killed", "power": "killed with power loss", "torn": "killed leaving a torn file",
+                    "error": "I/O error injected"}.get(f.mode, f.mode)
+            return f"{what} at file operation {f.op} of the save of step {self.checkpoint_step}"
         if self.extra_steps == 0:
             return f"killed right after checkpoint of step {self.checkpoint_step} was published"
         if self.checkpoint_step == 0:
@@ -74,6 +82,8 @@ class RunPlan:
     converge: Mapping[int, str] = field(default_factory=dict)
     #: Steps after whose checkpoint the child pauses until the supervisor has copied the directory.
     pause_steps: frozenset[int] = frozenset()
+    #: File-operation faults during one save (see :mod:`pytest_resume_check.faults`).
+    faults: FaultPlan | None = None
 
 
 class Converged(BaseException):
@@ -96,10 +106,11 @@ class RunContext:
     before it consumes anything.
     """
 
-    def __init__(self, plan: RunPlan, sink: EventSink, control: Any = None):
+    def __init__(self, plan: RunPlan, sink: EventSink, control: Any = None, recorder: Any = None):
         self.plan = plan
         self._sink = sink
         self._control = control
+        self._recorder = recorder
         self._resumed_step: int | None = None
 
     # -- what the target reads -------------------------------------------------------------------
@@ -156,10 +167,15 @@ class RunContext:
 
     def should_checkpoint(self, step: int) -> bool:
         """True when the harness wants a checkpoint at the end of ``step``."""
-        return int(step) in self.plan.checkpoint_steps
+        wanted = int(step) in self.plan.checkpoint_steps
+        if wanted and self._recorder is not None:
+            self._recorder.start(int(step))  # the save that follows is watched
+        return wanted
 
     def checkpoint_published(self, step: int, path: str | os.PathLike[str] | None = None) -> None:
         """Report that the checkpoint of ``step`` is complete and selected for resume."""
+        if self._recorder is not None:
+            self._recorder.finish(int(step))
         self._sink.send(ev.Event(ev.CHECKPOINT, step=int(step), path=str(path) if path else None))
         if int(step) in self.plan.pause_steps and self._control is not None:
             self._sink.send(ev.Event(ev.PAUSED, step=int(step)))
@@ -183,8 +199,8 @@ class RunContext:
         """Send a line to the parent's log of this run."""
         self._sink.send(ev.Event(ev.LOG, text=str(text)))
 
-    def _await_kill(self, why: str) -> None:
-        self._sink.send(ev.Event(ev.KILL_READY, text=why))
+    def _await_kill(self, why: str, extra: dict[str, Any] | None = None) -> None:
+        self._sink.send(ev.Event(ev.KILL_READY, text=why, extra=extra or {}))
         while True:  # the supervisor's SIGKILL ends this process
             time.sleep(60)
 

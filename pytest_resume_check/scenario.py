@@ -16,6 +16,7 @@ from typing import Any
 from pytest_resume_check import events as ev
 from pytest_resume_check import starter
 from pytest_resume_check import supervisor as sv
+from pytest_resume_check.faults import CRASH, INJECTED, POWER, RECORD, FaultPlan, FileOp, apply_after_kill
 from pytest_resume_check.matrix import Cell, case_id
 from pytest_resume_check.run import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, KillSpec, RunPlan
 from pytest_resume_check.targets import Target
@@ -75,7 +76,8 @@ class Engine:
     def plan(self, target: Target, case: Mapping[str, Any], workdir: Path, index: int, *,
              resume_mode: str = RESUME_AUTO, resume_path: str | None = None, kill: KillSpec | None = None,
              checkpoint_steps: Sequence[int] = (), is_resume: bool = False, out: str = "out",
-             converge: Mapping[int, str] | None = None, pause_steps: Sequence[int] = ()) -> RunPlan:
+             converge: Mapping[int, str] | None = None, pause_steps: Sequence[int] = (),
+             faults: FaultPlan | None = None) -> RunPlan:
         """A plan for one run of ``target`` whose files live under ``workdir``."""
         ckpt = workdir / out
         ckpt.mkdir(parents=True, exist_ok=True)
@@ -86,6 +88,7 @@ class Engine:
             checkpoint_dir=str(ckpt), log_path=str(workdir / f"run{index}.log"),
             resume_mode=resume_mode, resume_path=resume_path, checkpoint_steps=frozenset(checkpoint_steps),
             kill=kill, is_resume=is_resume, converge=dict(converge or {}), pause_steps=frozenset(pause_steps),
+            faults=faults if faults is not None else (kill.fault if kill is not None else None),
         )
 
     def run(self, plan: RunPlan, target: Target) -> sv.RunRecord:
@@ -145,11 +148,32 @@ class Engine:
                                  is_resume=index > 0, **extra)
             record = self.run(plan, target)
             runs.append(record)
-            if record.outcome != sv.KILLED or kill is None:
+            if kill is not None and kill.fault is not None:
+                if record.outcome == sv.KILLED:
+                    # What a power loss or a torn write leaves on disk, applied after the kill.
+                    extra = next((e.extra for e in record.events if e.kind == ev.KILL_READY), {})
+                    record.notes.extend(apply_after_kill(plan.checkpoint_dir, extra))
+                elif not (record.outcome == sv.RAISED and INJECTED in (record.error or "")):
+                    break  # the run did not fail where the fault was injected: judged as is
+            elif record.outcome != sv.KILLED or kill is None:
                 break
             if record.published:
                 latest = record.published[-1][1] or latest
         return runs
+
+    def record_ops(self, target: Target, case: Mapping[str, Any], step: int, prior: int) -> list[FileOp]:
+        """The file operations of the save of checkpoint ``step`` (after one of ``prior``), in order."""
+        workdir = self.root / _safe(target.name) / _safe(case_id(case)) / f"record-save{step}"
+        if workdir.exists():
+            shutil.rmtree(workdir)
+        plan = self.plan(target, case, workdir, 0, kill=KillSpec(step), checkpoint_steps=(prior,),
+                         faults=FaultPlan(step, RECORD))
+        record = self.run(plan, target)
+        if record.outcome != sv.KILLED:
+            raise RuntimeError(f"recording the save of step {step} of {target.name} failed: {record.describe()}"
+                               f"; see {plan.log_path}")
+        return [FileOp(e.extra["index"], e.text or "", e.path or "", e.extra.get("target"))
+                for e in record.events if e.kind == ev.FILE_OP]
 
     def register(self, cells: Sequence[Cell]) -> None:
         """Tell the engine the whole matrix, so cells that differ only in their single kill step
@@ -225,13 +249,30 @@ class Engine:
         first = self._shared_first_run(cell, workdir)
         runs = self.interrupted(cell.target, cell.case, cell.kills, cell.resume_mode, workdir,
                                 cell.prior_checkpoints, first)
-        verdict = judge(ref.record, runs, cell.target.contract)
+        verdict = judge(ref.record, runs, cell.target.contract, newest_complete(cell, runs))
         return CellResult(cell, verdict, ref.record, runs, workdir, self.seed)
 
     def preload(self, targets: Sequence[Target]) -> None:
         """Ask the fork server to preload every target's modules (call before the first run)."""
         for target in targets:
             starter.add_preload(target.preload)
+
+
+def newest_complete(cell: Cell, runs: Sequence[sv.RunRecord]) -> int | None:
+    """For a fault cell: the newest checkpoint whose save completed (and was durable) before the
+    fault. A resume from anything older re-trains saved work. None for other cells."""
+    kill = cell.kills[0]
+    fault = kill.fault
+    if fault is None or not runs:
+        return None
+    before = [step for step, _ in runs[0].published if step < kill.checkpoint_step]
+    previous = max(before, default=0)
+    complete = fault.total is not None and fault.op == fault.total
+    if fault.mode == CRASH and complete:
+        return kill.checkpoint_step
+    if fault.mode == POWER and complete and not any(n.startswith("not durable") for n in runs[0].notes):
+        return kill.checkpoint_step
+    return previous
 
 
 @dataclass

@@ -20,6 +20,8 @@ MARKS = {
     "REORDERED": "R",
     "EPOCH": "E",
     "RESUME_ERROR": "X",
+    "STALE_RESUME": "S",
+    "SILENT_IO_ERROR": "I",
     "CRASHED": "C",
     "HUNG": "H",
     "NONDETERMINISTIC": "N",
@@ -27,7 +29,8 @@ MARKS = {
 }
 LEGEND = (
     ". pass  x expected failure  ! fixed (xfail passed)  L lost  D duplicated  R reordered",
-    "E epoch  X resume error  C crashed  H hung  N nondeterministic  P protocol",
+    "E epoch  S stale resume  I silent I/O error  X resume error  C crashed  H hung  N nondeterministic",
+    "P protocol",
 )
 
 
@@ -52,25 +55,44 @@ def _short(kill: str) -> str:
 
 
 def grid(cells: Sequence[dict[str, Any]], width: int = 100) -> list[str]:
-    """Lines of one grid per target; columns wrap to ``width``."""
+    """Lines of one grid per target (and one more for its crash-consistency cells); columns wrap to
+    ``width``."""
     lines: list[str] = []
     for target in dict.fromkeys(c["target"] for c in cells):
         mine = [c for c in cells if c["target"] == target]
-        kills = sorted({c["kill"] for c in mine}, key=kill_sort_key)
-        rows = list(dict.fromkeys((c["case_id"], c["resume_mode"]) for c in mine))
-        by_key = {(c["case_id"], c["resume_mode"], c["kill"]): c for c in mine}
-        label_width = max(len(f"{case} {mode}") for case, mode in rows) + 2
-        lines.append(f"{target}: {len(mine)} cells, columns are kill points (ckpt N[+unsaved steps])")
-        for chunk in _chunks(kills, width - label_width):
-            lines.append(" " * label_width + " ".join(_short(k) for k in chunk))
-            for case, mode in rows:
-                marks = []
-                for k in chunk:
-                    cell = by_key.get((case, mode, k))
-                    marks.append((mark(cell) if cell else " ").ljust(len(_short(k))))
-                lines.append((f"{case} {mode}".ljust(label_width) + " ".join(marks)).rstrip())
-        lines.append("")
+        plain = [c for c in mine if not c["kill"].startswith("save")]
+        crash = [c for c in mine if c["kill"].startswith("save")]
+        if plain:
+            lines.append(f"{target}: {len(plain)} cells, columns are kill points (ckpt N[+unsaved steps])")
+            kills = sorted({c["kill"] for c in plain}, key=kill_sort_key)
+            rows = {f"{c['case_id']} {c['resume_mode']}": {} for c in plain}
+            for c in plain:
+                rows[f"{c['case_id']} {c['resume_mode']}"][_short(c["kill"])] = c
+            lines += _table(rows, [_short(k) for k in kills], width)
+        if crash:
+            save = crash[0]["kill"].split("@")[0]
+            lines.append(f"{target}: {len(crash)} crash-consistency cells of {save} (case {crash[0]['case_id']}), "
+                         "columns are file operations")
+            rows = {}
+            for c in crash:
+                op, _, fault = c["kill"].split("@", 1)[1].partition(":")
+                kind = "torn" if fault.startswith("torn") else (fault or "kill")
+                rows.setdefault(kind, {})[op] = c
+            ops = sorted({op for row in rows.values() for op in row}, key=int)
+            lines += _table(rows, ops, width)
     lines.extend(LEGEND)
+    return lines
+
+
+def _table(rows: dict[str, dict[str, dict[str, Any]]], columns: list[str], width: int) -> list[str]:
+    lines = []
+    label_width = max(len(label) for label in rows) + 2
+    for chunk in _chunks(columns, width - label_width):
+        lines.append(" " * label_width + " ".join(chunk))
+        for label, row in rows.items():
+            marks = [(mark(row[k]) if k in row else " ").ljust(len(k)) for k in chunk]
+            lines.append((label.ljust(label_width) + " ".join(marks)).rstrip())
+    lines.append("")
     return lines
 
 
@@ -78,7 +100,7 @@ def _chunks(kills: list[str], room: int) -> Iterable[list[str]]:
     chunk: list[str] = []
     used = 0
     for k in kills:
-        need = len(_short(k)) + 1
+        need = len(k) + 1
         if chunk and used + need > room:
             yield chunk
             chunk, used = [], 0

@@ -40,6 +40,8 @@ class RunRecord:
     isolation: str | None = None
     #: Seconds from starting the child to its first event (start-up cost of the run).
     first_event_seconds: float | None = None
+    #: What the harness did to the disk after the kill (power loss, torn files), for the report.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def resumed_step(self) -> int | None:
@@ -78,6 +80,10 @@ class RunRecord:
     def describe(self) -> str:
         """``killed right after checkpoint of step 3 was published`` and the like."""
         if self.outcome == KILLED and self.plan.kill is not None:
+            text = next((e.text for e in self.events if e.kind == ev.KILL_READY and e.text), None)
+            if self.plan.faults is not None and text:
+                return f"{text} (save of step {self.plan.kill.checkpoint_step})" + "".join(
+                    f"; {n}" for n in self.notes)
             return self.plan.kill.describe()
         if self.outcome == DONE:
             return "ran to the end"

@@ -91,6 +91,9 @@ class Target:
     isolation: str = ISOLATION_FORKSERVER
     expected_failures: tuple[tuple[Callable[[Any], bool], str], ...] = ()
     description: str = ""
+    #: (step, prior): add the crash-consistency axis for the save of checkpoint ``step`` of the first
+    #: case, with a checkpoint of ``prior`` before it (None: no crash cells).
+    crash_save: tuple[int, int] | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -121,6 +124,7 @@ def resume_target(
     isolation: str = ISOLATION_FORKSERVER,
     expected_failures: Iterable[tuple[Callable[[Any], bool], str]] = (),
     description: str = "",
+    crash_save: tuple[int, int] | None = None,
 ) -> Any:
     """Declare a target; usable as ``@resume_target(steps=...)`` or ``resume_target(fn, steps=...)``."""
 
@@ -138,6 +142,7 @@ def resume_target(
             isolation=isolation,
             expected_failures=expected_failures,
             description=description or (func.__doc__ or "").strip().split("\n")[0],
+            crash_save=crash_save,
         )
 
     return build(fn) if fn is not None else build
@@ -179,6 +184,7 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         isolation=kw["isolation"],
         expected_failures=tuple(kw["expected_failures"]),
         description=kw["description"],
+        crash_save=tuple(kw["crash_save"]) if kw.get("crash_save") else None,
     )
 
 

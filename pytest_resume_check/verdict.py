@@ -27,8 +27,11 @@ CRASHED = "CRASHED"
 HUNG = "HUNG"
 NONDETERMINISTIC = "NONDETERMINISTIC"
 PROTOCOL = "PROTOCOL"  # the target broke the reporting protocol (e.g. never said where it resumed)
+STALE_RESUME = "STALE_RESUME"  # resumed from older than the newest checkpoint whose save completed
+SILENT_IO_ERROR = "SILENT_IO_ERROR"  # an injected I/O error during a save did not make the run fail
 
-CATEGORIES = (LOST, DUPLICATED, REORDERED, EPOCH, RESUME_ERROR, CRASHED, HUNG, NONDETERMINISTIC, PROTOCOL)
+CATEGORIES = (LOST, DUPLICATED, REORDERED, EPOCH, STALE_RESUME, SILENT_IO_ERROR, RESUME_ERROR, CRASHED, HUNG,
+              NONDETERMINISTIC, PROTOCOL)
 
 #: Headline templates; tests import these rather than repeating the words.
 MSG_LOST = "LOST {n} input{s} after {where}: ids {ids} ({epochs})"
@@ -45,6 +48,10 @@ MSG_NONDETERMINISTIC = "NONDETERMINISTIC reference: two uninterrupted runs diffe
 MSG_PROTOCOL = "PROTOCOL: {detail}"
 MSG_EMPTY = ("PROTOCOL: the reference run reported no {kind} inputs; the target must call "
              "run.{kind}(ids, step=..., epoch=...) for what it takes (or drop '{kind}' from its contract)")
+MSG_STALE = ("STALE_RESUME: run {run} resumed from {got} but {want} was the newest checkpoint whose save "
+             "completed before the crash ({why}); the work saved since is trained again")
+MSG_SILENT_IO = ("SILENT_IO_ERROR: an injected {error} at file operation {op} of the save of step {step} did not "
+                 "fail the run ({what}); the checkpoint may be incomplete and nobody knows")
 MSG_STEPS = "PROTOCOL: the target declares {declared} steps for this case but its reference run took {actual}"
 
 MAX_IDS = 10
@@ -116,18 +123,34 @@ def judge_reference(first: sv.RunRecord, second: sv.RunRecord | None, declared_s
     return []
 
 
-def judge(reference: sv.RunRecord, runs: Sequence[sv.RunRecord], contract: Contract) -> Verdict:
-    """Judge the interrupted ``runs`` (first, then each resumed one) against ``reference``."""
+def judge(reference: sv.RunRecord, runs: Sequence[sv.RunRecord], contract: Contract,
+          newest_complete: int | None = None) -> Verdict:
+    """Judge the interrupted ``runs`` (first, then each resumed one) against ``reference``.
+
+    ``newest_complete``: for a fault in a save, the newest checkpoint that was complete at the fault;
+    the first resumed run must not start from anything older (STALE_RESUME).
+    """
     verdict = Verdict()
+    fault = runs[0].plan.faults if runs else None
+    if fault is not None and fault.mode == "error" and runs[0].outcome != sv.RAISED:
+        verdict.findings.append(Finding(SILENT_IO_ERROR, MSG_SILENT_IO.format(
+            error=os.strerror(fault.errno or 5), op=fault.op, step=fault.step, what=runs[0].describe())))
+        return verdict
     for index, rec in enumerate(runs):
         if rec.outcome in (sv.DONE, sv.KILLED, sv.CONVERGED):
             continue
+        if index == 0 and fault is not None and rec.outcome == sv.RAISED:
+            continue  # the injected I/O error made the save fail loudly, as it must
         who = f"run {index + 1} of {len(runs)}"
         verdict.findings.append(_process_finding(rec, who, resumed=rec.plan.is_resume, run=index + 1))
         return verdict
     if runs and runs[-1].outcome not in sv.FINISHED:
         verdict.findings.append(Finding(PROTOCOL, MSG_PROTOCOL.format(detail="the last run was killed")))
         return verdict
+    if newest_complete is not None and len(runs) > 1 and (runs[1].resumed_step or 0) < newest_complete:
+        got = resume_label(runs[1].resumed_step, runs[1].resumed_path).replace("resume from ", "")
+        verdict.findings.append(Finding(STALE_RESUME, MSG_STALE.format(
+            run=2, got=got, want=f"the checkpoint of step {newest_complete}", why=runs[0].describe())))
     for kind in contract.ledgers:
         ref = Ledger.from_events(reference.events, kind)
         try:

@@ -37,10 +37,13 @@ FRESH_SHUFFLE = "fresh_shuffle"  # loader state not saved, new permutation -> LO
 EPOCH_RESET = "epoch_reset"  # epoch counter not restored -> EPOCH
 RAISE_ON_RESUME = "raise_on_resume"  # -> RESUME_ERROR
 SHARED_GENERATOR = "shared_generator"  # shuffle=True with one torch.Generator -> REORDERED next epoch
+NON_ATOMIC_SAVE = "non_atomic_save"  # state.pt and latest written in place, no fsync -> RESUME_ERROR on crashes
+SWALLOW_SAVE_ERRORS = "swallow_save_errors"  # an OSError while saving is ignored -> SILENT_IO_ERROR
+OLDEST_CHECKPOINT = "oldest_checkpoint"  # auto resume takes the oldest step folder -> STALE_RESUME
 CRASH = "crash"  # exits by itself at step 2 -> CRASHED
 HANG = "hang"  # stops sending events at step 2 -> HUNG
 BUGS = (DROP_BUFFER, BUFFER_AND_REREAD, RESTART_AT_EPOCH_BOUNDARY, FRESH_SHUFFLE, EPOCH_RESET,
-        SHARED_GENERATOR, RAISE_ON_RESUME, CRASH, HANG)
+        SHARED_GENERATOR, NON_ATOMIC_SAVE, SWALLOW_SAVE_ERRORS, OLDEST_CHECKPOINT, RAISE_ON_RESUME, CRASH, HANG)
 
 DEFAULT_CASE = {"n": 12, "batch": 4, "take": 4, "epochs": 2, "shuffle": False, "workers": 0}
 
@@ -83,7 +86,7 @@ class Features:
         return self.rows[index]
 
 
-def find_checkpoint(run: RunContext) -> Path | None:
+def find_checkpoint(run: RunContext, bug: str | None = None) -> Path | None:
     """The checkpoint folder to resume from under the run's resume mode, or None to start fresh."""
     if run.resume_mode == RESUME_DISABLED:
         return None
@@ -95,6 +98,9 @@ def find_checkpoint(run: RunContext) -> Path | None:
     latest = run.checkpoint_dir / LATEST
     if not latest.exists():
         return None
+    if bug == OLDEST_CHECKPOINT:
+        folders = sorted(run.checkpoint_dir.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+        return folders[0]
     return run.checkpoint_dir / latest.read_text().strip()
 
 
@@ -137,7 +143,7 @@ def train(run: RunContext, bug: str | None = None) -> None:
     state_before_last_batch: dict[str, Any] = loader.state_dict()
     loader_iter = None
 
-    folder = find_checkpoint(run)
+    folder = find_checkpoint(run, bug)
     if folder is not None:
         if bug == RAISE_ON_RESUME:
             raise RuntimeError("planted bug: resume fails")
@@ -192,7 +198,7 @@ def train(run: RunContext, bug: str | None = None) -> None:
         if run.should_checkpoint(step):
             loader_state = state_before_last_batch if bug == BUFFER_AND_REREAD else loader.state_dict()
             kept = [] if bug == DROP_BUFFER else buffer
-            path = _save(run.checkpoint_dir, step, {
+            path = _save(run.checkpoint_dir, step, bug, {
                 "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "loader": {} if bug == FRESH_SHUFFLE else loader_state,
@@ -203,7 +209,8 @@ def train(run: RunContext, bug: str | None = None) -> None:
                 "buffer_x": torch.stack([x for _, x, _ in kept]) if kept else torch.zeros(0, FEATURES),
                 "buffer_epochs": [e for _, _, e in kept],
             })
-            run.checkpoint_published(step, path)
+            if path is not None:
+                run.checkpoint_published(step, path)
         # Everything that decides the rest of the run. Not torch's global RNG: after start-up only the
         # loader's per-iterator base seed draws from it, and this loop's data order never uses it.
         run.state_digest(step, digest_of({
@@ -229,12 +236,21 @@ def warm_up() -> None:
         train(RunContext(plan, _Discard()))
 
 
-def _save(root: Path, step: int, state: dict[str, Any]) -> Path:
+def _save(root: Path, step: int, bug: str | None, state: dict[str, Any]) -> Path | None:
     """Write ``step_N/state.pt`` and then point ``latest`` at it, each through a durable rename."""
     import torch
 
     folder = root / f"step_{step}"
     folder.mkdir(parents=True, exist_ok=True)
+    if bug == NON_ATOMIC_SAVE:
+        torch.save(state, folder / STATE_FILE)
+        (root / LATEST).write_text(folder.name)
+        return folder
+    if bug == SWALLOW_SAVE_ERRORS:
+        try:
+            return _save(root, step, None, state)
+        except OSError:
+            return None  # "saving is best effort": the run goes on as if nothing happened
     tmp = folder / (STATE_FILE + ".tmp")
     with open(tmp, "wb") as f:
         torch.save(state, f)
@@ -285,6 +301,18 @@ def loop_shared_generator(run: RunContext) -> None:
     """``StatefulDataLoader(shuffle=True, generator=g)``: resumed mid-epoch, the *next* epoch's
     permutation differs from the uninterrupted run's (torchdata 0.11, found by this harness)."""
     train(run, SHARED_GENERATOR)
+
+
+def loop_non_atomic_save(run: RunContext) -> None:
+    train(run, NON_ATOMIC_SAVE)
+
+
+def loop_swallow_save_errors(run: RunContext) -> None:
+    train(run, SWALLOW_SAVE_ERRORS)
+
+
+def loop_oldest_checkpoint(run: RunContext) -> None:
+    train(run, OLDEST_CHECKPOINT)
 
 
 def loop_raise_on_resume(run: RunContext) -> None:

@@ -24,6 +24,7 @@ builtin_loop = resume_target(
     contract="exactly_once_ordered",
     preload=("torch", "torchdata.stateful_dataloader", "pytest_resume_check.builtin.loop:warm_up"),
     description="plain PyTorch loop over StatefulDataLoader with a buffered tail",
+    crash_save=(2, 1),
 )
 
 
