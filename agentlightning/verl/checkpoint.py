@@ -9,22 +9,30 @@ read; :class:`InputCheckpoint` says which version a file was.
 
 Safety: the file holds only tensors and plain Python values (numpy arrays are stored as tagged dicts
 and rebuilt on load), so ``torch.load(weights_only=True)`` reads it with no allow-list and no pickled
-code from a checkpoint is ever executed.
+code from a checkpoint is ever executed. A file that would need code to load is refused with
+:class:`InputCheckpointUnsafeError`; bytes that are not a torch zip archive are never unpickled at all.
 
-Atomicity: the file is written to a temporary name through an open file object, flushed, fsynced,
-moved into place with ``os.replace`` and the folder is fsynced. ``torch.save(obj, path)`` would write
-through C++ and never fsync. A reader therefore sees either no file or a complete one.
+Integrity: the file is a torch zip archive whose zip *comment* holds a SHA-256 of everything before it
+(``agentlightning-sha256:<hex>``, declared by the ``integrity`` entry), so every flipped bit is found,
+not only those in the records the zip CRCs cover (about half of a small file's bytes are zip headers
+and padding that neither the CRCs nor ``torch.load`` check). It is still an ordinary zip that
+``torch.load`` reads. Files written before the checksum existed are read with the CRC checks only.
 
-This module also resolves which folder a resume reads (the same rules as verl's
-``RayPPOTrainer._load_checkpoint``) and repairs a torn ``latest_checkpointed_iteration.txt``: verl
-writes it with a plain ``open("w")``, so a kill during that write leaves it empty and verl's resume
-then fails on ``int("")``.
+Atomicity: the file is written with :func:`agentlightning.verl.durable.atomic_write_bytes` (temporary
+name, fsync, ``os.replace``, fsync of the folder), so after a kill or a power loss a reader sees either
+no file or a complete one. A file *cut short* under its final name (:class:`InputCheckpointTruncatedError`)
+therefore comes from another writer or a copy that was interrupted; a full-length file that fails its
+checks (:class:`InputCheckpointCorruptError` and the other subclasses of :class:`InputCheckpointError`)
+comes from no crash at all. :mod:`agentlightning.verl.resume_selection` decides what each means for a
+resume.
 """
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
+import io
 import os
+import pickle
 import re
 import warnings
 from collections.abc import Mapping
@@ -35,6 +43,7 @@ import numpy as np
 import torch
 
 from agentlightning.verl import inflight
+from agentlightning.verl.durable import atomic_write_bytes, torch_bytes
 from agentlightning.verl.inputs import STATE_KEYS
 
 INPUT_STATE_FILENAME = "agentlightning_input.pt"
@@ -48,26 +57,48 @@ KEY_FORMAT_VERSION = "format_version"
 KEY_GLOBAL_STEP = "global_step"
 KEY_INPUT_STREAM = "input_stream"
 KEY_CARRIED_OVER = "carried_over"
+#: Optional entry: ``"sha256"`` when the zip comment holds the file's checksum (see the module doc).
+KEY_INTEGRITY = "integrity"
+INTEGRITY_SHA256 = "sha256"
 
 # verl's names inside a checkpoint directory.
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
 DATALOADER_FILENAME = "data.pt"
+ACTOR_FOLDER = "actor"
 STEP_FOLDER_PREFIX = "global_step_"
 
 # Marks a numpy array stored as a plain dict (torch's weights_only unpickler rejects numpy types).
 NDARRAY_TAG = "__agentlightning_ndarray__"
-_TEMP_SUFFIX = ".tmp"
-_STEP_FOLDER_RE = re.compile(r"^global_step_(\d+)$")
+
+# Zip layout: every archive starts with a local file header and ends with the end-of-central-directory
+# record (22 bytes, then a comment of the length its last two bytes give).
+ZIP_START = b"PK\x03\x04"
+ZIP_END = b"PK\x05\x06"
+ZIP_END_SIZE = 22
+CHECKSUM_PREFIX = b"agentlightning-sha256:"
+CHECKSUM_SIZE = len(CHECKSUM_PREFIX) + 64
+_CHECKSUM_RE = re.compile(re.escape(CHECKSUM_PREFIX) + rb"[0-9a-f]{64}\Z")
+_REFUSED_GLOBAL_RE = re.compile(r"GLOBAL ([\w.]+) was not an allowed global")
+_UNPICKLER_ERROR_RE = re.compile(r"WeightsUnpickler error: ([^\n]{0,200})")
+
+FIX_OTHER_CHECKPOINT = (
+    "Resume from another checkpoint with trainer.resume_mode=resume_path "
+    "trainer.resume_from_path=<an earlier global_step_N folder>, or delete this global_step folder"
+)
 
 
-class InputCheckpointError(RuntimeError):
-    """A problem with an input checkpoint file; the message names the file, the problem and the fix."""
+class CheckpointError(RuntimeError):
+    """A checkpoint a resume cannot use; the message names the path, the problem and the fix."""
 
     def __init__(self, path: str, problem: str, fix: str) -> None:
         self.path = path
         self.problem = problem
         self.fix = fix
         super().__init__(f"{path}: {problem}. {fix}")
+
+
+class InputCheckpointError(CheckpointError):
+    """A problem with an input file (``agentlightning_input.pt``)."""
 
 
 class InputCheckpointVersionError(InputCheckpointError):
@@ -86,7 +117,15 @@ class InputCheckpointVersionError(InputCheckpointError):
 
 
 class InputCheckpointCorruptError(InputCheckpointError):
-    """The file cannot be read or lacks required entries."""
+    """The file is damaged: unreadable, a checksum mismatch, missing entries or entries of wrong types."""
+
+
+class InputCheckpointTruncatedError(InputCheckpointCorruptError):
+    """The file is cut short: the beginning of a torch zip archive without its end (or empty)."""
+
+
+class InputCheckpointUnsafeError(InputCheckpointCorruptError):
+    """The file holds pickled code that loading would run; ``torch.load(weights_only=True)`` refused it."""
 
 
 class InputCheckpointStepMismatchError(InputCheckpointError):
@@ -95,10 +134,6 @@ class InputCheckpointStepMismatchError(InputCheckpointError):
 
 class InputCheckpointEncodeError(InputCheckpointError):
     """A value in the input state cannot be stored as tensors and plain Python values."""
-
-
-class TrackerError(RuntimeError):
-    """``latest_checkpointed_iteration.txt`` is unreadable and no complete checkpoint replaces it."""
 
 
 # ---------------------------------------------------------------- encoding
@@ -185,57 +220,6 @@ def _decode_ndarray(record: dict[str, Any]) -> Any:
     return array[()] if record.get("scalar") else array
 
 
-# ---------------------------------------------------------------- atomic files
-
-
-def fsync_dir(path: str) -> None:
-    """fsync a directory so a rename inside it survives a power loss (no-op where unsupported)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def atomic_torch_save(obj: Any, path: str) -> None:
-    """``torch.save`` ``obj`` to ``path`` so that readers only ever see a complete file.
-
-    On any exception the temporary file is removed and ``path`` is left as it was.
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    temp = f"{path}{_TEMP_SUFFIX}.{os.getpid()}"
-    try:
-        with open(temp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(temp)
-        raise
-    fsync_dir(folder)
-
-
-def atomic_write_text(text: str, path: str) -> None:
-    """Write ``text`` to ``path`` atomically (temp file, flush, fsync, ``os.replace``, fsync folder)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    temp = f"{path}{_TEMP_SUFFIX}.{os.getpid()}"
-    try:
-        with open(temp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(temp)
-        raise
-    fsync_dir(folder)
-
-
 # ---------------------------------------------------------------- the input file
 
 
@@ -264,23 +248,33 @@ class InputCheckpoint:
         return self.carried_over is not None
 
 
+def encode_input_file(payload: dict[str, Any]) -> bytes:
+    """The bytes of an input file holding ``payload``: a torch zip archive whose comment is its checksum.
+
+    The checksum covers every byte before it, the end record with the comment's length included.
+    """
+    data = torch_bytes({**payload, KEY_INTEGRITY: INTEGRITY_SHA256})
+    if data[-ZIP_END_SIZE:-ZIP_END_SIZE + 4] != ZIP_END or data[-2:] != b"\x00\x00":
+        # Not the layout torch writes today: store the file without a checksum rather than guess.
+        return torch_bytes(payload)
+    head = data[:-2] + CHECKSUM_SIZE.to_bytes(2, "little")
+    return head + CHECKSUM_PREFIX + hashlib.sha256(head).hexdigest().encode("ascii")
+
+
 def write_input_state(
     step_folder: str,
     global_step: int,
     stream_state: Mapping[str, Any],
     carried_over: Mapping[str, Any] | None = None,
 ) -> str:
-    """Atomically write the input file for ``global_step`` into ``step_folder``; returns its path.
+    """Atomically and durably write the input file for ``global_step`` into ``step_folder``; returns
+    its path.
 
     ``carried_over`` is the in-flight record's ``state_dict()``; None stores an empty record (nothing in
-    flight). Temporary files left by an earlier writer that was killed mid-write are removed first.
+    flight). The state is encoded before any file is touched, so a state that cannot be stored leaves
+    the folder as it was.
     """
     path = input_state_path(step_folder)
-    if os.path.isdir(step_folder):
-        for name in os.listdir(step_folder):
-            if name.startswith(INPUT_STATE_FILENAME + _TEMP_SUFFIX):
-                with contextlib.suppress(OSError):
-                    os.remove(os.path.join(step_folder, name))
     if carried_over is None:
         carried_over = inflight.InFlightInputs().state_dict()
     try:
@@ -294,65 +288,150 @@ def write_input_state(
         KEY_INPUT_STREAM: stream,
         KEY_CARRIED_OVER: groups,
     }
-    atomic_torch_save(payload, path)
+    atomic_write_bytes(encode_input_file(payload), path)
     return path
 
 
 def read_input_checkpoint(step_folder: str, expected_step: int | None = None) -> InputCheckpoint | None:
-    """The decoded input file in ``step_folder`` (format version 1 or 2), or None if it has none.
+    """The decoded, validated input file in ``step_folder`` (format version 1 or 2), or None if it has
+    none.
 
-    Raises :class:`InputCheckpointVersionError` for an unknown format version,
-    :class:`InputCheckpointCorruptError` for an unreadable or incomplete file and
-    :class:`InputCheckpointStepMismatchError` when the file's step differs from ``expected_step``.
+    Every problem raises a subclass of :class:`InputCheckpointError` naming the file and the problem:
+    :class:`InputCheckpointTruncatedError` (cut short), :class:`InputCheckpointUnsafeError` (pickled
+    code), :class:`InputCheckpointCorruptError` (any other damage: checksum, structure, missing entries,
+    wrong types), :class:`InputCheckpointVersionError` and :class:`InputCheckpointStepMismatchError`
+    (the file's step differs from ``expected_step``). No exception from inside torch escapes.
     """
     path = input_state_path(step_folder)
     if not os.path.exists(path):
         return None
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # any unpickling failure means the same thing to the user
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as err:
+        raise InputCheckpointCorruptError(path, f"cannot be read ({err})", FIX_OTHER_CHECKPOINT) from None
+    checksummed = _check_bytes(path, raw)
+    payload = _unpickle(path, raw)
+    return _validate(path, payload, expected_step, checksummed)
+
+
+def _check_bytes(path: str, raw: bytes) -> bool:
+    """Refuse bytes that are cut short, not a zip archive, or fail their checksum; True if checksummed."""
+    if len(raw) < len(ZIP_START) and ZIP_START.startswith(raw):
+        raise InputCheckpointTruncatedError(
+            path, f"is cut short: {len(raw)} bytes, an interrupted write", FIX_OTHER_CHECKPOINT
+        )
+    if not raw.startswith(ZIP_START):
+        raise InputCheckpointCorruptError(
+            path, f"is not a torch zip archive (it starts with {raw[:8]!r})", FIX_OTHER_CHECKPOINT
+        )
+    has_checksum = _CHECKSUM_RE.search(raw[-CHECKSUM_SIZE:]) is not None
+    comment = _zip_comment(raw)
+    if comment is None and not has_checksum:
+        raise InputCheckpointTruncatedError(
+            path,
+            f"is cut short: {len(raw)} bytes and no end-of-archive record (an interrupted write or copy)",
+            FIX_OTHER_CHECKPOINT,
+        )
+    if not comment and not has_checksum:
+        return False  # written before the checksum existed: the zip CRCs are checked on load
+    if not has_checksum:
+        raise InputCheckpointCorruptError(path, "has a damaged checksum record", FIX_OTHER_CHECKPOINT)
+    head = raw[:-CHECKSUM_SIZE]
+    if hashlib.sha256(head).hexdigest().encode("ascii") != raw[-64:]:
         raise InputCheckpointCorruptError(
             path,
-            f"cannot be read ({type(err).__name__}: {err})",
-            "Delete the global_step folder, or resume from an earlier one with "
-            "trainer.resume_mode=resume_path",
-        ) from err
+            "fails its SHA-256 checksum: its bytes changed after it was written (disk or copy damage)",
+            FIX_OTHER_CHECKPOINT,
+        )
+    return True
+
+
+def _zip_comment(raw: bytes) -> bytes | None:
+    """The comment of the zip archive ``raw``, or None when it has no end record at its end."""
+    lowest = max(0, len(raw) - ZIP_END_SIZE - 0xFFFF)
+    position = raw.rfind(ZIP_END, lowest)
+    while position >= 0:
+        comment_size = int.from_bytes(raw[position + 20:position + 22], "little")
+        if position + ZIP_END_SIZE + comment_size == len(raw):
+            return raw[position + ZIP_END_SIZE:]
+        position = raw.rfind(ZIP_END, lowest, position)
+    return None
+
+
+def _unpickle(path: str, raw: bytes) -> Any:
+    """``torch.load(weights_only=True)`` of ``raw`` with every failure turned into a typed error."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notes on pickle protocols are noise here
+            return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        refused = _REFUSED_GLOBAL_RE.search(str(err))
+        if refused or "Unsupported global" in str(err):
+            name = refused.group(1) if refused else "a global"
+            raise InputCheckpointUnsafeError(
+                path,
+                f"holds pickled code that loading would run (it calls {name}); "
+                "torch.load(weights_only=True) refused it and nothing was run",
+                "Do not load this file with weights_only=False: it was not written by agentlightning. "
+                + FIX_OTHER_CHECKPOINT,
+            ) from None
+        detail = _UNPICKLER_ERROR_RE.search(str(err))
+        problem = detail.group(1) if detail else (str(err).splitlines() or [type(err).__name__])[0]
+        raise InputCheckpointCorruptError(
+            path, f"cannot be unpickled ({problem[:200]})", FIX_OTHER_CHECKPOINT
+        ) from None
+    except Exception as err:  # any other failure inside torch means the same thing to the user
+        raise InputCheckpointCorruptError(
+            path, f"cannot be read ({type(err).__name__}: {str(err)[:200]})", FIX_OTHER_CHECKPOINT
+        ) from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _validate(path: str, payload: Any, expected_step: int | None, checksummed: bool) -> InputCheckpoint:
+    def corrupt(problem: str) -> InputCheckpointCorruptError:
+        return InputCheckpointCorruptError(path, problem, FIX_OTHER_CHECKPOINT)
+
     if not isinstance(payload, dict) or KEY_FORMAT_VERSION not in payload:
         raise InputCheckpointCorruptError(
             path, "is not an agentlightning input checkpoint (no format version)", "Remove the stray file"
         )
     version = payload[KEY_FORMAT_VERSION]
+    if not _is_int(version):
+        raise corrupt(f"has a format version of type {type(version).__name__}, not int")
     if version not in SUPPORTED_INPUT_STATE_FORMAT_VERSIONS:
         raise InputCheckpointVersionError(path, version)
     missing = _missing_entries(payload, version)
     if missing:
-        raise InputCheckpointCorruptError(
-            path,
-            f"lacks required entries {missing}",
-            "Resume from another checkpoint with trainer.resume_mode=resume_path",
-        )
-    if expected_step is not None and int(payload[KEY_GLOBAL_STEP]) != int(expected_step):
+        raise corrupt(f"lacks required entries {missing}")
+    if payload.get(KEY_INTEGRITY, INTEGRITY_SHA256) != INTEGRITY_SHA256:
+        raise corrupt(f"has an unknown {KEY_INTEGRITY} entry {payload[KEY_INTEGRITY]!r}")
+    if KEY_INTEGRITY in payload and not checksummed:
+        raise corrupt("declares a checksum but has none (its zip comment was removed)")
+    step = payload[KEY_GLOBAL_STEP]
+    if not _is_int(step) or step < 0:
+        raise corrupt(f"has a global step of type {type(step).__name__} ({step!r}), not a non-negative int")
+    if expected_step is not None and step != int(expected_step):
         raise InputCheckpointStepMismatchError(
             path,
-            f"records global step {payload[KEY_GLOBAL_STEP]} but its folder is for step {expected_step}",
+            f"records global step {step} but its folder is for step {expected_step}",
             "Do not rename or copy files between global_step folders; resume from the original folder",
         )
-    carried_over = None
-    if version >= CARRIED_OVER_SINCE_VERSION:
-        carried_over = decode_value(payload[KEY_CARRIED_OVER])
-        lengths = {key: len(carried_over[key]) for key in inflight.STATE_KEYS}
-        if len(set(lengths.values())) != 1:
-            raise InputCheckpointCorruptError(
-                path,
-                f"has carried-over lists of different lengths {lengths}",
-                "Resume from another checkpoint with trainer.resume_mode=resume_path",
-            )
+    try:
+        stream = decode_value(payload[KEY_INPUT_STREAM])
+        carried_over = None
+        if version >= CARRIED_OVER_SINCE_VERSION:
+            carried_over = decode_value(payload[KEY_CARRIED_OVER])
+    except Exception as err:  # a tampered numpy record can fail in many ways inside numpy
+        raise corrupt(f"holds a malformed numpy record ({type(err).__name__}: {err})") from None
+    problem = _stream_problem(stream) or (_carried_over_problem(carried_over, step) if carried_over else None)
+    if problem:
+        raise corrupt(problem)
     return InputCheckpoint(
-        path=path,
-        format_version=int(version),
-        global_step=int(payload[KEY_GLOBAL_STEP]),
-        stream=decode_value(payload[KEY_INPUT_STREAM]),
-        carried_over=carried_over,
+        path=path, format_version=version, global_step=step, stream=stream, carried_over=carried_over
     )
 
 
@@ -370,85 +449,62 @@ def _missing_entries(payload: dict[str, Any], version: int) -> list[str]:
     return missing
 
 
+def _batch_problem(batch: Any, where: str, rows: int | None = None) -> str | None:
+    """Why ``batch`` is not a batch (a dict whose tensor, array and list fields share one length; with
+    ``rows``, that length), or None."""
+    if not isinstance(batch, dict):
+        return f"{where} is a {type(batch).__name__}, not a dict of batch fields"
+    lengths = set()
+    for value in batch.values():
+        if isinstance(value, list) or (isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim > 0):
+            lengths.add(len(value))
+    if len(lengths) > 1:
+        return f"{where} has fields of different lengths {sorted(lengths)}"
+    if rows is not None and lengths != {rows}:
+        return f"{where} holds {sorted(lengths)} inputs, not {rows}"
+    return None
+
+
+def _stream_problem(stream: dict[str, Any]) -> str | None:
+    where = KEY_INPUT_STREAM
+    if not isinstance(stream.get("loader_state"), dict):
+        return f"{where}.loader_state is a {type(stream.get('loader_state')).__name__}, not a dict"
+    tail = stream.get("buffered_tail")
+    if tail is not None:
+        problem = _batch_problem(tail, f"{where}.buffered_tail")
+        if problem:
+            return problem
+    for key in ("input_epoch", "loader_batches_taken_in_epoch"):
+        value = stream.get(key)
+        if not _is_int(value) or value < 0:
+            return f"{where}.{key} is {value!r} ({type(value).__name__}), not a non-negative int"
+    return None
+
+
+def _carried_over_problem(groups: dict[str, Any], step: int) -> str | None:
+    where = KEY_CARRIED_OVER
+    lengths = {key: len(groups[key]) for key in inflight.STATE_KEYS}
+    if len(set(lengths.values())) != 1:
+        return f"has carried-over lists of different lengths {lengths}"
+    for i, row in enumerate(groups[inflight.STATE_ROWS]):
+        problem = _batch_problem(row, f"{where}.rows[{i}]", rows=1)
+        if problem:
+            return problem
+    bounds = {
+        inflight.STATE_INPUT_IDS: (None, None),
+        inflight.STATE_INPUT_EPOCHS: (0, None),
+        inflight.STATE_SUBMITTED_STEPS: (1, step),
+    }
+    for key, (low, high) in bounds.items():
+        for i, value in enumerate(groups[key]):
+            if not _is_int(value) or (low is not None and value < low) or (high is not None and value > high):
+                limits = f" in [{low}, {high if high is not None else '...'}]" if low is not None else ""
+                return f"{where}.{key}[{i}] is {value!r} ({type(value).__name__}), not an int{limits}"
+    return None
+
+
 def read_input_state(step_folder: str, expected_step: int | None = None) -> dict[str, Any] | None:
     """The decoded input stream state stored in ``step_folder``, or None if it has no input file
     (:func:`read_input_checkpoint` without the version and the carried-over groups)."""
     checkpoint = read_input_checkpoint(step_folder, expected_step)
     return None if checkpoint is None else checkpoint.stream
-
-
-# ---------------------------------------------------------------- resume folder and tracker
-
-
-def step_of_folder(folder: str) -> int:
-    """The global step encoded in a ``global_step_N`` folder name (verl's rule)."""
-    return int(os.path.normpath(folder).split(STEP_FOLDER_PREFIX)[-1])
-
-
-def read_tracker(checkpoint_dir: str) -> int | None:
-    """The step in ``latest_checkpointed_iteration.txt``; None if absent. Raises ValueError if torn."""
-    path = os.path.join(checkpoint_dir, TRACKER_FILENAME)
-    if not os.path.exists(path):
-        return None
-    with open(path, "rb") as f:
-        return int(f.read().decode())
-
-
-def repair_torn_tracker(
-    checkpoint_dir: str, required_files: tuple[str, ...] = (DATALOADER_FILENAME,)
-) -> bool:
-    """Rewrite a torn tracker to the newest complete ``global_step_N`` folder; True if it repaired one.
-
-    A tracker is only written after its folder is complete, so a torn tracker means the newest folder
-    holding all ``required_files`` is the one that was being published.
-    """
-    try:
-        read_tracker(checkpoint_dir)
-        return False
-    except (ValueError, UnicodeDecodeError):
-        pass
-    tracker = os.path.join(checkpoint_dir, TRACKER_FILENAME)
-    steps = []
-    for name in os.listdir(checkpoint_dir):
-        match = _STEP_FOLDER_RE.match(name)
-        folder = os.path.join(checkpoint_dir, name)
-        if match and all(os.path.exists(os.path.join(folder, f)) for f in required_files):
-            steps.append(int(match.group(1)))
-    if not steps:
-        raise TrackerError(
-            f"{tracker}: unreadable (torn write) and no complete global_step folder was found. "
-            "Delete the tracker to start fresh, or resume with trainer.resume_mode=resume_path"
-        )
-    atomic_write_text(str(max(steps)), tracker)
-    warnings.warn(
-        f"{tracker} was torn (killed during its write); repaired it to point at global_step_{max(steps)}",
-        RuntimeWarning,
-        stacklevel=2,
-    )
-    return True
-
-
-def resolve_resume_folder(config: Any) -> str | None:
-    """The ``global_step_N`` folder a resume under ``config`` reads, or None for a fresh start.
-
-    Same rules as verl's ``RayPPOTrainer._load_checkpoint``: ``disable`` never resumes, ``auto``
-    follows the tracker in ``trainer.default_local_dir``, ``resume_path`` uses
-    ``trainer.resume_from_path`` (relative paths from the working directory).
-    """
-    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
-
-    mode = config.trainer.resume_mode
-    if mode == "disable":
-        return None
-    if mode == "resume_path":
-        folder = config.trainer.resume_from_path
-        if not isinstance(folder, str) or STEP_FOLDER_PREFIX not in folder:
-            raise ValueError(
-                f"trainer.resume_from_path={folder!r} must name a global_step_N folder when "
-                "trainer.resume_mode=resume_path"
-            )
-        return os.path.abspath(folder)
-    if mode != "auto":
-        raise ValueError(f"trainer.resume_mode={mode!r} is not one of 'auto', 'resume_path', 'disable'")
-    checkpoint_dir = os.path.abspath(config.trainer.default_local_dir)
-    return find_latest_ckpt_path(checkpoint_dir)

@@ -32,8 +32,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.trainer.ppo.utils import Role
 
-from agentlightning.verl.checkpoint import resolve_resume_folder
 from agentlightning.verl.cpu_workers import CpuActorWorkerGroup
+from agentlightning.verl.resume_selection import resolve_resume_folder
 from agentlightning.verl.rollout import DeterministicRolloutEngine, LatencySpec, RowTransform
 from agentlightning.verl.schedule import LatencyProfile
 from agentlightning.verl.trainer import (

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from agentlightning.verl.checkpoint import atomic_torch_save
+from agentlightning.verl.durable import atomic_torch_save
 from agentlightning.verl.inputs import Batch
 
 ACTOR_STATE_FILENAME = "model.pt"

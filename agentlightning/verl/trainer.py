@@ -10,9 +10,15 @@ the epoch from the optimizer step (``global_steps // len(loader)``) and, in 0.8/
 The fix, wired in here:
 
 * Save (async): ``agentlightning_input.pt`` (see :mod:`agentlightning.verl.checkpoint`) is written into
-  ``global_step_N/`` atomically *before* verl saves the model and publishes the tracker, so a tracker
-  never points at a folder without a complete input file. Sync checkpoints are verl's, byte for byte.
-* Load: after verl restores the step and the model, the input file (when present) restores the exact
+  ``global_step_N/`` atomically *before* the model and ``data.pt``, and the tracker is published last,
+  atomically, so it never names a folder without a complete input file. Sync checkpoints hold verl's
+  files with verl's bytes.
+* Crash safety: the trainer performs verl's save and load steps itself
+  (:mod:`agentlightning.verl.verl_checkpoint`) so that every file is durable before the tracker names
+  it and the tracker is replaced atomically; a resume takes the tracker's folder only if it is complete
+  and otherwise falls back, with a warning, to the newest complete one
+  (:mod:`agentlightning.verl.resume_selection`). A failed save leaves the previous checkpoint selected.
+* Load: after verl's state (step and model) is restored, the input file (when present) restores the exact
   input position and epoch; it is authoritative over verl's epoch-boundary heuristic, and ``fit()``
   keeps the restored epoch.
 * Carry-over (format version 2): inputs whose rollouts are still running at a save have left the loader
@@ -24,9 +30,8 @@ The fix, wired in here:
   step that trains the last admitted input.
 
 ``fit()`` here is a compact loop that runs on CPU with the embedded defaults of
-:mod:`agentlightning.verl.cpu` (verl's own ``fit`` needs GPU rollout managers). It calls verl's real
-``_save_checkpoint``/``_load_checkpoint`` through ``super()``. Step numbering is verl's: the first step
-is ``global_steps == 1`` and ``global_step_N`` holds the state after N steps.
+:mod:`agentlightning.verl.cpu` (verl's own ``fit`` needs GPU rollout managers). Step numbering is
+verl's: the first step is ``global_steps == 1`` and ``global_step_N`` holds the state after N steps.
 """
 
 from __future__ import annotations
@@ -36,23 +41,25 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-import torch
 from omegaconf import OmegaConf, open_dict
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-from agentlightning.verl.checkpoint import (
-    DATALOADER_FILENAME,
-    STEP_FOLDER_PREFIX,
-    InputCheckpoint,
-    read_input_checkpoint,
-    repair_torn_tracker,
-    resolve_resume_folder,
-    step_of_folder,
-    write_input_state,
-)
+from agentlightning.verl.checkpoint import STEP_FOLDER_PREFIX, InputCheckpoint, write_input_state
 from agentlightning.verl.inflight import InFlightInputs
 from agentlightning.verl.inputs import BufferedInputStream, ids_of
+from agentlightning.verl.resume_selection import choose_resume_folder, step_of_folder
 from agentlightning.verl.rollout import CompletedRollouts, RolloutEngine
+from agentlightning.verl.verl_checkpoint import (
+    load_data_state,
+    load_worker_checkpoints,
+    publish_tracker,
+    read_tracker_bytes,
+    save_data_state,
+    save_worker_checkpoints,
+    step_folder_path,
+    tracker_skipped,
+    unpublish,
+)
 
 CONFIG_ENABLED = "agentlightning.async_rollout.enabled"
 CONFIG_ASYNC_TRAIN_BATCH_SIZE = "agentlightning.async_rollout.async_train_batch_size"
@@ -255,47 +262,65 @@ class AgentLightningRayPPOTrainer(ObservedTrainingMixin, RayPPOTrainer):
         return self.async_settings.enabled
 
     def _save_checkpoint(self) -> None:
-        """verl's save, preceded in async mode by the atomic write of the input file."""
-        if self.async_enabled and self.write_input_checkpoint:
-            # Written first: verl publishes the tracker last, so a crash here leaves the previous
-            # checkpoint selected and a tracker never names a folder without a complete input file.
-            step = self.global_steps
-            folder = os.path.join(self.config.trainer.default_local_dir, f"{STEP_FOLDER_PREFIX}{step}")
-            carried_over = self.in_flight_inputs.state_dict() if self.restore_in_flight_inputs else None
-            write_input_state(folder, step, self.input_stream.state_dict(), carried_over)
-        super()._save_checkpoint()
+        """verl's save, made durable, preceded in async mode by the input file; publishes the tracker last.
+
+        Order (see :mod:`agentlightning.verl.verl_checkpoint`): the input file (async, atomic), the actor
+        and critic through the worker groups, ``data.pt`` (verl's bytes, then fsynced with its folder),
+        and last the tracker, atomically. A kill at any point leaves the tracker naming the previous
+        complete checkpoint or this one. If any step raises, the tracker is left naming the previous
+        checkpoint (put back if only the fsync after its replacement failed), the input file and
+        ``data.pt`` of this folder are removed so no resume takes it for complete, and the exception
+        propagates.
+        """
+        step = self.global_steps
+        folder = step_folder_path(self.config, step)
+        previous_tracker = read_tracker_bytes(self.config)
+        try:
+            if self.async_enabled and self.write_input_checkpoint:
+                carried_over = self.in_flight_inputs.state_dict() if self.restore_in_flight_inputs else None
+                write_input_state(folder, step, self.input_stream.state_dict(), carried_over)
+            save_worker_checkpoints(self, folder, step)
+            save_data_state(self.train_dataloader, folder)
+            if not tracker_skipped(self.config):
+                publish_tracker(self.config, step)
+        except BaseException:
+            unpublish(self.config, folder, step, previous_tracker)
+            raise
 
     def _load_checkpoint(self) -> Any:
-        """verl's load, then the exact input position and the carried-over groups (from the input file
-        when there is one).
+        """Choose the folder to resume from, load verl's state from it, then the exact input position and
+        the carried-over groups (from the input file when there is one).
 
-        The input file is read and validated before verl loads anything, so an unreadable or
-        unknown-version file stops the resume before any state changes. The rollout engine is reset and
-        the groups in flight at the save are resubmitted (see :meth:`_resubmit_carried_over`). Sets
-        ``self.resumed_from``.
+        The folder is chosen and checked by :func:`~agentlightning.verl.resume_selection.choose_resume_folder`
+        (tracker, completeness, fallback with a warning, typed errors) and its input file is validated
+        before anything is loaded, so a bad checkpoint stops the resume before any state changes. The
+        rollout engine is reset and the groups in flight at the save are resubmitted (see
+        :meth:`_resubmit_carried_over`). Sets ``self.resumed_from``; returns 0 for a fresh start, like
+        verl.
         """
         self.resumed_from = None
         self.in_flight_inputs.clear()
         if self.rollout_engine is not None:
             self.rollout_engine.reset()
-        checkpoint_dir = os.path.abspath(self.config.trainer.default_local_dir)
-        if self.config.trainer.resume_mode == "auto" and os.path.isdir(checkpoint_dir):
-            repair_torn_tracker(checkpoint_dir)
-        folder = resolve_resume_folder(self.config)
-        checkpoint = read_input_checkpoint(folder, expected_step=step_of_folder(folder)) if folder else None
-        result = super()._load_checkpoint()
-        if folder is None:
+        if self.config.trainer.resume_mode != "disable" and self.config.trainer.default_hdfs_dir is not None:
+            raise NotImplementedError("load from hdfs is not implemented yet")  # as verl
+        choice = choose_resume_folder(self.config, async_enabled=self.async_enabled, use_critic=self.use_critic)
+        if choice.folder is None:
             self.input_stream.restore_position(0, 0)
-            return result
+            return 0
+        folder, checkpoint = choice.folder, choice.checkpoint
+        self.global_steps = step_of_folder(folder)
+        load_worker_checkpoints(self, folder)
         self.resumed_from = folder
         if checkpoint is not None:
+            # The input file's loader state is authoritative: data.pt is not read at all.
             self.input_stream.load_state_dict(checkpoint.stream)
             self._resubmit_carried_over(checkpoint)
         elif self.async_enabled:
             self._restore_legacy_async_position(folder)
         else:
             self._restore_sync_position(folder)
-        return result
+        return None
 
     def _resubmit_carried_over(self, checkpoint: InputCheckpoint) -> None:
         # The groups are resubmitted before anything else and with the step they were first submitted
@@ -315,13 +340,15 @@ class AgentLightningRayPPOTrainer(ObservedTrainingMixin, RayPPOTrainer):
             engine.submit(call.batch, call.ids, call.epoch, call.step)
 
     def _restore_legacy_async_position(self, folder: str) -> None:
-        # What the trainer did before the fix: verl's own data.pt handling (already done by super())
-        # and verl's step-based epoch guess. Only the counters for the end-of-run test are set here.
+        # What the trainer did before the fix: verl's data.pt handling (skipped at a step divisible by
+        # the loader length) and verl's step-based epoch guess.
         message = LEGACY_CHECKPOINT_WARNING.format(folder=folder)
         warnings.warn(message, LegacyInputCheckpointWarning, stacklevel=3)
         per_epoch = len(self.train_dataloader)
         step = self.global_steps
-        at_boundary = step % per_epoch == 0
+        at_boundary = per_epoch > 0 and step % per_epoch == 0
+        if not at_boundary:
+            self.train_dataloader.load_state_dict(load_data_state(folder))
         self.input_stream.restore_position(step // per_epoch, 0 if at_boundary else step % per_epoch)
 
     def _restore_sync_position(self, folder: str) -> None:
@@ -331,13 +358,11 @@ class AgentLightningRayPPOTrainer(ObservedTrainingMixin, RayPPOTrainer):
         # stream counts as the end of the saved epoch) keeps the shuffle order.
         per_epoch = len(self.train_dataloader)
         step = self.global_steps
-        data_path = os.path.join(folder, DATALOADER_FILENAME)
-        if step > 0 and os.path.exists(data_path):
-            loader_state = torch.load(data_path, map_location="cpu", weights_only=True)
-            self.train_dataloader.load_state_dict(loader_state)
+        if step > 0:
+            self.train_dataloader.load_state_dict(load_data_state(folder))
             self.input_stream.restore_position((step - 1) // per_epoch, (step - 1) % per_epoch + 1)
         else:
-            self.input_stream.restore_position(step // per_epoch, 0)
+            self.input_stream.restore_position(0, 0)
 
     def fit(self) -> None:
         """Train until the input stream is exhausted (or ``trainer.total_training_steps``), saving as due.
