@@ -166,11 +166,11 @@ class Recorder:
         plan = self.plan
         if plan.mode in (CRASH, POWER, TORN) and plan.op == index:
             self._kill(f"before {op.describe()}")
+        self.ops.append(op)  # counted even when it fails: "once" must hit exactly one op
         if plan.mode == ERROR and (index == plan.op or (plan.persistent and self._failing)):
             self._failing = True
             code = plan.errno or errno_codes.EIO
             raise OSError(code, f"{os.strerror(code)} {INJECTED} at {op.describe()}", os.fspath(path))
-        self.ops.append(op)
         self.on_op(op)
         return True
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import signal
 import time
@@ -22,7 +23,7 @@ from pytest_resume_check.targets import ISOLATION_FORKSERVER, ISOLATIONS
 
 _CHILD_MODULES = ("pytest_resume_check.child",)
 _preload: list[str] = list(_CHILD_MODULES)
-_server_started = False
+_server_started: tuple[str, ...] = ()  # the preload the running fork server was started with
 
 
 _warmups: list[str] = []
@@ -102,16 +103,31 @@ def wait_group_gone(pgid: int, timeout: float = 10.0) -> bool:
     return False
 
 
+def _ensure_server(ctx: Any) -> None:
+    """Start the fork server with every preload asked for so far; restart it when a later target
+    asked for more (a session that ran one target and then another would otherwise pay the second
+    target's imports in every child)."""
+    global _server_started
+    wanted = (*_preload, *_warmups)
+    if _server_started == wanted:
+        return
+    if _server_started:
+        stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
+        if stop is None:  # cannot restart on this Python: children import the rest themselves
+            return
+        stop()
+    os.environ[_warmup.ENV] = ",".join(_warmups)
+    ctx.set_forkserver_preload([*_preload, "pytest_resume_check._warmup"])
+    _server_started = wanted
+
+
 def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER) -> Child:
     """Start one child running ``plan``."""
-    global _server_started
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {list(ISOLATIONS)}, not {isolation!r}")
     ctx = multiprocessing.get_context(isolation)
-    if isolation == ISOLATION_FORKSERVER and not _server_started:
-        os.environ[_warmup.ENV] = ",".join(_warmups)
-        ctx.set_forkserver_preload([*_preload, "pytest_resume_check._warmup"])
-        _server_started = True
+    if isolation == ISOLATION_FORKSERVER:
+        _ensure_server(ctx)
     reader, writer = ctx.Pipe(duplex=False)
     control_reader, control_writer = ctx.Pipe(duplex=False) if plan.pause_steps else (None, None)
     process = ctx.Process(target=child_main, args=(plan, writer, control_reader),
