@@ -55,7 +55,7 @@ def matrix_wall(out: Path, spawn_cells: int) -> dict[str, float]:
         done = subprocess.run(base, cwd=empty, env=env, capture_output=True, text=True)
         figures["fork"] = time.monotonic() - started
         figures["cells"] = float(_passed(done.stdout))
-        listing = subprocess.run([*base, "--collect-only", "-q"], cwd=empty, env=env, capture_output=True, text=True)
+        listing = subprocess.run([*base, "--collect-only"], cwd=empty, env=env, capture_output=True, text=True)
         names = [ln.split("::", 1)[1] for ln in listing.stdout.splitlines() if ln.startswith("resume-matrix::")]
         started = time.monotonic()
         for name in names[:spawn_cells]:

@@ -11,6 +11,7 @@ import ctypes
 import gc
 import importlib
 import os
+import sys
 import warnings
 
 ENV = "PYTEST_RESUME_CHECK_WARMUP"
@@ -20,8 +21,10 @@ PR_SET_CHILD_SUBREAPER = 36
 def _run_all() -> None:
     _become_subreaper()
     specs = [s for s in os.environ.get(ENV, "").split(",") if s]
-    if specs:
-        _quietly(specs)
+    try:
+        _call(specs)
+    finally:
+        _restore_stderr()
     # Without this the first garbage collection in every forked child walks (and so copies) every
     # object torch and verl left in the server: about 0.4 s per run with verl 0.8.
     gc.collect()
@@ -40,17 +43,15 @@ def _become_subreaper() -> None:
         pass
 
 
-def _quietly(specs: list[str]) -> None:
-    # Warnings printed while warming up would land in whichever test started the server.
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        _call(specs)
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
+def _restore_stderr() -> None:
+    """Give the server its stdout and stderr back (silenced by ``_preload_begin`` during imports and
+    warm-up)."""
+    begin = sys.modules.get("pytest_resume_check._preload_begin")
+    if begin is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(begin.SAVED_STDOUT, 1)
+        os.dup2(begin.SAVED_STDERR, 2)
 
 
 def _call(specs: list[str]) -> None:

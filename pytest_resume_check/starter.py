@@ -117,7 +117,7 @@ def _ensure_server(ctx: Any) -> None:
             return
         stop()
     os.environ[_warmup.ENV] = ",".join(_warmups)
-    ctx.set_forkserver_preload([*_preload, "pytest_resume_check._warmup"])
+    ctx.set_forkserver_preload(["pytest_resume_check._preload_begin", *_preload, "pytest_resume_check._warmup"])
     _server_started = wanted
 
 
