@@ -77,7 +77,6 @@ class RunPlan:
     checkpoint_steps: frozenset[int] = frozenset()
     kill: KillSpec | None = None
     is_resume: bool = False
-    options: Mapping[str, Any] = field(default_factory=dict)
     #: Reference digests by step: a resumed run whose state digest matches one stops early.
     converge: Mapping[int, str] = field(default_factory=dict)
     #: Steps after whose checkpoint the child pauses until the supervisor has copied the directory.

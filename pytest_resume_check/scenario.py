@@ -252,10 +252,6 @@ class Engine:
         verdict = judge(ref.record, runs, cell.target.contract, newest_complete(cell, runs))
         return CellResult(cell, verdict, ref.record, runs, workdir, self.seed)
 
-    def preload(self, targets: Sequence[Target]) -> None:
-        """Ask the fork server to preload every target's modules (call before the first run)."""
-        for target in targets:
-            starter.add_preload(target.preload)
 
 
 def newest_complete(cell: Cell, runs: Sequence[sv.RunRecord]) -> int | None:

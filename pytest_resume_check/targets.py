@@ -18,7 +18,7 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -94,7 +94,6 @@ class Target:
     #: (step, prior): add the crash-consistency axis for the save of checkpoint ``step`` of the first
     #: case, with a checkpoint of ``prior`` before it (None: no crash cells).
     crash_save: tuple[int, int] | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def ref(self) -> tuple[str, str, str]:
