@@ -28,7 +28,7 @@ from pathlib import Path
 
 def startup(out: Path, runs: int) -> dict[str, float]:
     from agentlightning.verl import resume_target as rt
-    from pytest_resume_check.scenario import Engine
+    from pytest_resume_check.engine import Engine
 
     figures = {}
     case = rt.ASYNC_CASES[0]
@@ -78,7 +78,7 @@ def steps_executed(out: Path, kill_points: int, share: bool) -> int:
     from agentlightning.verl import resume_target as rt
     from pytest_resume_check.matrix import Cell
     from pytest_resume_check.run import KillSpec
-    from pytest_resume_check.scenario import Engine
+    from pytest_resume_check.engine import Engine
 
     # A run of exactly `kill_points` steps: refill 6 per step over 2 epochs.
     n = 4 * ((3 * kill_points + 3) // 4)

@@ -1,7 +1,7 @@
-"""Imported first by the fork server: silences its stdout and stderr while the targets' modules are
-imported and warmed up (verl and torch print loader sizes and warn about missing accelerators), until
-:mod:`._warmup`, imported last, restores them. That output would otherwise land in whichever test or
-collection started the server."""
+"""Fork-server preload entry, imported first and only by the fork server: silences its stdout and
+stderr while the targets' modules are imported and warmed up (verl and torch print loader sizes and
+warn about missing accelerators), until :mod:`._preload_end`, imported last, restores them. That
+output would otherwise land in whichever test or collection started the server."""
 
 from __future__ import annotations
 

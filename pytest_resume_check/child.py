@@ -15,7 +15,8 @@ import traceback
 from typing import Any
 
 from pytest_resume_check import events as ev
-from pytest_resume_check.run import Converged, RunContext, RunPlan
+from pytest_resume_check.plan import RunPlan
+from pytest_resume_check.run import Converged, RunContext
 from pytest_resume_check.targets import load_target_fn
 
 #: Exit code of a child whose target raised.
@@ -87,7 +88,7 @@ def _recorder(plan: RunPlan, sink: ConnectionSink) -> Any:
     """The file-operation recorder of a run with a fault plan (None otherwise)."""
     if plan.faults is None:
         return None
-    from pytest_resume_check.faults import Recorder
+    from pytest_resume_check.recorder import Recorder
 
     if importlib.util.find_spec("torch") is not None:
         importlib.import_module("torch")  # so torch.save to a path is wrapped too

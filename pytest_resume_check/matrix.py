@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_resume_check import faults
-from pytest_resume_check.run import RESUME_AUTO, RESUME_PATH, KillSpec
+from pytest_resume_check.plan import RESUME_AUTO, RESUME_PATH, KillSpec
 from pytest_resume_check.targets import Target
 
 QUICK = "quick"

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import getpass
 import os
-import shlex
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from random import Random
 from typing import Any
 
 import pytest
+
+# The fixture for hand-written tests lives in its own module; importing it here registers it.
+from pytest_resume_check.fixtures import ResumeCheck, resume_check  # noqa: F401
 
 OPT_MATRIX = "--resume-matrix"
 OPT_SEED = "--resume-matrix-seed"
@@ -326,18 +327,19 @@ class ResumeCell(pytest.Item):
 
 def rerun_command(item: pytest.Item) -> str:
     """The command that reruns exactly this cell with the same seed (run from the same directory)."""
+    from pytest_resume_check import report
+
     settings = item.config.stash[SETTINGS_KEY]
     config = item.config
     args = list(config.args) if config.args_source == pytest.Config.ArgsSource.ARGS else []
-    parts = ["pytest", *args, f"{OPT_MATRIX}={settings.mode}", f"{OPT_SEED}={settings.seed}",
-             f"{OPT_CELL}={item.name}"]
+    options = []
     if settings.isolation:
-        parts.append(f"{OPT_ISOLATION}={settings.isolation}")
+        options.append(f"{OPT_ISOLATION}={settings.isolation}")
     if settings.exhaustive:
-        parts.append(OPT_EXHAUSTIVE)
+        options.append(OPT_EXHAUSTIVE)
     if settings.hang_timeout != DEFAULT_HANG_TIMEOUT:
-        parts.append(f"{OPT_HANG}={settings.hang_timeout:g}")
-    return " ".join(shlex.quote(str(p)) for p in parts)
+        options.append(f"{OPT_HANG}={settings.hang_timeout:g}")
+    return report.rerun_command(item.name, settings.mode, settings.seed, args, options)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -385,7 +387,7 @@ def _user() -> str:
 
 def _engine(config: pytest.Config) -> Any:
     if ENGINE_KEY not in config.stash:
-        from pytest_resume_check.scenario import Engine
+        from pytest_resume_check.engine import Engine
 
         s = config.stash[SETTINGS_KEY]
         engine = Engine(_session_root(config), s.seed, s.hang_timeout, s.isolation, share=not s.exhaustive)
@@ -427,22 +429,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     tr = terminalreporter
     tr.write_sep("=", f"resume matrix: {len(results)} cells, {len(failed)} failing, "
                       f"{len(expected)} expected failures, seed {settings.seed}")
-    for line in summary.grid(results, width=min(100, tr._tw.fullwidth)):
+    for line in summary.session_lines(results, width=min(100, tr._tw.fullwidth), more_hint=OPT_JSON):
         tr.write_line(line)
-    smallest = summary.smallest_failures(results)
-    if smallest:
-        tr.write_line("")
-        tr.write_line("smallest failing kill point of each failing case:")
-        for r in smallest:
-            tr.write_line(f"  {summary.cell_name(r)}: {r['headline']}")
-            tr.write_line(f"    rerun: {r['rerun']}")
-    if failed:
-        tr.write_line("")
-        tr.write_line("failing cells:")
-        for r in failed[:50]:
-            tr.write_line(f"  {summary.cell_name(r)}: {r['headline']}")
-        if len(failed) > 50:
-            tr.write_line(f"  ... and {len(failed) - 50} more (see {OPT_JSON})")
     if settings.json_path:
         from pytest_resume_check import report
 
@@ -455,49 +443,3 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
         written = html.write_report(results, Path(settings.html_path), seed=settings.seed)
         tr.write_line(f"resume matrix HTML report written to {written}")
-
-
-# -- fixtures for hand-written tests --------------------------------------------------------------
-
-class ResumeCheck:
-    """What the ``resume_check`` fixture gives a test: run a target, kill it, resume it, judge it."""
-
-    def __init__(self, root: Path, seed: int, hang_timeout: float):
-        from pytest_resume_check.scenario import Engine
-
-        self.engine = Engine(root, seed, hang_timeout)
-        self._count = 0
-
-    def kill_after_checkpoint(self, step: int, extra_steps: int = 0) -> Any:
-        """Kill right after the checkpoint of ``step`` is published, or ``extra_steps`` later."""
-        from pytest_resume_check.run import KillSpec
-
-        return KillSpec(step, extra_steps)
-
-    def run(self, target: Any, *, kills: Any, case: dict | None = None, resume_mode: str = "auto") -> Any:
-        """Reference run, then the interrupted runs; returns a ``CellResult`` (``.verdict``,
-        ``.verdict.composite``, ``.runs``). ``kills``: one ``KillSpec`` per killed run."""
-        from pytest_resume_check.matrix import Cell
-
-        case = dict(case if case is not None else target.cases[0])
-        kills = tuple(kills) if isinstance(kills, (list, tuple)) else (kills,)
-        cell = Cell(target, case, resume_mode, kills, int(target.steps(case)))
-        return self.engine.run_cell(cell)
-
-    @property
-    def seed(self) -> int:
-        """The session seed these runs use (``--resume-matrix-seed`` reproduces it)."""
-        return self.engine.seed
-
-    def report(self, result: Any) -> str:
-        """The failure text of a result (headline, excerpt, runs, kept files, seed)."""
-        from pytest_resume_check import report
-
-        return report.failure_text(result, f"rerun this test with {OPT_SEED}={self.seed}")
-
-
-@pytest.fixture
-def resume_check(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ResumeCheck]:
-    """Run targets in real child processes, SIGKILL them at chosen points, resume, and judge."""
-    settings = request.config.stash[SETTINGS_KEY]
-    yield ResumeCheck(tmp_path / "resume-check", settings.seed, settings.hang_timeout)

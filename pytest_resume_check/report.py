@@ -4,13 +4,17 @@ where the files are, and the command that reruns exactly this cell."""
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
+from pytest_resume_check.categories import status
 from pytest_resume_check.ledger import Ledger
-from pytest_resume_check.scenario import CellResult
-from pytest_resume_check.verdict import resume_label
+from pytest_resume_check.results import CellResult
+from pytest_resume_check.verdict import entry_marks, resume_label
 
+#: The story of a cell whose reference failed (no interrupted run was made).
+NO_RUNS = "no interrupted run (the reference itself failed)"
 EXCERPT_BEFORE = 4
 EXCERPT_AFTER = 6
 
@@ -78,22 +82,40 @@ def failure_text(result: CellResult, rerun: str | None = None) -> str:
 def cell_json(result: CellResult) -> dict[str, Any]:
     """Machine-readable verdict of one cell (for --resume-matrix-json)."""
     v = result.verdict
-    return {
+    reference, composite = v.reference.to_json(), v.composite.to_json()
+    ref_marks, comp_marks = entry_marks(reference, composite)
+    cell = {
         "target": result.cell.target.name,
         "case": dict(result.cell.case),
         "case_id": result.cell.case_id,
         "resume_mode": result.cell.resume_mode,
         "kill": result.cell.kill_id,
+        "kills": [k.to_json() for k in result.cell.kills],
         "passed": v.passed,
         "xfail_reason": result.cell.xfail_reason,
         "categories": v.categories,
         "headline": v.headline,
         "resumed_from": v.resumed_from,
-        "reference": v.reference.to_json(),
-        "composite": v.composite.to_json(),
+        "reference": reference,
+        "composite": composite,
+        "marks": {"reference": ref_marks, "composite": comp_marks},
+        "story": story(result) if result.runs else NO_RUNS,
         "runs": [{"outcome": r.outcome, "exitcode": r.exitcode, "seconds": round(r.seconds, 3)}
                  for r in result.runs],
     }
+    cell["status"] = status(cell)
+    return cell
+
+
+def rerun_command(cell_name: str, mode: str | None, seed: int | None, args: Sequence[str] = (),
+                  options: Sequence[str] = ()) -> str:
+    """The shell command that reruns exactly one cell: ``pytest [args] --resume-matrix=MODE
+    --resume-matrix-seed=SEED --resume-matrix-cell=NAME [options]``."""
+    parts = ["pytest", *args, f"--resume-matrix={mode}" if mode else "--resume-matrix"]
+    if seed is not None:
+        parts.append(f"--resume-matrix-seed={seed}")
+    parts += [f"--resume-matrix-cell={cell_name}", *options]
+    return " ".join(shlex.quote(str(p)) for p in parts)
 
 
 def dump_json(results: Sequence[dict[str, Any]], seed: int) -> str:

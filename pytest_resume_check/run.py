@@ -12,77 +12,18 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_resume_check import events as ev
-from pytest_resume_check.faults import FaultPlan
-
-#: Resume modes a target must understand.
-RESUME_AUTO = "auto"
-RESUME_PATH = "path"
-RESUME_DISABLED = "disabled"
-RESUME_MODES = (RESUME_AUTO, RESUME_PATH, RESUME_DISABLED)
-
-
-@dataclass(frozen=True)
-class KillSpec:
-    """Where one run is killed.
-
-    ``checkpoint_step``: the harness asks the trainer to checkpoint at this step (0: no checkpoint).
-    ``extra_steps``: 0 kills right after that checkpoint is published; m > 0 kills at the end of step
-    ``checkpoint_step + m``, so m steps of work were done but never saved and must be redone.
-    """
-
-    checkpoint_step: int
-    extra_steps: int = 0
-    #: A fault during the save of ``checkpoint_step`` (crash point, I/O error, power loss, torn file).
-    fault: FaultPlan | None = None
-
-    @property
-    def kill_step(self) -> int:
-        """The step during which the kill happens."""
-        return self.checkpoint_step + self.extra_steps
-
-    def describe(self) -> str:
-        """Words for reports: ``killed after checkpoint 3 was published``."""
-        if self.fault is not None:
-            f = self.fault
-            what = {"crash": "killed", "power": "killed with power loss", "torn": "killed leaving a torn file",
-                    "error": "I/O error injected"}.get(f.mode, f.mode)
-            return f"{what} at file operation {f.op} of the save of step {self.checkpoint_step}"
-        if self.extra_steps == 0:
-            return f"killed right after checkpoint of step {self.checkpoint_step} was published"
-        if self.checkpoint_step == 0:
-            return f"killed at the end of step {self.kill_step}, before any checkpoint"
-        return (
-            f"killed at the end of step {self.kill_step}, "
-            f"{self.extra_steps} unsaved step(s) after checkpoint {self.checkpoint_step}"
-        )
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """Everything a child needs to start one run (picklable, sent to the child)."""
-
-    target_name: str
-    target_ref: tuple[str, str, str]
-    case: Mapping[str, Any]
-    seed: int
-    checkpoint_dir: str
-    log_path: str
-    resume_mode: str = RESUME_AUTO
-    resume_path: str | None = None
-    checkpoint_steps: frozenset[int] = frozenset()
-    kill: KillSpec | None = None
-    is_resume: bool = False
-    #: Reference digests by step: a resumed run whose state digest matches one stops early.
-    converge: Mapping[int, str] = field(default_factory=dict)
-    #: Steps after whose checkpoint the child pauses until the supervisor has copied the directory.
-    pause_steps: frozenset[int] = frozenset()
-    #: File-operation faults during one save (see :mod:`pytest_resume_check.faults`).
-    faults: FaultPlan | None = None
+from pytest_resume_check.plan import (  # noqa: F401  (re-exported: targets import them from here)
+    RESUME_AUTO,
+    RESUME_DISABLED,
+    RESUME_MODES,
+    RESUME_PATH,
+    KillSpec,
+    RunPlan,
+)
 
 
 class Converged(BaseException):

@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_resume_check import _warmup
+from pytest_resume_check._server_setup import WARMUP_ENV
 from pytest_resume_check.child import child_main
-from pytest_resume_check.run import RunPlan
+from pytest_resume_check.plan import RunPlan
 from pytest_resume_check.targets import ISOLATION_FORKSERVER, ISOLATIONS
 
 _CHILD_MODULES = ("pytest_resume_check.child",)
@@ -116,8 +116,18 @@ def _ensure_server(ctx: Any) -> None:
         if stop is None:  # cannot restart on this Python: children import the rest themselves
             return
         stop()
-    os.environ[_warmup.ENV] = ",".join(_warmups)
-    ctx.set_forkserver_preload(["pytest_resume_check._preload_begin", *_preload, "pytest_resume_check._warmup"])
+    ctx.set_forkserver_preload(["pytest_resume_check._preload_begin", *_preload, "pytest_resume_check._preload_end"])
+    # The warm-up list reaches the server through its environment, set only while it starts: a later
+    # subprocess of this process (a test's interpreter, a user's script) must not inherit it.
+    saved = os.environ.get(WARMUP_ENV)
+    os.environ[WARMUP_ENV] = ",".join(_warmups)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if saved is None:
+            os.environ.pop(WARMUP_ENV, None)
+        else:
+            os.environ[WARMUP_ENV] = saved
     _server_started = wanted
 
 

@@ -8,46 +8,41 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pytest_resume_check.matrix import parse_kill_id
-
-#: One mark per cell. Failing cells show their first category's letter.
-MARKS = {
-    "PASSED": ".",
-    "XFAIL": "x",
-    "XPASS": "!",
-    "LOST": "L",
-    "DUPLICATED": "D",
-    "REORDERED": "R",
-    "EPOCH": "E",
-    "RESUME_ERROR": "X",
-    "STALE_RESUME": "S",
-    "SILENT_IO_ERROR": "I",
-    "CRASHED": "C",
-    "HUNG": "H",
-    "NONDETERMINISTIC": "N",
-    "PROTOCOL": "P",
-}
-LEGEND = (
-    ". pass  x expected failure  ! fixed (xfail passed)  L lost  D duplicated  R reordered",
-    "E epoch  S stale resume  I silent I/O error  X resume error  C crashed  H hung  N nondeterministic",
-    "P protocol",
-)
+from pytest_resume_check import categories
+from pytest_resume_check.plan import KillSpec
 
 
 def mark(cell: dict[str, Any]) -> str:
     """The grid mark of one cell."""
-    if cell.get("xfail_reason"):
-        return MARKS["XFAIL"] if not cell["passed"] else MARKS["XPASS"]
-    if cell["passed"]:
-        return MARKS["PASSED"]
-    return MARKS.get(cell["categories"][0] if cell["categories"] else "PROTOCOL", "?")
+    return categories.mark(categories.status(cell))
 
 
-def kill_sort_key(kill: str) -> tuple[int, int, int, str]:
-    """Order kill points: single kills right after a checkpoint, unsaved steps, then double kills."""
-    kills = parse_kill_id(kill)
-    group = 0 if len(kills) == 1 and kills[0].extra_steps == 0 else (1 if len(kills) == 1 else 2)
-    return (group, kills[0].checkpoint_step, kills[-1].kill_step, kill)
+def kills_of(cell: dict[str, Any]) -> tuple[KillSpec, ...]:
+    """The structured kill points of a cell's JSON."""
+    return tuple(KillSpec.from_json(k) for k in cell["kills"])
+
+
+def kill_sort_key(kills: Sequence[KillSpec]) -> tuple[int, int, int, int, str]:
+    """Order kill points: single kills right after a checkpoint, unsaved steps, double kills, and the
+    crash-consistency cells last (by file operation)."""
+    first = kills[0]
+    if first.fault is not None:
+        return (3, first.checkpoint_step, first.fault.op or 0, 0, first.fault.kind)
+    group = 0 if len(kills) == 1 and first.extra_steps == 0 else (1 if len(kills) == 1 else 2)
+    return (group, first.checkpoint_step, kills[-1].kill_step, len(kills), "")
+
+
+def is_crash_cell(cell: dict[str, Any]) -> bool:
+    """A cell of the crash-consistency axis (a fault inside a save)."""
+    return any(k.get("fault") for k in cell["kills"])
+
+
+def crash_row(cell: dict[str, Any]) -> str:
+    """The row of a crash-consistency cell in its grid: the fault's kind (``kill``, ``power``, ``torn``,
+    ``enospc``, ``eio``, ``enospc+``)."""
+    fault = kills_of(cell)[0].fault
+    assert fault is not None
+    return "kill" if fault.kind == "crash" else fault.kind
 
 
 def _short(kill: str) -> str:
@@ -60,27 +55,26 @@ def grid(cells: Sequence[dict[str, Any]], width: int = 100) -> list[str]:
     lines: list[str] = []
     for target in dict.fromkeys(c["target"] for c in cells):
         mine = [c for c in cells if c["target"] == target]
-        plain = [c for c in mine if not c["kill"].startswith("save")]
-        crash = [c for c in mine if c["kill"].startswith("save")]
+        plain = [c for c in mine if not is_crash_cell(c)]
+        crash = [c for c in mine if is_crash_cell(c)]
         if plain:
             lines.append(f"{target}: {len(plain)} cells, columns are kill points (ckpt N[+unsaved steps])")
-            kills = sorted({c["kill"] for c in plain}, key=kill_sort_key)
+            order = {c["kill"]: kill_sort_key(kills_of(c)) for c in plain}
+            kills = sorted(order, key=order.__getitem__)
             rows = {f"{c['case_id']} {c['resume_mode']}": {} for c in plain}
             for c in plain:
                 rows[f"{c['case_id']} {c['resume_mode']}"][_short(c["kill"])] = c
             lines += _table(rows, [_short(k) for k in kills], width)
         if crash:
-            save = crash[0]["kill"].split("@")[0]
-            lines.append(f"{target}: {len(crash)} crash-consistency cells of {save} (case {crash[0]['case_id']}), "
-                         "columns are file operations")
+            step = kills_of(crash[0])[0].checkpoint_step
+            lines.append(f"{target}: {len(crash)} crash-consistency cells of the save of step {step} "
+                         f"(case {crash[0]['case_id']}), columns are file operations")
             rows = {}
             for c in crash:
-                op, _, fault = c["kill"].split("@", 1)[1].partition(":")
-                kind = "torn" if fault.startswith("torn") else (fault or "kill")
-                rows.setdefault(kind, {})[op] = c
+                rows.setdefault(crash_row(c), {})[str(kills_of(c)[0].fault.op)] = c
             ops = sorted({op for row in rows.values() for op in row}, key=int)
             lines += _table(rows, ops, width)
-    lines.extend(LEGEND)
+    lines.extend(categories.legend(width))
     return lines
 
 
@@ -118,7 +112,7 @@ def smallest_failures(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if c["passed"] or c.get("xfail_reason"):
             continue
         key = (c["target"], c["case_id"], c["resume_mode"])
-        kills = parse_kill_id(c["kill"])
+        kills = kills_of(c)
         rank = (len(kills), kills[-1].kill_step, kills[0].checkpoint_step)
         best = out.get(key)
         if best is None or rank < best["_rank"]:
@@ -128,3 +122,22 @@ def smallest_failures(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def cell_name(cell: dict[str, Any]) -> str:
     return f"{cell['target']}[{cell['case_id']}-{cell['resume_mode']}-{cell['kill']}]"
+
+
+def session_lines(results: Sequence[dict[str, Any]], width: int = 100, more_hint: str = "--resume-matrix-json",
+                  listed: int = 50) -> list[str]:
+    """The end-of-session summary under its header: the grids, the smallest failing kill point of each
+    failing case with its rerun command, and the failing cells' headlines (at most ``listed``)."""
+    lines = grid(results, width=width)
+    smallest = smallest_failures(results)
+    if smallest:
+        lines += ["", "smallest failing kill point of each failing case:"]
+        for r in smallest:
+            lines += [f"  {cell_name(r)}: {r['headline']}", f"    rerun: {r['rerun']}"]
+    failed = [r for r in results if not r["passed"] and not r.get("xfail_reason")]
+    if failed:
+        lines += ["", "failing cells:"]
+        lines += [f"  {cell_name(r)}: {r['headline']}" for r in failed[:listed]]
+        if len(failed) > listed:
+            lines.append(f"  ... and {len(failed) - listed} more (see {more_hint})")
+    return lines

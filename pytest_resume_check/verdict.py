@@ -8,30 +8,33 @@ other epoch labels (EPOCH), and - for ordered contracts - the same inputs in ano
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pytest_resume_check import supervisor as sv
+from pytest_resume_check import results as rs
+from pytest_resume_check.categories import (  # noqa: F401  (re-exported: tests and users import them here)
+    CRASHED,
+    DUPLICATED,
+    EPOCH,
+    HUNG,
+    LOST,
+    NONDETERMINISTIC,
+    PROTOCOL,
+    REORDERED,
+    RESUME_ERROR,
+    SILENT_IO_ERROR,
+    STALE_RESUME,
+    VERDICT_CATEGORIES,
+)
+from pytest_resume_check.faults import ERROR
 from pytest_resume_check.ledger import Entry, Ledger, ResumeReportMissing, compose
-from pytest_resume_check.targets import Contract
+from pytest_resume_check.results import Finding, RunRecord, Verdict
 
-LOST = "LOST"
-DUPLICATED = "DUPLICATED"
-REORDERED = "REORDERED"
-EPOCH = "EPOCH"
-RESUME_ERROR = "RESUME_ERROR"
-CRASHED = "CRASHED"
-HUNG = "HUNG"
-NONDETERMINISTIC = "NONDETERMINISTIC"
-PROTOCOL = "PROTOCOL"  # the target broke the reporting protocol (e.g. never said where it resumed)
-STALE_RESUME = "STALE_RESUME"  # resumed from older than the newest checkpoint whose save completed
-SILENT_IO_ERROR = "SILENT_IO_ERROR"  # an injected I/O error during a save did not make the run fail
-
-CATEGORIES = (LOST, DUPLICATED, REORDERED, EPOCH, STALE_RESUME, SILENT_IO_ERROR, RESUME_ERROR, CRASHED, HUNG,
-              NONDETERMINISTIC, PROTOCOL)
+if TYPE_CHECKING:
+    from pytest_resume_check.targets import Contract
 
 #: Headline templates; tests import these rather than repeating the words.
 MSG_LOST = "LOST {n} input{s} after {where}: ids {ids} ({epochs})"
@@ -57,43 +60,6 @@ MSG_STEPS = "PROTOCOL: the target declares {declared} steps for this case but it
 MAX_IDS = 10
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One thing wrong, with the headline that says it."""
-
-    category: str
-    headline: str
-    ledger: str = "consumed"
-    ids: tuple[Any, ...] = ()
-    position: int | None = None
-
-
-@dataclass
-class Verdict:
-    """The judgement of one cell."""
-
-    findings: list[Finding] = field(default_factory=list)
-    reference: Ledger = field(default_factory=Ledger)
-    composite: Ledger = field(default_factory=Ledger)
-    resumed_from: list[int] = field(default_factory=list)
-    resume_labels: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return not self.findings
-
-    @property
-    def categories(self) -> list[str]:
-        return sorted({f.category for f in self.findings}, key=CATEGORIES.index)
-
-    @property
-    def headline(self) -> str:
-        return self.findings[0].headline if self.findings else "PASSED"
-
-    def first_divergence(self) -> int | None:
-        return next((f.position for f in self.findings if f.position is not None), None)
-
-
 def resume_label(step: int | None, path: str | None) -> str:
     """``resume from global_step_3`` / ``restart from scratch``."""
     if not step:
@@ -101,11 +67,11 @@ def resume_label(step: int | None, path: str | None) -> str:
     return f"resume from {os.path.basename(os.path.normpath(path))}" if path else f"resume from step {step}"
 
 
-def judge_reference(first: sv.RunRecord, second: sv.RunRecord | None, declared_steps: int | None,
+def judge_reference(first: RunRecord, second: RunRecord | None, declared_steps: int | None,
                     contract: Contract) -> list[Finding]:
     """Problems of the reference itself: it must finish, take the declared steps, and repeat."""
     for rec in (first, second):
-        if rec is not None and rec.outcome != sv.DONE:
+        if rec is not None and rec.outcome != rs.DONE:
             return [_process_finding(rec, "the reference run", resumed=False)]
     for kind in contract.ledgers:
         if not Ledger.from_events(first.events, kind):
@@ -123,7 +89,7 @@ def judge_reference(first: sv.RunRecord, second: sv.RunRecord | None, declared_s
     return []
 
 
-def judge(reference: sv.RunRecord, runs: Sequence[sv.RunRecord], contract: Contract,
+def judge(reference: RunRecord, runs: Sequence[RunRecord], contract: Contract,
           newest_complete: int | None = None) -> Verdict:
     """Judge the interrupted ``runs`` (first, then each resumed one) against ``reference``.
 
@@ -132,19 +98,19 @@ def judge(reference: sv.RunRecord, runs: Sequence[sv.RunRecord], contract: Contr
     """
     verdict = Verdict()
     fault = runs[0].plan.faults if runs else None
-    if fault is not None and fault.mode == "error" and runs[0].outcome != sv.RAISED:
+    if fault is not None and fault.mode == ERROR and runs[0].outcome != rs.RAISED:
         verdict.findings.append(Finding(SILENT_IO_ERROR, MSG_SILENT_IO.format(
             error=os.strerror(fault.errno or 5), op=fault.op, step=fault.step, what=runs[0].describe())))
         return verdict
     for index, rec in enumerate(runs):
-        if rec.outcome in (sv.DONE, sv.KILLED, sv.CONVERGED):
+        if rec.outcome in (rs.DONE, rs.KILLED, rs.CONVERGED):
             continue
-        if index == 0 and fault is not None and rec.outcome == sv.RAISED:
+        if index == 0 and fault is not None and rec.outcome == rs.RAISED:
             continue  # the injected I/O error made the save fail loudly, as it must
         who = f"run {index + 1} of {len(runs)}"
         verdict.findings.append(_process_finding(rec, who, resumed=rec.plan.is_resume, run=index + 1))
         return verdict
-    if runs and runs[-1].outcome not in sv.FINISHED:
+    if runs and runs[-1].outcome not in rs.FINISHED:
         verdict.findings.append(Finding(PROTOCOL, MSG_PROTOCOL.format(detail="the last run was killed")))
         return verdict
     if newest_complete is not None and len(runs) > 1 and (runs[1].resumed_step or 0) < newest_complete:
@@ -211,14 +177,68 @@ def compare(ref: Ledger, comp: Ledger, ordered: bool, kind: str = "consumed",
     return findings
 
 
+#: Marks of one ledger entry (:func:`entry_marks`): matched, or why not.
+MARK_OK, MARK_LOST, MARK_DUPLICATED, MARK_REORDERED, MARK_EPOCH = ".", "L", "D", "R", "E"
+
+
+def entry_marks(reference: Sequence[Sequence[Any]], composite: Sequence[Sequence[Any]]) -> tuple[str, str]:
+    """Marks for each entry of both ledgers (rows ``[id, step, epoch, run]``), one character each.
+
+    Entries are matched by (id, epoch) as the verdict does. A reference entry without a match is
+    ``LOST``; a composite entry beyond the reference's count is ``DUPLICATED``; unmatched pairs that
+    agree on the id differ only in their epoch label (``EPOCH``). When nothing is missing or extra,
+    composite entries that stand where the reference has another input are ``REORDERED``.
+    """
+    ref_keys = [(_key(r[0]), r[2]) for r in reference]
+    comp_keys = [(_key(r[0]), r[2]) for r in composite]
+    ref_missing = _beyond(ref_keys, Counter(comp_keys))
+    comp_extra = _beyond(comp_keys, Counter(ref_keys))
+    relabel = (Counter(k[0] for k, m in zip(ref_keys, ref_missing) if m)
+               & Counter(k[0] for k, x in zip(comp_keys, comp_extra) if x))
+    ref_marks = _mark(ref_keys, ref_missing, Counter(relabel), MARK_LOST)
+    comp_marks = _mark(comp_keys, comp_extra, Counter(relabel), MARK_DUPLICATED)
+    if ref_marks.strip(MARK_OK) or comp_marks.strip(MARK_OK):
+        return ref_marks, comp_marks
+    order = "".join(MARK_REORDERED if i >= len(ref_keys) or k != ref_keys[i] else MARK_OK
+                    for i, k in enumerate(comp_keys))
+    return ref_marks, order
+
+
+def _key(value: Any) -> Any:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value
+
+
+def _beyond(keys: list[tuple[Any, Any]], available: Counter) -> list[bool]:
+    """For each key in order: is this occurrence beyond what ``available`` holds of it?"""
+    seen: Counter = Counter()
+    out = []
+    for k in keys:
+        seen[k] += 1
+        out.append(seen[k] > available[k])
+    return out
+
+
+def _mark(keys: list[tuple[Any, Any]], flagged: list[bool], relabel: Counter, mark: str) -> str:
+    out = []
+    for (ident, _), flag in zip(keys, flagged):
+        if not flag:
+            out.append(MARK_OK)
+        elif relabel[ident] > 0:
+            relabel[ident] -= 1
+            out.append(MARK_EPOCH)
+        else:
+            out.append(mark)
+    return "".join(out)
+
+
 # -- helpers ---------------------------------------------------------------------------------------
 
-def _process_finding(rec: sv.RunRecord, who: str, resumed: bool, run: int = 0) -> Finding:
-    if rec.outcome == sv.HUNG and not rec.events and rec.isolation == "forkserver":
+def _process_finding(rec: RunRecord, who: str, resumed: bool, run: int = 0) -> Finding:
+    if rec.outcome == rs.HUNG and not rec.events and rec.isolation == "forkserver":
         return Finding(HUNG, MSG_HUNG_AT_START.format(who=who, timeout=f"{rec.hang_timeout:g}"))
-    if rec.outcome == sv.HUNG:
+    if rec.outcome == rs.HUNG:
         return Finding(HUNG, MSG_HUNG.format(who=who, timeout=f"{rec.hang_timeout:g}", step=rec.last_step))
-    if rec.outcome == sv.RAISED and resumed:
+    if rec.outcome == rs.RAISED and resumed:
         return Finding(RESUME_ERROR, MSG_RESUME_ERROR.format(run=run, error=_last_line(rec.error)))
     return Finding(CRASHED, MSG_CRASHED.format(who=who, what=rec.describe()))
 

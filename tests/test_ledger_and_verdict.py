@@ -7,8 +7,9 @@ import pytest
 from pytest_resume_check import events as ev
 from pytest_resume_check import verdict as vd
 from pytest_resume_check.ledger import Ledger, ResumeReportMissing, compose
-from pytest_resume_check.run import KillSpec, RunPlan
-from pytest_resume_check.supervisor import DONE, KILLED, RAISED, RunRecord
+from pytest_resume_check.plan import KillSpec, RunPlan
+from pytest_resume_check.results import DONE, KILLED, RAISED, RunRecord
+from pytest_resume_check.targets import Contract
 
 
 def consumed(step, epoch, *ids):
@@ -108,25 +109,25 @@ def _record(events, outcome, is_resume=False, error=None):
 def test_a_resumed_run_that_raised_is_a_resume_error_with_its_last_traceback_line():
     ref = _record(REFERENCE, DONE)
     runs = [_record(REFERENCE[:1], KILLED), _record([], RAISED, True, "Traceback...\nValueError: bad file")]
-    verdict = vd.judge(ref, runs, vd.Contract())
+    verdict = vd.judge(ref, runs, Contract())
     assert verdict.categories == [vd.RESUME_ERROR]
     assert verdict.headline.endswith("ValueError: bad file")
 
 
 def test_a_first_run_that_raised_is_a_crash_not_a_resume_error():
     runs = [_record([], RAISED, False, "boom")]
-    assert vd.judge(_record(REFERENCE, DONE), runs, vd.Contract()).categories == [vd.CRASHED]
+    assert vd.judge(_record(REFERENCE, DONE), runs, Contract()).categories == [vd.CRASHED]
 
 
 def test_differing_reference_runs_are_reported_as_nondeterministic():
     other = stream([(1, 0, 1, 0), (2, 0, 2, 3), (3, 1, 0, 1), (4, 1, 2, 3)])
-    findings = vd.judge_reference(_record(REFERENCE, DONE), _record(other, DONE), None, vd.Contract())
+    findings = vd.judge_reference(_record(REFERENCE, DONE), _record(other, DONE), None, Contract())
     assert [f.category for f in findings] == [vd.NONDETERMINISTIC]
 
 
 def test_a_reference_with_other_step_count_than_declared_is_a_protocol_error():
     events = [*REFERENCE, ev.Event(ev.STEP_END, step=4)]
-    findings = vd.judge_reference(_record(events, DONE), None, 6, vd.Contract())
+    findings = vd.judge_reference(_record(events, DONE), None, 6, Contract())
     assert findings[0].headline == vd.MSG_STEPS.format(declared=6, actual=4)
 
 

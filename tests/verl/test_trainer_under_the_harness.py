@@ -22,7 +22,7 @@ from pytest_resume_check import matrix  # noqa: E402
 from pytest_resume_check import verdict as vd  # noqa: E402
 from pytest_resume_check.matrix import Cell  # noqa: E402
 from pytest_resume_check.run import KillSpec, RunContext  # noqa: E402
-from pytest_resume_check.scenario import Engine  # noqa: E402
+from pytest_resume_check.engine import Engine  # noqa: E402
 from pytest_resume_check.targets import resume_target  # noqa: E402
 
 CASE = {"id": "b4-r6-e2", "refill": 6}  # 6 inputs per step from batches of 4: a tail of 2 after step 1

@@ -1,8 +1,8 @@
-"""Imported last by the fork server: runs the targets' warm-up functions once, so lazy initialisation
-(torch's first optimizer step takes ~1 s) is paid once per session instead of once per run.
+"""What the fork server does once its targets' modules are imported: run their warm-up functions, become
+the subreaper of its children, give back its output and freeze its heap for the garbage collector.
 
-The functions are named in the environment variable below as ``module:function`` entries; the
-starter sets it just before the server starts.
+Defining only: :mod:`._preload_end`, the last entry of the fork server's preload list, calls
+:func:`finish`. Nothing here runs in any other process.
 """
 
 from __future__ import annotations
@@ -14,17 +14,20 @@ import os
 import sys
 import warnings
 
-ENV = "PYTEST_RESUME_CHECK_WARMUP"
+#: ``module:function`` warm-ups, comma separated; set by the starter only in the environment it starts
+#: the fork server with.
+WARMUP_ENV = "PYTEST_RESUME_CHECK_WARMUP"
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def _run_all() -> None:
+def finish() -> None:
+    """Called once, in the fork server, after its preload imports."""
     _become_subreaper()
-    specs = [s for s in os.environ.get(ENV, "").split(",") if s]
+    specs = [s for s in os.environ.pop(WARMUP_ENV, "").split(",") if s]
     try:
         _call(specs)
     finally:
-        _restore_stderr()
+        _restore_output()
     # Without this the first garbage collection in every forked child walks (and so copies) every
     # object torch and verl left in the server: about 0.4 s per run with verl 0.8.
     gc.collect()
@@ -43,7 +46,7 @@ def _become_subreaper() -> None:
         pass
 
 
-def _restore_stderr() -> None:
+def _restore_output() -> None:
     """Give the server its stdout and stderr back (silenced by ``_preload_begin`` during imports and
     warm-up)."""
     begin = sys.modules.get("pytest_resume_check._preload_begin")
@@ -61,6 +64,3 @@ def _call(specs: list[str]) -> None:
             getattr(importlib.import_module(module_name), func)()
         except Exception:  # a failed warm-up only costs speed; each child still works
             pass
-
-
-_run_all()

@@ -1,0 +1,122 @@
+"""The one table of verdict categories and cell statuses.
+
+Every view of a verdict reads this table: the terminal grid and its legend, the HTML report (marks,
+colours, legend, summary columns), the JSON report (``categories`` and ``status`` of a cell) and the
+docs page *Reading a report*, whose table a test compares with :func:`markdown_table`. A category
+added here appears in all of them.
+
+A *status* is what one cell shows: ``PASSED``, ``XFAIL`` (an expected failure that failed),
+``XPASS`` (an expected failure that passed: the bug is fixed) or the first category of its verdict.
+Categories are listed in the order the verdict reports them (process problems and ledger problems
+first), which is also the order of legends and summary columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Category:
+    """One row of the table."""
+
+    name: str
+    #: One character for the terminal grid and the HTML heatmap.
+    mark: str
+    #: Background colour in the HTML report; ``dark`` colours take white text.
+    colour: str
+    dark: bool
+    #: A few words for legends.
+    label: str
+    #: One sentence for the docs and tooltips.
+    meaning: str
+    #: Whether a cell with this status fails the session.
+    fails: bool
+
+
+PASSED = "PASSED"
+XFAIL = "XFAIL"
+XPASS = "XPASS"
+LOST = "LOST"
+DUPLICATED = "DUPLICATED"
+REORDERED = "REORDERED"
+EPOCH = "EPOCH"
+STALE_RESUME = "STALE_RESUME"
+SILENT_IO_ERROR = "SILENT_IO_ERROR"
+RESUME_ERROR = "RESUME_ERROR"
+CRASHED = "CRASHED"
+HUNG = "HUNG"
+NONDETERMINISTIC = "NONDETERMINISTIC"
+PROTOCOL = "PROTOCOL"
+
+TABLE: tuple[Category, ...] = (
+    Category(PASSED, ".", "#cfe9cf", False, "pass", "The job continued exactly as the uninterrupted run.", False),
+    Category(XFAIL, "x", "#c9c9d6", False, "expected failure",
+             "Failed as the target declared it would (expected_failures); does not fail the session.", False),
+    Category(XPASS, "!", "#ffd54f", False, "fixed (xfail passed)",
+             "Declared as an expected failure but passed: the bug is fixed, remove the declaration.", True),
+    Category(LOST, "L", "#d62728", True, "lost",
+             "Inputs of the reference the interrupted job never consumed.", True),
+    Category(DUPLICATED, "D", "#ff7f0e", False, "duplicated",
+             "Inputs consumed more often than in the reference.", True),
+    Category(REORDERED, "R", "#9467bd", True, "reordered",
+             "The same inputs per epoch in another order (ordered contracts only).", True),
+    Category(EPOCH, "E", "#b5a800", False, "epoch",
+             "The same inputs labelled with another epoch.", True),
+    Category(STALE_RESUME, "S", "#1f77b4", True, "stale resume",
+             "The resumed run restored an older checkpoint than the newest one it was entitled to.", True),
+    Category(SILENT_IO_ERROR, "I", "#bcbd22", False, "silent I/O error",
+             "An injected I/O error during a save did not make the run fail.", True),
+    Category(RESUME_ERROR, "X", "#8c564b", True, "resume error", "A resumed run raised.", True),
+    Category(CRASHED, "C", "#333333", True, "crashed",
+             "A run died by itself (non-zero exit or a signal the harness did not send).", True),
+    Category(HUNG, "H", "#17becf", False, "hung",
+             "A run sent no event within the hang limit and was killed.", True),
+    Category(NONDETERMINISTIC, "N", "#e377c2", False, "nondeterministic",
+             "Two uninterrupted reference runs differ; nothing can be judged.", True),
+    Category(PROTOCOL, "P", "#7f7f7f", True, "protocol",
+             "The target broke the reporting rules (e.g. never said where it resumed).", True),
+)
+
+BY_NAME: dict[str, Category] = {c.name: c for c in TABLE}
+STATUSES = (PASSED, XFAIL, XPASS)
+#: The verdict categories, in the order findings are reported.
+VERDICT_CATEGORIES: tuple[str, ...] = tuple(c.name for c in TABLE if c.name not in STATUSES)
+
+
+def status(cell: Mapping[str, Any]) -> str:
+    """The status of a cell in its JSON form (``passed``, ``xfail_reason``, ``categories``)."""
+    if cell.get("xfail_reason"):
+        return XPASS if cell["passed"] else XFAIL
+    if cell["passed"]:
+        return PASSED
+    categories = cell.get("categories") or [PROTOCOL]
+    return categories[0] if categories[0] in BY_NAME else PROTOCOL
+
+
+def mark(name: str) -> str:
+    """The grid mark of a status or category (``?`` for a name not in the table)."""
+    category = BY_NAME.get(name)
+    return category.mark if category else "?"
+
+
+def legend(width: int = 100) -> list[str]:
+    """The terminal legend: ``mark label`` pairs, wrapped to ``width``."""
+    lines: list[str] = []
+    line = ""
+    for c in TABLE:
+        item = f"{c.mark} {c.label}"
+        if line and len(line) + 2 + len(item) > width:
+            lines.append(line)
+            line = ""
+        line = f"{line}  {item}" if line else item
+    return [*lines, line] if line else lines
+
+
+def markdown_table() -> str:
+    """The docs table (``docs/reading-a-report.md`` holds it verbatim; a test checks)."""
+    rows = ["| mark | status | fails the session | meaning |", "| --- | --- | --- | --- |"]
+    rows += [f"| `{c.mark}` | `{c.name}` | {'yes' if c.fails else 'no'} | {c.meaning} |" for c in TABLE]
+    return "\n".join(rows)

@@ -1,0 +1,101 @@
+"""Run and judge cells of targets. Usable from a script::
+
+    engine = Engine(Path("/tmp/rc"), seed=0)
+    result = engine.run_cell(cell)
+    print(report.failure_text(result))
+
+The engine puts together the parts that each own one job: :class:`~.runner.Runner` (plans and
+supervised runs), :class:`~.layout.Layout` (folders), :class:`~.references.References` (the oracle),
+:class:`~.shared_runs.SharedFirstRuns` (first runs shared by a group of cells) and
+:func:`~.interrupted.run_interrupted` (one cell's kills and resumes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_resume_check import events as ev
+from pytest_resume_check.faults import RECORD, FaultPlan, FileOp
+from pytest_resume_check.interrupted import newest_complete, run_interrupted
+from pytest_resume_check.layout import Layout
+from pytest_resume_check.matrix import Cell, case_id
+from pytest_resume_check.plan import KillSpec, RunPlan
+from pytest_resume_check.references import Reference, References
+from pytest_resume_check.results import DEFAULT_HANG_TIMEOUT, KILLED, CellResult, RunRecord, Verdict
+from pytest_resume_check.runner import Runner
+from pytest_resume_check.shared_runs import SharedFirstRuns
+from pytest_resume_check.targets import Target
+from pytest_resume_check.verdict import judge
+
+
+class Engine:
+    """Runs cells of targets under ``root``. References are computed once per (target, case)."""
+
+    def __init__(self, root: Path, seed: int, hang_timeout: float = DEFAULT_HANG_TIMEOUT,
+                 isolation: str | None = None, check_determinism: bool = True, share: bool = True):
+        self.layout = Layout(root)
+        self.runner = Runner(seed, hang_timeout, isolation)
+        self.references = References(self.runner, self.layout, check_determinism)
+        self.shared = SharedFirstRuns(self.runner, self.layout) if share else None
+
+    @property
+    def root(self) -> Path:
+        return self.layout.root
+
+    @property
+    def seed(self) -> int:
+        return self.runner.seed
+
+    @property
+    def steps_executed(self) -> int:
+        """Trainer steps executed by every run so far (the cost of the matrix)."""
+        return self.runner.steps_executed
+
+    @property
+    def runs_started(self) -> int:
+        return self.runner.runs_started
+
+    def plan(self, target: Target, case: Mapping[str, Any], workdir: Path, index: int, **options: Any) -> RunPlan:
+        """A plan for one run of ``target`` under ``workdir`` (see :meth:`Runner.plan`)."""
+        return self.runner.plan(target, case, workdir, index, **options)
+
+    def run(self, plan: RunPlan, target: Target) -> RunRecord:
+        """One supervised child run."""
+        return self.runner.run(plan, target)
+
+    def reference(self, target: Target, case: Mapping[str, Any]) -> Reference:
+        """The uninterrupted reference of a case (cached)."""
+        return self.references.get(target, case)
+
+    def register(self, cells: Sequence[Cell]) -> None:
+        """Tell the engine the whole matrix, so cells that differ only in their single kill step share
+        one first run."""
+        if self.shared is not None:
+            self.shared.register(cells)
+
+    def record_ops(self, target: Target, case: Mapping[str, Any], step: int, prior: int) -> list[FileOp]:
+        """The file operations of the save of checkpoint ``step`` (after one of ``prior``), in order."""
+        workdir = self.layout.fresh(self.layout.record_save(target.name, case_id(case), step))
+        plan = self.runner.plan(target, case, workdir, 0, kill=KillSpec(step), checkpoint_steps=(prior,),
+                                faults=FaultPlan(step, RECORD))
+        record = self.runner.run(plan, target)
+        if record.outcome != KILLED:
+            raise RuntimeError(f"recording the save of step {step} of {target.name} failed: {record.describe()}"
+                               f"; see {plan.log_path}")
+        return [FileOp(e.extra["index"], e.text or "", e.path or "", e.extra.get("target"))
+                for e in record.events if e.kind == ev.FILE_OP]
+
+    def run_cell(self, cell: Cell) -> CellResult:
+        """Reference (cached), interrupted runs, verdict."""
+        ref = self.reference(cell.target, cell.case)
+        workdir = self.layout.fresh(self.layout.cell(cell.target.name, cell.case_id, cell.resume_mode, cell.kill_id))
+        if ref.findings:
+            return CellResult(cell, Verdict(findings=list(ref.findings)), ref.record, [], workdir, self.seed)
+        first = self.shared.first_run(cell, workdir) if self.shared is not None else None
+        converge = ref.digests if self.shared is not None else None
+        runs = run_interrupted(self.runner, cell.target, cell.case, cell.kills, cell.resume_mode, workdir,
+                               cell.prior_checkpoints, first, converge)
+        verdict = judge(ref.record, runs, cell.target.contract, newest_complete(cell, runs))
+        return CellResult(cell, verdict, ref.record, runs, workdir, self.seed)

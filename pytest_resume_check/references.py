@@ -1,0 +1,55 @@
+"""The oracle: the uninterrupted run of each (target, case), run twice to prove it is deterministic,
+computed once per session and shared by every cell of the case."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_resume_check import events as ev
+from pytest_resume_check.layout import REPEAT_OUT, Layout
+from pytest_resume_check.matrix import case_id
+from pytest_resume_check.plan import RESUME_DISABLED
+from pytest_resume_check.results import DONE, Finding, RunRecord
+from pytest_resume_check.runner import Runner
+from pytest_resume_check.targets import Target
+from pytest_resume_check.verdict import judge_reference
+
+
+@dataclass
+class Reference:
+    """The uninterrupted run of a case and what is wrong with it (empty: usable as the oracle)."""
+
+    record: RunRecord
+    findings: list[Finding]
+
+    @property
+    def digests(self) -> dict[int, str]:
+        """State digests the reference reported, by step (empty if the target reports none)."""
+        return {e.step: e.text for e in self.record.events if e.kind == ev.DIGEST and e.step and e.text}
+
+
+class References:
+    """Reference runs of a session, cached by (target, case)."""
+
+    def __init__(self, runner: Runner, layout: Layout, check_determinism: bool = True):
+        self.runner = runner
+        self.layout = layout
+        self.check_determinism = check_determinism
+        self._cache: dict[tuple[str, str], Reference] = {}
+
+    def get(self, target: Target, case: Mapping[str, Any]) -> Reference:
+        key = (target.name, case_id(case))
+        if key not in self._cache:
+            self._cache[key] = self._compute(target, case)
+        return self._cache[key]
+
+    def _compute(self, target: Target, case: Mapping[str, Any]) -> Reference:
+        workdir = self.layout.fresh(self.layout.reference(target.name, case_id(case)))
+        first = self.runner.run(self.runner.plan(target, case, workdir, 0, resume_mode=RESUME_DISABLED), target)
+        second = None
+        if self.check_determinism and first.outcome == DONE:
+            plan = self.runner.plan(target, case, workdir, 1, resume_mode=RESUME_DISABLED, out=workdir / REPEAT_OUT)
+            second = self.runner.run(plan, target)
+        return Reference(first, judge_reference(first, second, int(target.steps(case)), target.contract))

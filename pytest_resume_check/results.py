@@ -1,0 +1,158 @@
+"""Results as plain data: what a run did, what a verdict found, what a cell came to.
+
+Defined below everything that produces or reads them: the supervisor fills :class:`RunRecord`, the
+verdict makes :class:`Finding` and :class:`Verdict`, the engine wraps them in :class:`CellResult`, and
+the reports read them. This module imports nothing that starts processes or judges anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_resume_check import events as ev
+from pytest_resume_check.categories import VERDICT_CATEGORIES
+from pytest_resume_check.faults import DiskDamage
+from pytest_resume_check.ledger import Ledger
+from pytest_resume_check.plan import RunPlan
+
+if TYPE_CHECKING:
+    from pytest_resume_check.matrix import Cell
+
+#: Run outcomes.
+DONE = "done"  # the target returned
+KILLED = "killed"  # killed by the harness at the planned point
+RAISED = "raised"  # the target raised an exception
+CRASHED = "crashed"  # the process died by itself (non-zero exit, signal) without reporting an error
+HUNG = "hung"  # no event within the hang limit; killed
+CONVERGED = "converged"  # a resumed run reached the reference's state and stopped; the rest is the reference's
+FINISHED = (DONE, CONVERGED)
+
+DEFAULT_HANG_TIMEOUT = 60.0
+
+
+@dataclass
+class RunRecord:
+    """Everything observed of one child run."""
+
+    plan: RunPlan
+    events: list[ev.Event] = field(default_factory=list)
+    outcome: str = CRASHED
+    exitcode: int | None = None
+    error: str | None = None
+    seconds: float = 0.0
+    hang_timeout: float | None = None
+    pid: int | None = None
+    isolation: str | None = None
+    #: Seconds from starting the child to its first event (start-up cost of the run).
+    first_event_seconds: float | None = None
+    #: What the harness did to the disk after the kill (power loss, torn files).
+    damage: DiskDamage = field(default_factory=DiskDamage)
+
+    @property
+    def resumed_step(self) -> int | None:
+        """Step of the checkpoint this run reported restoring (0: fresh), None if it never said."""
+        for e in self.events:
+            if e.kind == ev.RESUMED:
+                return e.step
+        return None
+
+    @property
+    def resumed_path(self) -> str | None:
+        for e in self.events:
+            if e.kind == ev.RESUMED:
+                return e.path
+        return None
+
+    @property
+    def published(self) -> list[tuple[int, str | None]]:
+        """(step, path) of every checkpoint this run published, in order."""
+        return [(e.step or 0, e.path) for e in self.events if e.kind == ev.CHECKPOINT]
+
+    @property
+    def converged_step(self) -> int | None:
+        return next((e.step for e in self.events if e.kind == ev.CONVERGED), None)
+
+    @property
+    def steps_run(self) -> int:
+        """Trainer steps this run executed (for cost accounting)."""
+        return sum(1 for e in self.events if e.kind == ev.STEP_END)
+
+    @property
+    def last_step(self) -> int:
+        steps = [e.step for e in self.events if e.kind == ev.STEP_END and e.step is not None]
+        return max(steps, default=0)
+
+    def describe(self) -> str:
+        """``killed right after checkpoint of step 3 was published`` and the like."""
+        if self.outcome == KILLED and self.plan.kill is not None:
+            text = next((e.text for e in self.events if e.kind == ev.KILL_READY and e.text), None)
+            if self.plan.faults is not None and text:
+                return f"{text} (save of step {self.plan.kill.checkpoint_step})" + "".join(
+                    f"; {n}" for n in self.damage.describe())
+            return self.plan.kill.describe()
+        if self.outcome == DONE:
+            return "ran to the end"
+        if self.outcome == CONVERGED:
+            return f"reached the reference's exact state at step {self.converged_step} (the rest is the reference's)"
+        if self.outcome == RAISED:
+            return "raised " + (self.error or "").strip().splitlines()[-1] if self.error else "raised"
+        if self.outcome == HUNG:
+            return f"hung after step {self.last_step}"
+        return f"died by itself (exit code {self.exitcode}) after step {self.last_step}"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing wrong, with the headline that says it."""
+
+    category: str
+    headline: str
+    ledger: str = "consumed"
+    ids: tuple[Any, ...] = ()
+    position: int | None = None
+
+
+@dataclass
+class Verdict:
+    """The judgement of one cell."""
+
+    findings: list[Finding] = field(default_factory=list)
+    reference: Ledger = field(default_factory=Ledger)
+    composite: Ledger = field(default_factory=Ledger)
+    resumed_from: list[int] = field(default_factory=list)
+    resume_labels: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.findings
+
+    @property
+    def categories(self) -> list[str]:
+        return sorted({f.category for f in self.findings}, key=VERDICT_CATEGORIES.index)
+
+    @property
+    def headline(self) -> str:
+        return self.findings[0].headline if self.findings else "PASSED"
+
+    def first_divergence(self) -> int | None:
+        return next((f.position for f in self.findings if f.position is not None), None)
+
+
+@dataclass
+class CellResult:
+    """Everything about one judged cell: the verdict, all runs, and where their files are."""
+
+    cell: Cell
+    verdict: Verdict
+    reference: RunRecord
+    runs: list[RunRecord] = field(default_factory=list)
+    workdir: Path | None = None
+    seed: int | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict.passed
+
+

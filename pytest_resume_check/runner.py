@@ -1,0 +1,54 @@
+"""Start and supervise the runs of a session: plans with their paths, the cost counters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_resume_check import starter
+from pytest_resume_check import supervisor as sv
+from pytest_resume_check.faults import FaultPlan
+from pytest_resume_check.layout import Layout
+from pytest_resume_check.plan import RESUME_AUTO, KillSpec, RunPlan
+from pytest_resume_check.results import DEFAULT_HANG_TIMEOUT, RunRecord
+from pytest_resume_check.targets import Target
+
+
+class Runner:
+    """Makes the plan of each run and runs it; counts runs and trainer steps (for benchmarks)."""
+
+    def __init__(self, seed: int, hang_timeout: float = DEFAULT_HANG_TIMEOUT, isolation: str | None = None):
+        self.seed = seed
+        self.hang_timeout = hang_timeout
+        self.isolation = isolation
+        self.steps_executed = 0
+        self.runs_started = 0
+
+    def plan(self, target: Target, case: Mapping[str, Any], workdir: Path, index: int, *, out: Path | None = None,
+             resume_mode: str = RESUME_AUTO, resume_path: str | None = None, kill: KillSpec | None = None,
+             checkpoint_steps: Sequence[int] = (), is_resume: bool = False,
+             converge: Mapping[int, str] | None = None, pause_steps: Sequence[int] = (),
+             faults: FaultPlan | None = None) -> RunPlan:
+        """A plan for run ``index`` of ``target`` whose files live under ``workdir`` (checkpoints in
+        ``out``, by default the layout's for ``resume_mode``)."""
+        ckpt = out if out is not None else Layout.out(workdir, resume_mode, index)
+        ckpt.mkdir(parents=True, exist_ok=True)
+        if kill is not None and kill.checkpoint_step:
+            checkpoint_steps = (*checkpoint_steps, kill.checkpoint_step)
+        return RunPlan(
+            target_name=target.name, target_ref=target.ref, case=dict(case), seed=self.seed,
+            checkpoint_dir=str(ckpt), log_path=str(Layout.log(workdir, index)),
+            resume_mode=resume_mode, resume_path=resume_path, checkpoint_steps=frozenset(checkpoint_steps),
+            kill=kill, is_resume=is_resume, converge=dict(converge or {}), pause_steps=frozenset(pause_steps),
+            faults=faults if faults is not None else (kill.fault if kill is not None else None),
+        )
+
+    def run(self, plan: RunPlan, target: Target, on_pause: Callable[[int], None] | None = None) -> RunRecord:
+        """One supervised child run."""
+        starter.add_preload(target.preload)
+        record = sv.supervise(plan, isolation=self.isolation or target.isolation, hang_timeout=self.hang_timeout,
+                              on_pause=on_pause)
+        self.runs_started += 1
+        self.steps_executed += record.steps_run
+        return record
