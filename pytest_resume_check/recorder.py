@@ -247,8 +247,13 @@ class _TrackedFile:
         return n
 
     def close(self) -> None:
-        if not self._raw.closed:
+        if self._raw.closed:
+            return
+        try:
             self._rec.op("close", self._raw.name)
+        except OSError:
+            _close_dropping_buffer(self._raw)
+            raise
         self._raw.close()
 
     def __enter__(self) -> _TrackedFile:
@@ -262,3 +267,19 @@ class _TrackedFile:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._raw, name)
+
+
+def _close_dropping_buffer(raw: Any) -> None:
+    """Close ``raw`` now, losing what it still buffers, as a close whose flush fails does.
+
+    Leaving it open instead made the outcome of an injected error at ``close`` depend on the garbage
+    collector: the buffered bytes reached the file whenever the abandoned object was collected before
+    the child exited, and not otherwise, so one cell passed or failed with what ran before it
+    (issue 18). The descriptor is pointed at ``/dev/null`` first, so the flush goes nowhere.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, raw.fileno())
+    finally:
+        os.close(devnull)
+    raw.close()
