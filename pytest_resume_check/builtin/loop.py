@@ -105,7 +105,11 @@ def find_checkpoint(run: RunContext, bug: str | None = None) -> Path | None:
 
 
 def train(run: RunContext, bug: str | None = None) -> None:
-    """The loop. Correct when ``bug`` is None."""
+    """The loop. Correct when ``bug`` is None.
+
+    One function on purpose (longer than the house limit): it reads as the plain training loop a user
+    would write, and each planted bug is one ``if bug == ...`` beside the correct line it replaces.
+    """
     import torch
     from torchdata.stateful_dataloader import StatefulDataLoader
     from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
