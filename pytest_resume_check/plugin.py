@@ -350,7 +350,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     node = ResumeMatrix.from_parent(session, name="resume-matrix", nodeid="resume-matrix")
     cells = node.collect()
-    config.stash[CELLS_KEY] = [item.cell for item in cells]
+    config.stash[CELLS_KEY] = [item.cell for item in cells if isinstance(item, ResumeCell)]
     # Report the cells as collected, so "collected N items" and the deselected counts include them.
     config.hook.pytest_collectreport(report=pytest.CollectReport(node.nodeid, "passed", None, cells))
     if settings.cell:

@@ -1,25 +1,33 @@
-"""The HTML report: one self-contained file with a heatmap per target, a summary table, and a timeline
-per failing cell that marks lost and duplicated inputs; escaped everywhere, small for 1,200 cells,
-and drawn without a script error by a real browser (headless Chromium, where it is installed)."""
+"""The HTML report: one self-contained file with heatmaps per target (kill points, and crash-consistency
+cells apart), a summary table, and a timeline per failing cell that marks lost and duplicated inputs;
+every status and category of ``categories.TABLE`` shown with its mark, colour and label; escaped
+everywhere, small for 1,200 cells, and drawn without a script error by a real browser (headless
+Chromium, where it is installed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
+from importlib import resources
 from pathlib import Path
 
 import pytest
 
-from pytest_resume_check import html, summary
+from pytest_resume_check import categories, html, matrix, summary, verdict
+from pytest_resume_check.faults import CRASH, ERRNOS, ERROR, POWER, TORN, FaultPlan
+from pytest_resume_check.plan import KillSpec
 
 PAYLOAD = '</script><img src=x onerror="alert(1)">&amp; <b>'
 CHROMIUM = shutil.which("chromium")
 PRELOAD = ("torch", "torchdata.stateful_dataloader", "pytest_resume_check.builtin.loop:warm_up")
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync")
+STORY = "run 1: killed right after checkpoint of step 1 was published -> run 2 (resume from step 1): done"
 
 
 def ledger(steps, take=2, n=8, run_of=lambda step: 0):
@@ -31,13 +39,21 @@ def ledger(steps, take=2, n=8, run_of=lambda step: 0):
     return rows
 
 
-def cell(target="t", case="c", mode="auto", kill="ckpt1", passed=True, categories=(), headline="PASSED",
+def cell(target="t", case="c", mode="auto", kill=None, passed=True, categories=(), headline="PASSED",
          reference=None, composite=None, resumed_from=(), xfail_reason=None, **extra):
+    """A cell's JSON as ``report.cell_json`` gives it; ``kill`` is a KillSpec or a tuple of them."""
+    kill = KillSpec(1) if kill is None else kill
+    kills = (kill,) if isinstance(kill, KillSpec) else tuple(kill)
+    reference, composite = reference or [], composite or []
+    ref_marks, comp_marks = verdict.entry_marks(reference, composite)
     runs = [{"outcome": "killed", "exitcode": -9, "seconds": 0.1}, {"outcome": "done", "exitcode": 0, "seconds": 0.2}]
-    return {"target": target, "case": {"id": case}, "case_id": case, "resume_mode": mode, "kill": kill,
-            "passed": passed, "xfail_reason": xfail_reason, "categories": list(categories), "headline": headline,
-            "resumed_from": list(resumed_from), "reference": reference or [], "composite": composite or [],
-            "runs": runs, **extra}
+    data = {"target": target, "case": {"id": case}, "case_id": case, "resume_mode": mode,
+            "kill": matrix.kill_id(kills), "kills": [k.to_json() for k in kills], "passed": passed,
+            "xfail_reason": xfail_reason, "categories": list(categories), "headline": headline,
+            "resumed_from": list(resumed_from), "reference": reference, "composite": composite,
+            "marks": {"reference": ref_marks, "composite": comp_marks}, "story": STORY, "runs": runs, **extra}
+    data.setdefault("status", globals()["categories"].status(data))
+    return data
 
 
 def lost_cell(headline="LOST 2 inputs after resume from step_1: ids 2, 3", **kw):
@@ -56,25 +72,66 @@ def duplicated_cell(**kw):
                 reference=ref, composite=comp, resumed_from=[1], **kw)
 
 
+def every_status_cells(target="t"):
+    """One cell per row of ``categories.TABLE``, in table order (kill point i for row i)."""
+    cells = []
+    for i, c in enumerate(categories.TABLE, start=1):
+        kw = {"target": target, "kill": KillSpec(i)}
+        if c.name == categories.PASSED:
+            cells.append(cell(**kw))
+        elif c.name == categories.XFAIL:
+            cells.append(lost_cell(xfail_reason="known", **kw))
+        elif c.name == categories.XPASS:
+            cells.append(cell(xfail_reason="was known", **kw))
+        elif c.name == categories.LOST:
+            cells.append(lost_cell(**kw))
+        elif c.name == categories.DUPLICATED:
+            cells.append(duplicated_cell(**kw))
+        else:
+            cells.append(cell(passed=False, categories=[c.name], headline=f"{c.name}: planted", **kw))
+    assert [categories.status(c) for c in cells] == [c.name for c in categories.TABLE]
+    return cells
+
+
+def crash_cell(mode, op, errno=None, persistent=False, file=None, **kw):
+    """A crash-consistency cell: a fault at file operation ``op`` of the save of step 3 (5 ops)."""
+    return cell(kill=KillSpec(3, 0, FaultPlan(3, mode, op, errno, persistent, file, total=5)), **kw)
+
+
+def crash_matrix():
+    """Plain kill points 1-4 and the crash-consistency cells of one save, two of which fail."""
+    cells = [cell(kill=KillSpec(k)) for k in range(1, 5)]
+    cells += [crash_cell(CRASH, op) for op in range(6)] + [crash_cell(POWER, op) for op in (0, 5)]
+    cells += [crash_cell(POWER, 2, passed=False, categories=["STALE_RESUME"], headline="STALE_RESUME: planted")]
+    cells += [crash_cell(TORN, 4, file="model.pt")]
+    cells += [crash_cell(ERROR, op, ERRNOS["enospc"]) for op in range(5)]
+    cells += [crash_cell(ERROR, 2, ERRNOS["eio"], passed=False, categories=["SILENT_IO_ERROR"],
+                         headline="SILENT_IO_ERROR: planted")]
+    cells += [crash_cell(ERROR, 1, ERRNOS["enospc"], True)]
+    return cells
+
+
 def synthetic_matrix(n_cells=1200, failing_every=4, steps=60):
     """A large matrix: 3 targets x 4 cases x 2 resume modes x 50 kill points; every 4th cell fails."""
     cells = []
-    kills = [f"ckpt{k}" for k in range(1, 46)] + [f"ckpt{k}+1" for k in range(0, 4)] + ["ckpt1,ckpt40+1"]
+    points = [(KillSpec(k),) for k in range(1, 46)] + [(KillSpec(k, 1),) for k in range(0, 4)]
+    points.append((KillSpec(1), KillSpec(40, 1)))
     for t in range(3):
         for c in range(4):
             for mode in ("auto", "path"):
-                for kill in kills:
+                for kills in points:
                     index = len(cells)
                     if index % failing_every:
-                        cells.append(cell(f"target{t}", f"case{c}", mode, kill))
+                        cells.append(cell(f"target{t}", f"case{c}", mode, kills))
                         continue
                     ref = ledger(steps, take=4, n=40)
-                    at = max(1, int(kill.split(",")[0][4:].partition("+")[0]))  # the checkpoint resumed from
+                    at = max(1, kills[0].checkpoint_step)  # the checkpoint resumed from
                     comp = [r for r in ref if r[1] <= at] + [[r[0], r[1], r[2], 1] for r in ref if r[1] > at + 1]
-                    cells.append(cell(f"target{t}", f"case{c}", mode, kill, passed=False, categories=["LOST"],
+                    name = f"target{t}[case{c}-{mode}-{matrix.kill_id(kills)}]"
+                    cells.append(cell(f"target{t}", f"case{c}", mode, kills, passed=False, categories=["LOST"],
                                       headline=f"LOST 4 inputs after resume from step_{at}",
                                       reference=ref, composite=comp, resumed_from=[at],
-                                      rerun=f"pytest --resume-matrix-cell=target{t}[case{c}-{mode}-{kill}]"))
+                                      rerun=f"pytest --resume-matrix-cell={name}"))
     assert len(cells) == n_cells
     return cells
 
@@ -86,10 +143,57 @@ def embedded_timelines(page):
     return json.loads(match.group(1))
 
 
+class Node:
+    def __init__(self, tag, attrs, parent):
+        self.tag, self.attrs, self.parent, self.text = tag, dict(attrs), parent, ""
+        self.classes = set((self.attrs.get("class") or "").split())
+
+
+class Dom(HTMLParser):
+    """Every element of a page with its attributes, text (its own and its children's) and parent."""
+
+    VOID = {"meta", "input", "br", "img", "link"}
+
+    def __init__(self, page):
+        super().__init__(convert_charrefs=True)
+        self.nodes, self.open = [], []
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        node = Node(tag, attrs, self.open[-1] if self.open else None)
+        self.nodes.append(node)
+        if tag not in self.VOID:
+            self.open.append(node)
+
+    def handle_endtag(self, tag):
+        while self.open and self.open.pop().tag != tag:
+            pass
+
+    def handle_data(self, data):
+        for node in self.open:
+            node.text += data
+
+    def find(self, tag, *classes):
+        return [n for n in self.nodes if n.tag == tag and n.classes >= set(classes)]
+
+
+def heatmaps(page):
+    """``(kind, title, column labels, row labels, [(status, title)])`` of each heatmap, in page order."""
+    out = []
+    for div in re.findall(r'<div class="hm" data-kind="\w+">.*?</table></div></div>', page, re.S):
+        kind = re.search(r'data-kind="(\w+)"', div).group(1)
+        title = re.sub(r"<[^>]+>", "", re.search(r"<h3>(.*?)</h3>", div).group(1))
+        columns = re.findall(r'<th class="k"><span>([^<]*)</span></th>', div)
+        rows = [re.findall(r'<th class="row">([^<]*)</th>', tr) for tr in re.findall(r"<tr>(.*?)</tr>", div)[1:]]
+        squares = re.findall(r'<td class="s-(\w+)" title="([^"]*)">', div)
+        out.append((kind, title, columns, rows, squares))
+    return out
+
+
 # -- structure -----------------------------------------------------------------------------------------
 
 def test_report_is_one_self_contained_file(tmp_path):
-    path = html.write_report([lost_cell(), cell(kill="ckpt2")], tmp_path / "sub" / "report.html", seed=5)
+    path = html.write_report([lost_cell(), cell(kill=KillSpec(2))], tmp_path / "sub" / "report.html", seed=5)
     assert path == tmp_path / "sub" / "report.html" and path.is_file()
     page = path.read_text()
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
@@ -99,49 +203,69 @@ def test_report_is_one_self_contained_file(tmp_path):
     assert "seed 5" in page and "--resume-matrix-seed=5" in page
 
 
-def test_heatmap_has_one_coloured_square_per_cell(tmp_path):
-    cells = [cell(kill="ckpt1"), lost_cell(kill="ckpt2"), duplicated_cell(kill="ckpt3"),
-             lost_cell(kill="ckpt4", xfail_reason="known"), cell(kill="ckpt5", xfail_reason="was known"),
-             cell(target="other", kill="ckpt1")]
+def test_style_and_script_are_package_data_inlined_into_the_page():
+    assets = resources.files("pytest_resume_check") / "assets"
+    script, style = (assets / "report.js").read_text(encoding="utf-8"), (assets / "report.css").read_text()
+    page = html.render([lost_cell()])
+    assert f"<script>{script}</script>" in page
+    assert re.search(r"<style>(.*?)</style>", page, re.S).group(1).startswith(style)
+    # The module holds neither: no script or style sheet in Python strings.
+    source = Path(html.__file__).read_text()
+    assert "addEventListener" not in source and "box-sizing" not in source
+
+
+def test_heatmap_has_one_coloured_square_per_cell():
+    cells = [cell(kill=KillSpec(1)), lost_cell(kill=KillSpec(2)), duplicated_cell(kill=KillSpec(3)),
+             lost_cell(kill=KillSpec(4), xfail_reason="known"), cell(kill=KillSpec(5), xfail_reason="was known"),
+             cell(target="other", kill=KillSpec(1))]
     page = html.render(cells)
-    squares = re.findall(r'<td class="s-(\w+)" title="([^"]*)">', page)
+    maps = heatmaps(page)
+    assert [(kind, title.split()[0]) for kind, title, *_ in maps] == [("kills", "other"), ("kills", "t")]
+    squares = [s for *_, sq in maps for s in sq]
     assert sorted(s for s, _ in squares) == sorted(["PASSED", "LOST", "DUPLICATED", "XFAIL", "XPASS", "PASSED"])
-    assert len(re.findall(r'<div class="hm"><h3>', page)) == 2  # one heatmap per target
-    titles = dict((s, t) for s, t in squares)
+    assert maps[1][2] == ["1", "2", "3", "4", "5"]
+    titles = dict(squares)
     assert titles["XFAIL"].endswith("(expected: known)")
     # A failing square links to its cell's timeline.
     assert re.search(r'<td class="s-LOST" title="[^"]*"><a href="#cell-\d+">L</a></td>', page)
 
 
+def test_kill_point_columns_come_in_order_from_the_structured_kills():
+    kills = [(KillSpec(1), KillSpec(7, 1)), (KillSpec(3, 1),), (KillSpec(0, 2),), (KillSpec(3),), (KillSpec(1),)]
+    cells = [cell(kill=k) for k in kills]
+    (_, _, columns, _, _), = heatmaps(html.render(cells))
+    assert columns == ["1", "3", "0+2", "3+1", "1,7+1"]
+
+
 def test_summary_counts_failures_expected_failures_and_categories():
-    cells = [cell(kill="ckpt1"), lost_cell(kill="ckpt2"), duplicated_cell(kill="ckpt3"),
-             lost_cell(kill="ckpt4", xfail_reason="known")]
+    cells = [cell(kill=KillSpec(1)), lost_cell(kill=KillSpec(2)), duplicated_cell(kill=KillSpec(3)),
+             lost_cell(kill=KillSpec(4), xfail_reason="known")]
     page = html.render(cells, seed=1)
     table = re.search(r'<table class="summary">.*?</table>', page, re.S).group(0)
-    head = re.findall(r"<th>([^<]*)</th>", table.split("<tbody>")[0])
+    head = re.findall(r"<th[^>]*>([^<]*)</th>", table.split("<tbody>")[0])
     row = re.findall(r"<t[dh][^>]*>([^<]*)</t[dh]>", table.split("<tbody>")[1])
-    assert dict(zip(head, row)) == {"target": "t", "cells": "4", "pass": "1", "failing": "2",
-                                    "expected failures": "1", "fixed": "", "lost": "1", "duplicated": "1"}
+    assert dict(zip(head, row)) == {"target": "t", "cells": "4", "failing": "2", "pass": "1",
+                                    "expected failure": "1", "lost": "1", "duplicated": "1"}
     assert 'class="verdict v-FAILED"' in page
 
 
 def test_a_passing_matrix_says_so():
-    page = html.render([cell(kill=f"ckpt{k}") for k in range(1, 5)])
+    page = html.render([cell(kill=KillSpec(k)) for k in range(1, 5)])
     assert "No cell failed." in page and 'class="verdict v-PASSED"' in page
     assert embedded_timelines(page) == []
 
 
-def test_each_failing_cell_has_headline_runs_and_rerun_command():
+def test_each_failing_cell_has_headline_story_and_rerun_command():
     page = html.render([lost_cell(rerun="pytest '--resume-matrix-cell=t[c-auto-ckpt1]' --resume-matrix-seed=3")])
     details = re.search(r'<details class="failure".*?</details>', page, re.S).group(0)
     assert "LOST 2 inputs after resume from step_1: ids 2, 3" in details
-    assert "run 1: killed after 0.10 s → run 2 (resumed from step 1): done after 0.20 s" in details
+    assert f'<p class="runs">{STORY.replace(">", "&gt;")}</p>' in details  # the cell's own story
     rerun = "pytest &#x27;--resume-matrix-cell=t[c-auto-ckpt1]&#x27; --resume-matrix-seed=3"
     assert f"rerun: <code>{rerun}</code>" in details
 
 
 def test_failing_cells_fold_per_target_with_the_first_one_open():
-    cells = [lost_cell(target="a", kill=f"ckpt{k}") for k in (3, 1, 2)] + [duplicated_cell(target="b")]
+    cells = [lost_cell(target="a", kill=KillSpec(k)) for k in (3, 1, 2)] + [duplicated_cell(target="b")]
     cells.append(lost_cell(target="c", xfail_reason="known"))
     page = html.render(cells)
     groups = re.findall(r'<div class="group"><h3>(\w+) <span class="meta">([^<]+)</span>', page)
@@ -166,38 +290,118 @@ def test_cells_without_a_rerun_command_get_one_built_from_the_seed():
     assert "pytest --resume-matrix --resume-matrix-seed=42 &#x27;--resume-matrix-cell=t[c-auto-ckpt1]&#x27;" in page
 
 
+# -- one table of verdicts ------------------------------------------------------------------------------
+
+def status_class(node):
+    """``NAME`` of a node's ``s-NAME`` class (None without one)."""
+    return next((c[2:] for c in node.classes if c.startswith("s-")), None)
+
+
+def test_every_status_and_category_has_a_legend_entry_a_colour_and_a_summary_column():
+    page = html.render(every_status_cells())
+    dom = Dom(page)
+    style = "".join(n.text for n in dom.find("style"))
+    rules = {name: (bg, fg) for name, bg, fg in re.findall(r"\.s-(\w+)\{background:([^;]+);color:([^}]+)\}", style)}
+    legend, = [p for p in dom.find("p", "legend") if "tl" not in p.classes]
+    keys = {status_class(sw): sw for sw in dom.find("span", "sw") if sw.parent.parent is legend}
+    squares = {status_class(td): td.text for td in dom.find("td") if "heat" in td.parent.parent.parent.classes}
+    summary_head = [th.text for th in dom.find("th") if th.parent.parent.tag == "thead"
+                    and "summary" in th.parent.parent.parent.classes]
+    for c in categories.TABLE:
+        assert rules[c.name] == (c.colour, "#fff" if c.dark else "#1b1b1f"), c.name
+        key = keys[c.name]
+        assert key.text == c.mark and key.parent.text == c.mark + c.label, c.name
+        assert key.parent.attrs["title"] == c.meaning, c.name
+        assert squares[c.name] == c.mark, c.name
+        assert c.label in summary_head, c.name
+    # Inputs in timelines are marked with the same categories' colours and labels.
+    timeline_keys = [n for n in dom.find("span", "sq") if n.parent.parent.classes >= {"legend", "tl"}]
+    for m, c in html.entry_categories().items():
+        assert f".sq.m-{m}{{background:{c.colour};border-color:{c.colour}}}" in style
+        assert any(n.classes == {"sq", f"m-{m}"} and n.parent.text == c.label for n in timeline_keys)
+    marks = json.loads(re.search(r'<script type="application/json" id="marks">(.*?)</script>', page).group(1))
+    assert {m: (v["name"], v["colour"]) for m, v in marks.items()} == {
+        m: (c.name, c.colour) for m, c in html.entry_categories().items()}
+
+
+def test_the_page_follows_the_table(monkeypatch):
+    """No copy of the table in the report: a colour, label or mark changed there changes the page."""
+    table = tuple(dataclasses.replace(c, colour="#123456", label="gone missing", mark="Q")
+                  if c.name == categories.LOST else c for c in categories.TABLE)
+    monkeypatch.setattr(categories, "TABLE", table)
+    monkeypatch.setattr(categories, "BY_NAME", {c.name: c for c in table})
+    page = html.render([lost_cell()])
+    assert ".s-LOST{background:#123456;color:#fff}" in page
+    assert '<span class="sw s-LOST">Q</span>gone missing</span>' in page
+    assert re.search(r'<td class="s-LOST" title="[^"]*"><a href="#cell-0">Q</a></td>', page)
+    assert ">gone missing</th>" in page
+    assert ".sq.m-L{background:#123456;border-color:#123456}" in page  # inputs keep the verdict's mark L
+    for name in ("LABELS", "COLOURS", "DARK", "classify", "status"):
+        assert not hasattr(html, name)
+
+
+# -- crash consistency -----------------------------------------------------------------------------------
+
+def test_crash_consistency_cells_get_their_own_heatmap():
+    cells = crash_matrix()
+    page = html.render(cells)
+    (k_kind, _, k_columns, k_rows, k_squares), (c_kind, c_title, c_columns, c_rows, c_squares) = heatmaps(page)
+    assert (k_kind, c_kind) == ("kills", "crash")
+    # Kill points only among kill-point columns; the faults of the save have a table of their own.
+    assert k_columns == ["1", "2", "3", "4"] and k_rows == [["c", "auto"]]
+    assert len(k_squares) == 4 and not any("save3" in title for _, title in k_squares)
+    assert c_title.startswith("t crash consistency: 17 cells")
+    assert c_columns == ["0", "1", "2", "3", "4", "5"]
+    assert [row[-1] for row in c_rows] == ["kill", "power", "torn", "eio", "enospc", "enospc+"]
+    assert {tuple(row[:2]) for row in c_rows} == {("c", "3")}
+    assert len(c_squares) == 17
+    assert sorted(s for s, _ in c_squares if s != "PASSED") == ["SILENT_IO_ERROR", "STALE_RESUME"]
+    # The row of power faults has its failing square at op 2, linked to its entry.
+    power = re.findall(r"<tr><th class=\"row\">c</th><th class=\"row\">3</th><th class=\"row\">power</th>(.*?)</tr>",
+                       page)[0]
+    assert re.findall(r"<td class=\"([^\"]+)\"", power) == ["s-PASSED", "none", "s-STALE_RESUME", "none", "none",
+                                                            "s-PASSED"]
+    assert re.search(r'<td class="s-STALE_RESUME" title="t\[c-auto-save3@2:power\]: STALE_RESUME: planted">'
+                     r'<a href="#cell-\d+">S</a>', page)
+
+
+def test_a_crash_cell_timeline_says_where_in_the_save_it_was_killed():
+    stale = crash_cell(POWER, 2, passed=False, categories=["STALE_RESUME"], headline="STALE_RESUME: planted",
+                       reference=ledger(4), composite=ledger(4), resumed_from=[1])
+    t = html.timeline(stale)
+    assert t["kills"] == [[0, 3, 3, "killed with power loss at file operation 2 of the save of step 3"]]
+
+
 # -- timelines -----------------------------------------------------------------------------------------
 
 def test_lost_inputs_are_marked_in_the_reference_lane():
     t = html.timeline(lost_cell())
-    marked = [(i, m) for g in t["ref"] for i, m in zip(g[3], g[4]) if m != html.OK]
-    assert marked == [(2, html.LOST), (3, html.LOST)]
-    assert all(set(g[4]) == {html.OK} for g in t["res"])
-    assert t["kills"] == [[0, 1, 1]] and t["resumed"] == [1]
+    marked = [(i, m) for g in t["ref"] for i, m in zip(g[3], g[4]) if m != verdict.MARK_OK]
+    assert marked == [(2, verdict.MARK_LOST), (3, verdict.MARK_LOST)]
+    assert all(set(g[4]) == {verdict.MARK_OK} for g in t["res"])
+    assert t["kills"] == [[0, 1, 1, KillSpec(1).describe()]] and t["resumed"] == [1]
 
 
 def test_duplicated_inputs_are_marked_in_the_resumed_lane_at_their_second_occurrence():
     t = html.timeline(duplicated_cell())
-    marked = [(g[0], i, m) for g in t["res"] for i, m in zip(g[3], g[4]) if m != html.OK]
-    assert marked == [(2, 0, html.DUPLICATED), (2, 1, html.DUPLICATED)]
+    marked = [(g[0], i, m) for g in t["res"] for i, m in zip(g[3], g[4]) if m != verdict.MARK_OK]
+    assert marked == [(2, 0, verdict.MARK_DUPLICATED), (2, 1, verdict.MARK_DUPLICATED)]
     assert [g[1] for g in t["res"]] == [0, 1, 1]  # the run each step of the resumed job came from
 
 
-@pytest.mark.parametrize(("composite", "ref_marks", "comp_marks"), [
-    ([[0, 1, 0, 0], [1, 1, 0, 0], [2, 2, 0, 0], [3, 2, 0, 0]], "....", "...."),
-    ([[0, 1, 0, 0], [1, 1, 0, 0], [3, 2, 0, 1], [2, 2, 0, 1]], "....", "..RR"),
-    ([[0, 1, 0, 0], [1, 1, 0, 0], [2, 2, 1, 1], [3, 2, 0, 1]], "..E.", "..E."),
-    ([[0, 1, 0, 0], [1, 1, 0, 0], [1, 2, 0, 1], [3, 2, 0, 1]], "..L.", "..D."),
-])
-def test_classify_marks_each_entry_as_the_verdict_counts_it(composite, ref_marks, comp_marks):
-    reference = [[0, 1, 0, 0], [1, 1, 0, 0], [2, 2, 0, 0], [3, 2, 0, 0]]
-    assert html.classify(reference, composite) == (ref_marks, comp_marks)
+def test_timeline_draws_the_cells_marks_and_computes_them_only_when_absent():
+    lost = lost_cell()
+    planted = {"reference": "D" * len(lost["reference"]), "composite": "R" * len(lost["composite"])}
+    t = html.timeline({**lost, "marks": planted})
+    assert {m for g in t["ref"] for m in g[4]} == {"D"} and {m for g in t["res"] for m in g[4]} == {"R"}
+    without = {k: v for k, v in lost.items() if k != "marks"}
+    assert html.timeline(without) == html.timeline(lost)
 
 
 def test_timeline_keeps_only_the_steps_around_the_failure():
     ref = ledger(500, take=2, n=100)
     comp = [r for r in ref if r[1] != 300] + [[999, 300, 5, 1]]
-    t = html.timeline(cell(passed=False, categories=["LOST"], kill="ckpt299", reference=ref, composite=comp,
+    t = html.timeline(cell(passed=False, categories=["LOST"], kill=KillSpec(299), reference=ref, composite=comp,
                            resumed_from=[299]))
     assert (t["lo"], t["hi"], t["last"]) == (299 - html.CONTEXT_STEPS, 300 + html.CONTEXT_STEPS, 500)
     assert {g[0] for g in t["ref"] + t["res"]} == set(range(t["lo"], t["hi"] + 1))
@@ -222,15 +426,15 @@ def test_a_verdict_without_ledgers_still_gets_its_entry():
 
 def test_ids_headlines_and_names_are_escaped_everywhere():
     bad = lost_cell(target=f"t{PAYLOAD}", case=f"c{PAYLOAD}", headline=f"LOST {PAYLOAD}",
-                    xfail_reason=f"known {PAYLOAD}", rerun=f"pytest {PAYLOAD}")
+                    xfail_reason=f"known {PAYLOAD}", rerun=f"pytest {PAYLOAD}", story=f"run 1: {PAYLOAD}")
     bad["reference"][2][0] = PAYLOAD  # an id
     bad["reference"][3][0] = "a&b"
     page = html.render([bad], seed=1)
     assert PAYLOAD not in page
     assert "<img" not in page and "<b>" not in page
     assert "&lt;/script&gt;&lt;img src=x onerror=&quot;alert(1)&quot;&gt;&amp;amp; &lt;b&gt;" in page
-    # Exactly the page's two script elements; the embedded JSON cannot close its element early.
-    assert page.count("</script>") == 2
+    # Exactly the page's three script elements; the embedded JSON cannot close its element early.
+    assert page.count("</script>") == 3
     ids = [i for g in embedded_timelines(page)[0]["ref"] for i in g[3]]
     assert PAYLOAD in ids and "a&b" in ids
 
@@ -263,9 +467,8 @@ def planted_cells(tmp_path_factory):
     pytest.importorskip("torchdata")
     from pytest_resume_check import report
     from pytest_resume_check.builtin import loop
+    from pytest_resume_check.engine import Engine
     from pytest_resume_check.matrix import Cell
-    from pytest_resume_check.run import KillSpec
-    from pytest_resume_check.scenario import Engine
     from pytest_resume_check.targets import resume_target
 
     engine = Engine(tmp_path_factory.mktemp("html-engine"), seed=7, hang_timeout=20)
@@ -289,12 +492,13 @@ def test_planted_failures_show_lost_and_duplicated_inputs(planted_cells):
     by_name = {t["cell"]: t for t in timelines}
 
     lost = by_name[summary.cell_name(drop)]
-    assert [(i, m) for g in lost["ref"] for i, m in zip(g[3], g[4]) if m != html.OK] == [(2, "L"), (3, "L")]
+    assert [(i, m) for g in lost["ref"] for i, m in zip(g[3], g[4]) if m != verdict.MARK_OK] == [(2, "L"), (3, "L")]
     dup = by_name[summary.cell_name(reread)]
     assert {i for g in dup["res"] for i, m in zip(g[3], g[4]) if m == "D"} >= {2, 3}
     twice = by_name[summary.cell_name(reread_twice)]
     assert len(twice["resumed"]) == 2 and [k[0] for k in twice["kills"]] == [0, 1]
     assert summary.cell_name(drop) in page and drop["headline"] in page
+    assert drop["story"].replace(">", "&gt;") in page
 
 
 # -- a real browser ----------------------------------------------------------------------------------------
@@ -313,6 +517,10 @@ def rendered_dom(tmp_path, path):
     return chromium(tmp_path, path.as_uri() + html.RENDER_ALL_HASH, "--dump-dom")
 
 
+def render_state(dom):
+    return re.search(r'<body data-render="([^"]*)"', dom).group(1)
+
+
 NO_CHROMIUM = "chromium is not installed (Debian: apt-get install chromium)"
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 
@@ -323,7 +531,7 @@ def test_chromium_draws_every_timeline_without_a_script_error(tmp_path, planted_
     cells[-1]["reference"][2][0] = PAYLOAD
     path = html.write_report(cells, tmp_path / "report.html", seed=7)
     dom = rendered_dom(tmp_path, path)
-    assert re.search(r'<body data-render="([^"]*)"', dom).group(1) == html.RENDER_OK
+    assert render_state(dom) == html.RENDER_OK
     svgs = re.findall(r'<svg [^>]*class="timeline"', dom)
     assert len(svgs) == len(embedded_timelines(path.read_text())) == 4
     assert dom.count('class="in m-L"') >= 2 and dom.count('class="in m-D"') >= 2
@@ -337,10 +545,24 @@ def test_chromium_draws_every_timeline_without_a_script_error(tmp_path, planted_
 
 
 @needs_chromium
+def test_chromium_renders_a_page_with_every_category_and_crash_cells(tmp_path):
+    cells = every_status_cells() + [{**c, "target": "crashy"} for c in crash_matrix()]
+    path = html.write_report(cells, tmp_path / "every.html", seed=3)
+    dom = rendered_dom(tmp_path, path)
+    assert render_state(dom) == html.RENDER_OK
+    drawn = len(re.findall(r'<svg [^>]*class="timeline"', dom))
+    assert drawn == len(embedded_timelines(path.read_text())) == sum(1 for c in cells if not c["passed"])
+    marks = html.entry_categories()
+    for m in (verdict.MARK_LOST, verdict.MARK_DUPLICATED):  # lost and duplicated inputs in their colours
+        assert re.search(rf'<rect [^>]*fill="{marks[m].colour}"[^>]*class="in m-{m}"', dom), marks[m].name
+    assert dom.count('data-kind="crash"') == 1 and dom.count('data-kind="kills"') == 2
+
+
+@needs_chromium
 def test_chromium_renders_the_1200_cell_report(tmp_path):
     path = html.write_report(synthetic_matrix(), tmp_path / "big.html", seed=1)
     dom = rendered_dom(tmp_path, path)
-    assert re.search(r'<body data-render="([^"]*)"', dom).group(1) == html.RENDER_OK
+    assert render_state(dom) == html.RENDER_OK
     assert len(re.findall(r'<svg [^>]*class="timeline"', dom)) == html.MAX_TIMELINES
 
 
@@ -351,6 +573,8 @@ def test_the_page_reports_a_script_error_on_its_body(tmp_path):
     page = html.render([lost_cell()])
     page = page.replace('id="timelines">[', 'id="timelines">[null,', 1)
     path = Path(tmp_path / "broken.html")
-    path.write_text(page.replace("if (drawn[i] || !data[i]) { return; }", "if (drawn[i]) { return; }"))
+    broken = page.replace("if (drawn[i] || !data[i]) { return; }", "if (drawn[i]) { return; }")
+    assert broken != page
+    path.write_text(broken)
     dom = chromium(tmp_path, path.as_uri() + html.RENDER_ALL_HASH, "--dump-dom")
-    assert re.search(r'<body data-render="([^"]*)"', dom).group(1).startswith(html.RENDER_ERROR)
+    assert render_state(dom).startswith(html.RENDER_ERROR)

@@ -139,3 +139,17 @@ def test_events_survive_the_wire_format():
 def test_unknown_event_kind_on_the_wire_is_rejected():
     with pytest.raises(ValueError, match="unknown event kind"):
         ev.Event.from_wire(b'{"kind": "nonsense"}')
+
+
+@pytest.mark.parametrize(("composite", "ref_marks", "comp_marks"), [
+    ([[0, 1, 0, 0], [1, 1, 0, 0], [2, 2, 0, 0], [3, 2, 0, 0]], "....", "...."),
+    ([[0, 1, 0, 0], [1, 1, 0, 0], [3, 2, 0, 1], [2, 2, 0, 1]], "....", "..RR"),
+    ([[0, 1, 0, 0], [1, 1, 0, 0], [2, 2, 1, 1], [3, 2, 0, 1]], "..E.", "..E."),
+    ([[0, 1, 0, 0], [1, 1, 0, 0], [1, 2, 0, 1], [3, 2, 0, 1]], "..L.", "..D."),
+])
+def test_entry_marks_mark_each_entry_as_the_verdict_counts_it(composite, ref_marks, comp_marks):
+    """Per-entry marks of the JSON report and the HTML timelines, on ledger rows ``[id, step, epoch, run]``."""
+    reference = [[0, 1, 0, 0], [1, 1, 0, 0], [2, 2, 0, 0], [3, 2, 0, 0]]
+    assert vd.entry_marks(reference, composite) == (ref_marks, comp_marks)
+    marks = {vd.MARK_OK, vd.MARK_LOST, vd.MARK_DUPLICATED, vd.MARK_REORDERED, vd.MARK_EPOCH}
+    assert marks >= set(ref_marks + comp_marks)
