@@ -76,9 +76,9 @@ def _passed(stdout: str) -> int:
 
 def steps_executed(out: Path, kill_points: int, share: bool) -> int:
     from agentlightning.verl import resume_target as rt
+    from pytest_resume_check.engine import Engine
     from pytest_resume_check.matrix import Cell
     from pytest_resume_check.run import KillSpec
-    from pytest_resume_check.engine import Engine
 
     # A run of exactly `kill_points` steps: refill 6 per step over 2 epochs.
     n = 4 * ((3 * kill_points + 3) // 4)
@@ -96,7 +96,7 @@ def steps_executed(out: Path, kill_points: int, share: bool) -> int:
 
 def overhead_per_step(repeat: int = 3) -> dict[str, float]:
     from agentlightning.verl import resume_target as rt
-    from agentlightning.verl.cpu import build_cpu_trainer
+    from agentlightning.verl.cpu_builder import build_cpu_trainer
     from pytest_resume_check.child import ConnectionSink
     from pytest_resume_check.run import RunContext, RunPlan
 

@@ -1,4 +1,4 @@
-"""VERL integration: :class:`AgentLightningRayPPOTrainer` and its CPU embedded defaults.
+"""VERL integration: :class:`AgentLightningRayPPOTrainer`, its CPU embedded defaults and test helpers.
 
 The public names are loaded lazily (module ``__getattr__``): ``import agentlightning.verl`` stays
 cheap and imports neither torch nor verl until a name below is first used.
@@ -10,24 +10,20 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agentlightning.verl.cpu import (
-        RecordingObserver,
-        SimulatedKill,
-        StockCpuRayPPOTrainer,
-        build_cpu_trainer,
-        steps_for,
-    )
+    from agentlightning.verl.cpu_builder import build_cpu_trainer
+    from agentlightning.verl.stock_trainer import StockCpuRayPPOTrainer
+    from agentlightning.verl.testing import RecordingObserver, SimulatedKill, steps_for
     from agentlightning.verl.trainer import AgentLightningRayPPOTrainer, InputObserver
 
 # Public name -> module that defines it.
 _LAZY_NAMES = {
     "AgentLightningRayPPOTrainer": "agentlightning.verl.trainer",
     "InputObserver": "agentlightning.verl.trainer",
-    "RecordingObserver": "agentlightning.verl.cpu",
-    "SimulatedKill": "agentlightning.verl.cpu",
-    "StockCpuRayPPOTrainer": "agentlightning.verl.cpu",
-    "build_cpu_trainer": "agentlightning.verl.cpu",
-    "steps_for": "agentlightning.verl.cpu",
+    "RecordingObserver": "agentlightning.verl.testing",
+    "SimulatedKill": "agentlightning.verl.testing",
+    "StockCpuRayPPOTrainer": "agentlightning.verl.stock_trainer",
+    "build_cpu_trainer": "agentlightning.verl.cpu_builder",
+    "steps_for": "agentlightning.verl.testing",
 }
 
 __all__ = [

@@ -1,27 +1,27 @@
-"""CPU embedded defaults: build a real verl trainer that runs end to end without GPUs or Ray.
+"""Build a real verl trainer that runs end to end on CPU, without GPUs or Ray.
 
 :func:`build_cpu_trainer` constructs a trainer with verl's real ``RayPPOTrainer`` constructor (real
 ``StatefulDataLoader`` from ``_create_dataloader``, real sampler from verl's ``create_rl_sampler``,
 real ``_save_checkpoint``/``_load_checkpoint``); only the GPU work is replaced: the worker group is
 :class:`~agentlightning.verl.cpu_workers.CpuActorWorkerGroup` (a tiny torch model with an optimizer)
-and rollouts come from :class:`~agentlightning.verl.rollout.DeterministicRolloutEngine`.
+and rollouts come from :class:`~agentlightning.verl.rollout.DeterministicRolloutEngine`. This module
+owns the pieces of that build: the config (:func:`make_cpu_config`), the synthetic dataset and its
+collate function, and the rollout latencies.
 
 Rollout latencies can also follow a profile of :mod:`agentlightning.verl.schedule` keyed on the
 admission order (:class:`AdmissionOrderLatency`), which makes the step schedule independent of the
 shuffle order and seed, so it can be computed without running anything.
 
-Used by the tests, the docs example and the resume-check target. :class:`StockCpuRayPPOTrainer`
-drives *stock* verl the same way (sync only, verl's loop structure, verl's save/load unchanged), so
-verl's own resume behaviour can be observed on CPU.
+Used by the tests, the docs example and the resume-check target. ``trainer_cls`` builds stock verl
+instead (:class:`agentlightning.verl.stock_trainer.StockCpuRayPPOTrainer`, sync only); the helpers
+for tests (observers, simulated kills, trainers as they were before the fix) are
+:mod:`agentlightning.verl.testing`.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,15 +33,9 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.trainer.ppo.utils import Role
 
 from agentlightning.verl.cpu_workers import CpuActorWorkerGroup
-from agentlightning.verl.resume_selection import resolve_resume_folder
 from agentlightning.verl.rollout import DeterministicRolloutEngine, LatencySpec, RowTransform
 from agentlightning.verl.schedule import LatencyProfile
-from agentlightning.verl.trainer import (
-    DEFAULT_INPUT_ID_KEY,
-    AgentLightningRayPPOTrainer,
-    ObservedTrainingMixin,
-    add_agentlightning_config,
-)
+from agentlightning.verl.trainer import DEFAULT_INPUT_ID_KEY, AgentLightningRayPPOTrainer, add_agentlightning_config
 
 FEATURE_DIM = 4
 # Dataset fields: one of each payload type the checkpoint must round-trip.
@@ -149,53 +143,6 @@ def make_cpu_config(
     return add_agentlightning_config(config, enabled=async_enabled, async_train_batch_size=async_size)
 
 
-class StockCpuRayPPOTrainer(ObservedTrainingMixin, RayPPOTrainer):
-    """Stock verl on CPU: verl's ``fit`` loop structure with verl's save/load unchanged (sync only).
-
-    Kept deliberately faithful to ``RayPPOTrainer.fit``: the epoch is ``global_steps // len(loader)``
-    after loading, and each step trains on one loader batch. Reports to ``input_observer`` like
-    :class:`~agentlightning.verl.trainer.AgentLightningRayPPOTrainer`.
-    """
-
-    def __init__(
-        self,
-        config: Any,
-        *args: Any,
-        rollout_engine: Any = None,
-        input_observer: Any = None,
-        input_id_key: str = DEFAULT_INPUT_ID_KEY,
-        **kwargs: Any,
-    ) -> None:
-        if OmegaConf.select(config, "agentlightning.async_rollout.enabled", default=False):
-            raise ValueError(
-                "StockCpuRayPPOTrainer is sync only: set agentlightning.async_rollout.enabled=false "
-                "(build_cpu_trainer(..., async_enabled=False))"
-            )
-        super().__init__(config, *args, **kwargs)
-        self._init_observed_training(rollout_engine, input_observer, input_id_key)
-
-    def fit(self) -> None:
-        """verl's loop: resume, derive the epoch from the step, one loader batch per step."""
-        engine = self._require_engine()
-        self.global_steps = 0
-        self._load_checkpoint()
-        if self.global_steps > 0:
-            self.resumed_from = resolve_resume_folder(self.config)
-        self._observe("resumed", self.global_steps, self.resumed_from)
-        current_epoch = self.global_steps // len(self.train_dataloader)
-        self.global_steps += 1
-        for epoch in range(current_epoch, self.config.trainer.total_epochs):
-            for batch in self.train_dataloader:
-                step = self.global_steps
-                self._submit(batch, step, epoch)
-                self._train(engine.drain(step), step)
-                is_last = step >= self.total_training_steps
-                self._save_if_due(step, is_last)
-                self.global_steps += 1
-                if is_last:
-                    return
-
-
 class _Indices(Dataset):
     """A dataset whose item ``i`` is ``i``: stands in for a real one when only the order matters."""
 
@@ -291,7 +238,8 @@ def build_cpu_trainer(
     if given, replaces it with a profile keyed on the admission order (:class:`AdmissionOrderLatency`).
     Latencies above 1 make rollouts carry over between steps (async only; sync waits for all).
     ``rollout_transform`` is applied by the rollout engine to each input row it receives.
-    ``trainer_cls`` may be :class:`StockCpuRayPPOTrainer` (sync only) or a subclass of either trainer.
+    ``trainer_cls`` may be :class:`~agentlightning.verl.stock_trainer.StockCpuRayPPOTrainer` (sync only)
+    or a subclass of either trainer.
     """
     config = make_cpu_config(
         output_dir,
@@ -326,120 +274,3 @@ def build_cpu_trainer(
         trainer.rollout_engine.latency = AdmissionOrderLatency(latency_profile, orders)
     trainer.actor_rollout_wg = CpuActorWorkerGroup(feature_dim=FEATURE_DIM, seed=seed)
     return trainer
-
-
-class SimulatedKill(Exception):
-    """Raised by :class:`RecordingObserver` to stop ``fit()`` abruptly at a chosen point."""
-
-
-@dataclass
-class RecordingObserver:
-    """An :class:`~agentlightning.verl.trainer.InputObserver` that records every event in order.
-
-    It can also steer the run: ``checkpoint_steps`` asks for saves at those steps, and
-    ``kill_at_step_end`` / ``kill_after_checkpoint`` raise :class:`SimulatedKill` at the end of (before
-    any save of) or right after the published save of that step. Events are tuples
-    ``(kind, step, epoch, ids)``; ``epoch`` and ``ids`` are None where they do not apply.
-    """
-
-    checkpoint_steps: set[int] = field(default_factory=set)
-    kill_at_step_end: int | None = None
-    kill_after_checkpoint: int | None = None
-    events: list[tuple[str, int, int | None, Any]] = field(default_factory=list)
-    resumed_step: int | None = None
-    resumed_path: str | None = None
-
-    def resumed(self, step: int, path: str | None) -> None:
-        self.resumed_step, self.resumed_path = step, path
-        self.events.append(("resumed", step, None, path))
-
-    def consumed(self, ids: list[int], step: int, epoch: int) -> None:
-        self.events.append(("consumed", step, epoch, list(ids)))
-
-    def trained(self, ids: list[int], step: int, epoch: int) -> None:
-        self.events.append(("trained", step, epoch, list(ids)))
-
-    def step_end(self, step: int) -> None:
-        self.events.append(("step_end", step, None, None))
-        if step == self.kill_at_step_end:
-            raise SimulatedKill(f"killed at the end of step {step}")
-
-    def should_checkpoint(self, step: int) -> bool:
-        return step in self.checkpoint_steps
-
-    def checkpoint_published(self, step: int, path: str) -> None:
-        self.events.append(("checkpoint", step, None, path))
-        if step == self.kill_after_checkpoint:
-            raise SimulatedKill(f"killed after the checkpoint of step {step}")
-
-    def ledger(self, kind: str = "consumed", *, up_to_step: int | None = None) -> list[tuple[int, int]]:
-        """``(epoch, input_id)`` pairs of ``kind`` events in order (only steps <= ``up_to_step`` if given)."""
-        return [
-            (epoch, input_id)
-            for event, step, epoch, ids in self.events
-            if event == kind and (up_to_step is None or step <= up_to_step)
-            for input_id in ids
-        ]
-
-    def steps(self) -> list[int]:
-        """The steps that ended, in order."""
-        return [step for event, step, _, _ in self.events if event == "step_end"]
-
-
-class _StepCounter:
-    def __init__(self) -> None:
-        self.steps = 0
-
-    def step_end(self, step: int) -> None:
-        self.steps = max(self.steps, step)
-
-    def __getattr__(self, name: str) -> Any:
-        # The remaining observer calls are no-ops (should_checkpoint then answers None, i.e. no).
-        return lambda *args: None
-
-
-@functools.lru_cache(maxsize=64)
-def _count_steps(key: tuple[tuple[str, Any], ...]) -> int:
-    kwargs = dict(key)
-    with tempfile.TemporaryDirectory(prefix="agentlightning-steps-") as output_dir:
-        trainer = build_cpu_trainer(output_dir, resume_mode="disable", save_freq=-1, **kwargs)
-        counter = _StepCounter()
-        trainer.input_observer = counter
-        trainer.fit()
-    return counter.steps
-
-
-def steps_for(
-    *,
-    async_enabled: bool = True,
-    dataset_size: int = 24,
-    train_batch_size: int = 4,
-    async_train_batch_size: int = 6,
-    total_epochs: int = 2,
-    shuffle: bool = False,
-    seed: int = 0,
-    num_workers: int = 0,
-    rollout_latency: LatencySpec = 1,
-    latency_profile: LatencyProfile | None = None,
-    trainer_cls: type[RayPPOTrainer] = AgentLightningRayPPOTrainer,
-) -> int:
-    """Number of steps an uninterrupted :func:`build_cpu_trainer` run with these parameters takes.
-
-    Computed by running that configuration once, uncheckpointed, in a temporary directory (a few
-    tenths of a second on CPU), so it is exact for any latency and shuffle; results are cached.
-    ``rollout_latency`` and ``latency_profile`` must be hashable (ints, tuples, module-level functions).
-    """
-    key = (
-        ("async_enabled", async_enabled),
-        ("dataset_size", dataset_size),
-        ("train_batch_size", train_batch_size),
-        ("async_train_batch_size", async_train_batch_size),
-        ("total_epochs", total_epochs),
-        ("shuffle", shuffle),
-        ("seed", seed),
-        ("num_workers", num_workers),
-        ("rollout_latency", rollout_latency),
-        ("latency_profile", latency_profile),
-        ("trainer_cls", trainer_cls),
-    )
-    return _count_steps(key)

@@ -37,42 +37,40 @@ file; its damage has another cause, and quietly re-training from an older checkp
 from __future__ import annotations
 
 import os
-import re
 import warnings
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentlightning.verl.checkpoint import (
-    ACTOR_FOLDER,
+from agentlightning.verl.durable import TEMP_SUFFIX, temp_path
+from agentlightning.verl.errors import (
+    CheckpointError,
+    CheckpointIncompleteError,
+    InputCheckpointTruncatedError,
+)
+from agentlightning.verl.input_file import read_input_checkpoint
+from agentlightning.verl.input_format import InputCheckpoint
+from agentlightning.verl.verl_layout import (
     DATALOADER_FILENAME,
     INPUT_STATE_FILENAME,
-    STEP_FOLDER_PREFIX,
-    TRACKER_FILENAME,
-    CheckpointError,
-    InputCheckpoint,
-    InputCheckpointTruncatedError,
+    STEP_FOLDER_PATTERN,
+    actor_path,
+    critic_path,
+    data_state_path,
     input_state_path,
-    read_input_checkpoint,
+    names_a_step_folder,
+    step_folder_name,
+    step_folders,
+    step_of_folder,
+    tracker_path,
 )
-from agentlightning.verl.durable import TEMP_SUFFIX, temp_path
 
-_STEP_FOLDER_RE = re.compile(r"^global_step_(\d+)$")
-CRITIC_FOLDER = "critic"  # str(verl.trainer.ppo.utils.Role.Critic) in verl 0.8 and 0.9
 TRACKER_MISSING = "is missing"
 FIX_EXPLICIT_FOLDER = (
-    "Set trainer.resume_from_path to a complete global_step_N folder, or use trainer.resume_mode=auto "
+    f"Set trainer.resume_from_path to a complete {STEP_FOLDER_PATTERN} folder, or use trainer.resume_mode=auto "
     "to take the newest complete one"
 )
-
-
-class CheckpointIncompleteError(CheckpointError):
-    """A folder named by ``trainer.resume_from_path`` is missing or incomplete."""
-
-
-class DataLoaderCheckpointError(CheckpointError):
-    """``data.pt`` cannot be loaded with ``torch.load(weights_only=True)``."""
 
 
 class CheckpointFallbackWarning(RuntimeWarning):
@@ -128,29 +126,11 @@ class ResumeChoice:
     skipped: tuple[Skipped, ...] = ()
 
 
-def step_of_folder(folder: str) -> int:
-    """The global step encoded in a ``global_step_N`` folder name (verl's rule)."""
-    return int(os.path.normpath(folder).split(STEP_FOLDER_PREFIX)[-1])
-
-
-def step_folders(checkpoint_dir: str) -> dict[int, str]:
-    """``{step: path}`` of the ``global_step_N`` folders in ``checkpoint_dir`` (empty if it is missing)."""
-    if not os.path.isdir(checkpoint_dir):
-        return {}
-    found = {}
-    for name in os.listdir(checkpoint_dir):
-        match = _STEP_FOLDER_RE.match(name)
-        path = os.path.join(checkpoint_dir, name)
-        if match and os.path.isdir(path):
-            found[int(match.group(1))] = path
-    return found
-
-
 def read_tracker(checkpoint_dir: str) -> tuple[int | None, str | None]:
     """``(step, None)`` from ``latest_checkpointed_iteration.txt``, or ``(None, problem)`` when it is
     missing, unreadable, empty or not a step number. Surrounding whitespace is allowed, as verl's
     ``int(text)`` allows it."""
-    path = os.path.join(checkpoint_dir, TRACKER_FILENAME)
+    path = tracker_path(checkpoint_dir)
     if not os.path.exists(path):
         return None, TRACKER_MISSING
     try:
@@ -188,7 +168,7 @@ def check_folder(folder: str, *, async_enabled: bool, published: bool, use_criti
     ``published``: the tracker (or ``trainer.resume_from_path``) names the folder, so in async mode it
     may lack the input file (a checkpoint written without one loads as such), unless the file's
     temporary is there (its write was interrupted). Raises the input file's
-    :class:`~agentlightning.verl.checkpoint.InputCheckpointError` when the file is present at full
+    :class:`~agentlightning.verl.errors.InputCheckpointError` when the file is present at full
     length but invalid; every other shortcoming is reported in ``problem``.
     """
     problems: list[str] = []
@@ -205,11 +185,11 @@ def check_folder(folder: str, *, async_enabled: bool, published: bool, use_criti
             problems.append(f"has no {INPUT_STATE_FILENAME} (only its temporary file: its write was interrupted)")
         elif not published:
             problems.append(f"has no {INPUT_STATE_FILENAME}")
-    if not _has_checkpoint_files(os.path.join(folder, ACTOR_FOLDER)):
+    if not _has_checkpoint_files(actor_path(folder)):
         problems.append("has no actor checkpoint")
-    if use_critic and not _has_checkpoint_files(os.path.join(folder, CRITIC_FOLDER)):
+    if use_critic and not _has_checkpoint_files(critic_path(folder)):
         problems.append("has no critic checkpoint")
-    data_path = os.path.join(folder, DATALOADER_FILENAME)
+    data_path = data_state_path(folder)
     if not os.path.exists(data_path):
         problems.append(f"has no {DATALOADER_FILENAME}")
     else:
@@ -226,9 +206,9 @@ def check_folder(folder: str, *, async_enabled: bool, published: bool, use_criti
 
 def _explicit_folder(config: Any) -> str:
     folder = config.trainer.resume_from_path
-    if not isinstance(folder, str) or STEP_FOLDER_PREFIX not in folder:
+    if not isinstance(folder, str) or not names_a_step_folder(folder):
         raise ValueError(
-            f"trainer.resume_from_path={folder!r} must name a global_step_N folder when "
+            f"trainer.resume_from_path={folder!r} must name a {STEP_FOLDER_PATTERN} folder when "
             "trainer.resume_mode=resume_path"
         )
     return os.path.abspath(folder)
@@ -239,7 +219,7 @@ def choose_resume_folder(config: Any, *, async_enabled: bool, use_critic: bool =
 
     Warns (:class:`CheckpointFallbackWarning`, :class:`NoCompleteCheckpointWarning`) when ``auto`` does
     not use the tracker's folder; raises :class:`CheckpointIncompleteError` or an
-    :class:`~agentlightning.verl.checkpoint.InputCheckpointError` as the rules say.
+    :class:`~agentlightning.verl.errors.InputCheckpointError` as the rules say.
     """
     mode = config.trainer.resume_mode
     if mode == "disable":
@@ -256,7 +236,7 @@ def choose_resume_folder(config: Any, *, async_enabled: bool, use_critic: bool =
         raise ValueError(f"trainer.resume_mode={mode!r} is not one of 'auto', 'resume_path', 'disable'")
     checkpoint_dir = os.path.abspath(config.trainer.default_local_dir)
     folders = step_folders(checkpoint_dir)
-    tracker = os.path.join(checkpoint_dir, TRACKER_FILENAME)
+    tracker = tracker_path(checkpoint_dir)
     tracked, tracker_problem = read_tracker(checkpoint_dir)
     skipped: list[Skipped] = []
     if tracked is not None and tracked in folders:
@@ -265,7 +245,7 @@ def choose_resume_folder(config: Any, *, async_enabled: bool, use_critic: bool =
             return ResumeChoice(check.folder, check.checkpoint)
         skipped.append(Skipped(check.folder, f"is incomplete: it {check.problem}"))
     elif tracked is not None:
-        skipped.append(Skipped(tracker, f"names {STEP_FOLDER_PREFIX}{tracked}, which does not exist"))
+        skipped.append(Skipped(tracker, f"names {step_folder_name(tracked)}, which does not exist"))
     elif tracker_problem is not None and (tracker_problem != TRACKER_MISSING or folders):
         skipped.append(Skipped(tracker, tracker_problem))
     for step in sorted(folders, reverse=True):

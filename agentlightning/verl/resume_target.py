@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentlightning.verl.schedule import LATENCY_PROFILES, AsyncSchedule, simulate_async_schedule
+from agentlightning.verl.verl_layout import DATALOADER_FILENAME, TRACKER_FILENAME
 from pytest_resume_check.digest import digest_of
 from pytest_resume_check.run import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, RunContext
 from pytest_resume_check.targets import Contract, resume_target
@@ -45,8 +46,8 @@ SYNC_CASES = (
 )
 
 _VERL_MODES = {RESUME_AUTO: "auto", RESUME_PATH: "resume_path", RESUME_DISABLED: "disable"}
-PRELOAD = ("torch", "verl.trainer.ppo.ray_trainer", "agentlightning.verl.cpu",
-           "agentlightning.verl.resume_target:warm_up")
+PRELOAD = ("torch", "verl.trainer.ppo.ray_trainer", "agentlightning.verl.cpu_builder",
+           "agentlightning.verl.stock_trainer", "agentlightning.verl.resume_target:warm_up")
 
 
 def params(case: Mapping[str, Any]) -> dict[str, Any]:
@@ -140,8 +141,10 @@ def trainer_state(trainer: Any) -> dict[str, Any] | None:
     }
 
 
-def _fit(run: RunContext, *, async_enabled: bool, stock: bool = False) -> None:
-    from agentlightning.verl.cpu import StockCpuRayPPOTrainer, build_cpu_trainer
+def fit_trainer(run: RunContext, *, async_enabled: bool, trainer_cls: type | None = None) -> None:
+    """Build the CPU trainer of ``run.case`` (``trainer_cls``, by default the Agent Lightning trainer)
+    and train it under the harness."""
+    from agentlightning.verl.cpu_builder import build_cpu_trainer
     from agentlightning.verl.trainer import AgentLightningRayPPOTrainer
 
     p = params(run.case)
@@ -158,7 +161,7 @@ def _fit(run: RunContext, *, async_enabled: bool, stock: bool = False) -> None:
         resume_mode=_VERL_MODES[run.resume_mode],
         resume_from_path=str(run.resume_path) if run.resume_path else None,
         latency_profile=LATENCY_PROFILES[p["latency"]] if async_enabled else None,
-        trainer_cls=StockCpuRayPPOTrainer if stock else AgentLightningRayPPOTrainer,
+        trainer_cls=trainer_cls or AgentLightningRayPPOTrainer,
     )
     trainer.input_observer = RunObserver(run, trainer)
     trainer.fit()
@@ -166,17 +169,19 @@ def _fit(run: RunContext, *, async_enabled: bool, stock: bool = False) -> None:
 
 def fit_async(run: RunContext) -> None:
     """AgentLightningRayPPOTrainer, async refills."""
-    _fit(run, async_enabled=True)
+    fit_trainer(run, async_enabled=True)
 
 
 def fit_sync(run: RunContext) -> None:
     """AgentLightningRayPPOTrainer, sync mode (verl's checkpoint format)."""
-    _fit(run, async_enabled=False)
+    fit_trainer(run, async_enabled=False)
 
 
 def fit_stock(run: RunContext) -> None:
     """Stock verl RayPPOTrainer save/load, driven on CPU."""
-    _fit(run, async_enabled=False, stock=True)
+    from agentlightning.verl.stock_trainer import StockCpuRayPPOTrainer
+
+    fit_trainer(run, async_enabled=False, trainer_cls=StockCpuRayPPOTrainer)
 
 
 def warm_up() -> None:
@@ -184,7 +189,7 @@ def warm_up() -> None:
     harness then freezes the server's heap for the garbage collector)."""
     import tempfile
 
-    from agentlightning.verl.cpu import build_cpu_trainer
+    from agentlightning.verl.cpu_builder import build_cpu_trainer
 
     with tempfile.TemporaryDirectory() as tmp:
         trainer = build_cpu_trainer(tmp, dataset_size=8, total_epochs=1, resume_mode="disable", save_freq=1)
@@ -201,20 +206,17 @@ def _stock_replays_epoch(cell: Any) -> bool:
     )
 
 
-TRACKER = "latest_checkpointed_iteration.txt"
-
-
 def _stock_tracker_lost(cell: Any) -> bool:
     """verl writes its tracker with a plain open("w"), no fsync: after a kill between that open and
     the close, a power loss once it was opened, an I/O error while writing it, or a torn copy of a
     file it never made durable, the next resume reads an empty tracker and fails on int("")."""
     fault = cell.kills[0].fault if cell.kills else None
-    tracker = [op.index for op in cell.save_ops if op.path == TRACKER]
+    tracker = [op.index for op in cell.save_ops if op.path == TRACKER_FILENAME]
     if fault is None or not tracker:
         return False
     opened, closed = tracker[0], tracker[-1]
     if fault.mode == "torn":
-        return fault.file == TRACKER  # a torn data.pt is never read: the tracker still names the old step
+        return fault.file == TRACKER_FILENAME  # a torn data.pt is never read: the tracker still names the old step
     if fault.mode == "power":
         return fault.op > opened
     return opened < fault.op <= closed
@@ -237,9 +239,10 @@ verl_stock_sync = resume_target(
     fit_stock, name="verl_stock_sync", steps=sync_steps, boundaries=sync_boundaries,
     cases=SYNC_CASES, contract="exactly_once_ordered", preload=PRELOAD, crash_save=(2, 1),
     expected_failures=[(_stock_replays_epoch,
-                        "verl skips data.pt at global_steps % len(loader) == 0 and replays epoch 0's order"),
+                        f"verl skips {DATALOADER_FILENAME} at global_steps % len(loader) == 0 and replays "
+                        "epoch 0's order"),
                        (_stock_tracker_lost,
-                        "verl writes latest_checkpointed_iteration.txt with open('w') and no fsync: "
+                        f"verl writes {TRACKER_FILENAME} with open('w') and no fsync: "
                         "left empty by the fault, the next resume fails on int('')")],
     description="stock verl RayPPOTrainer checkpointing on CPU",
 )

@@ -9,8 +9,8 @@ generator knows, and on the harness seed, which the matrix does not pass to its 
 So the latency profiles here are functions of the *admission index*: the k-th input the trainer admits
 in a run, counted across epochs (``epoch * inputs_per_epoch + position in that epoch's order``). The
 CPU trainer maps each input id to its admission index through the real sampler's order
-(:class:`agentlightning.verl.cpu.AdmissionOrderLatency`), so the rollout engine still sees a latency
-per (input id, epoch), while the schedule - steps, finishing steps, carried-over counts - is the same
+(:class:`agentlightning.verl.cpu_builder.AdmissionOrderLatency`), so the rollout engine still sees a
+latency per (input id, epoch), while the schedule - steps, finishing steps, carried-over counts - is the same
 for every shuffle and seed and is computed here exactly by :func:`simulate_async_schedule`.
 
 This module imports neither torch nor verl.

@@ -9,7 +9,7 @@ the epoch from the optimizer step (``global_steps // len(loader)``) and, in 0.8/
 
 The fix, wired in here:
 
-* Save (async): ``agentlightning_input.pt`` (see :mod:`agentlightning.verl.checkpoint`) is written into
+* Save (async): ``agentlightning_input.pt`` (see :mod:`agentlightning.verl.input_file`) is written into
   ``global_step_N/`` atomically *before* the model and ``data.pt``, and the tracker is published last,
   atomically, so it never names a folder without a complete input file. Sync checkpoints hold verl's
   files with verl's bytes.
@@ -30,7 +30,7 @@ The fix, wired in here:
   step that trains the last admitted input.
 
 ``fit()`` here is a compact loop that runs on CPU with the embedded defaults of
-:mod:`agentlightning.verl.cpu` (verl's own ``fit`` needs GPU rollout managers). Step numbering is
+:mod:`agentlightning.verl.cpu_builder` (verl's own ``fit`` needs GPU rollout managers). Step numbering is
 verl's: the first step is ``global_steps == 1`` and ``global_step_N`` holds the state after N steps.
 """
 
@@ -44,10 +44,11 @@ from typing import Any, Protocol, runtime_checkable
 from omegaconf import OmegaConf, open_dict
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-from agentlightning.verl.checkpoint import STEP_FOLDER_PREFIX, InputCheckpoint, write_input_state
 from agentlightning.verl.inflight import InFlightInputs
+from agentlightning.verl.input_file import write_input_state
+from agentlightning.verl.input_format import InputCheckpoint
 from agentlightning.verl.inputs import BufferedInputStream, ids_of
-from agentlightning.verl.resume_selection import choose_resume_folder, step_of_folder
+from agentlightning.verl.resume_selection import choose_resume_folder
 from agentlightning.verl.rollout import CompletedRollouts, RolloutEngine
 from agentlightning.verl.verl_checkpoint import (
     load_data_state,
@@ -55,18 +56,19 @@ from agentlightning.verl.verl_checkpoint import (
     publish_tracker,
     read_tracker_bytes,
     save_data_state,
+    save_folder,
     save_worker_checkpoints,
-    step_folder_path,
     tracker_skipped,
     unpublish,
 )
+from agentlightning.verl.verl_layout import INPUT_STATE_FILENAME, step_folder_name, step_of_folder
 
 CONFIG_ENABLED = "agentlightning.async_rollout.enabled"
 CONFIG_ASYNC_TRAIN_BATCH_SIZE = "agentlightning.async_rollout.async_train_batch_size"
 DEFAULT_INPUT_ID_KEY = "input_id"
 
 LEGACY_CHECKPOINT_WARNING = (
-    "{folder} has no agentlightning_input.pt (written before the async input fix, or by a sync run): "
+    "{folder} has no " + INPUT_STATE_FILENAME + " (written before the async input fix, or by a sync run): "
     "the buffered inputs of that checkpoint cannot be reconstructed, and the input epoch is guessed "
     "from the step as verl does. Inputs buffered when it was saved are skipped."
 )
@@ -78,7 +80,7 @@ FORMAT_1_CHECKPOINT_WARNING = (
 )
 NO_ROLLOUT_ENGINE_ERROR = (
     "AgentLightningRayPPOTrainer.fit() needs a rollout engine: set trainer.rollout_engine to an object "
-    "implementing agentlightning.verl.rollout.RolloutEngine (agentlightning.verl.cpu.build_cpu_trainer "
+    "implementing agentlightning.verl.rollout.RolloutEngine (agentlightning.verl.cpu_builder.build_cpu_trainer "
     "sets the CPU default)"
 )
 
@@ -199,7 +201,7 @@ class ObservedTrainingMixin:
     def step_folder(self, step: int) -> str:
         """Absolute path of the ``global_step_{step}`` folder under ``trainer.default_local_dir``."""
         base = os.path.abspath(self.config.trainer.default_local_dir)  # type: ignore[attr-defined]
-        return os.path.join(base, f"{STEP_FOLDER_PREFIX}{step}")
+        return os.path.join(base, step_folder_name(step))
 
     def _submit(self, batch: dict[str, Any], step: int, epoch: int) -> None:
         ids = ids_of(batch, self.input_id_key)
@@ -235,12 +237,6 @@ class AgentLightningRayPPOTrainer(ObservedTrainingMixin, RayPPOTrainer):
     input's integer id). All three can also be set as attributes after construction.
     """
 
-    #: Test-only switch: False reproduces the behaviour before the fix (no input file is written).
-    write_input_checkpoint: bool = True
-    #: Test-only switch: False neither records in-flight inputs in the input file nor resubmits them on
-    #: resume (the recovery limits of format version 1).
-    restore_in_flight_inputs: bool = True
-
     def __init__(
         self,
         config: Any,
@@ -273,12 +269,11 @@ class AgentLightningRayPPOTrainer(ObservedTrainingMixin, RayPPOTrainer):
         propagates.
         """
         step = self.global_steps
-        folder = step_folder_path(self.config, step)
+        folder = save_folder(self.config, step)
         previous_tracker = read_tracker_bytes(self.config)
         try:
-            if self.async_enabled and self.write_input_checkpoint:
-                carried_over = self.in_flight_inputs.state_dict() if self.restore_in_flight_inputs else None
-                write_input_state(folder, step, self.input_stream.state_dict(), carried_over)
+            if self.async_enabled:
+                self._save_input_file(folder, step)
             save_worker_checkpoints(self, folder, step)
             save_data_state(self.train_dataloader, folder)
             if not tracker_skipped(self.config):
@@ -286,6 +281,11 @@ class AgentLightningRayPPOTrainer(ObservedTrainingMixin, RayPPOTrainer):
         except BaseException:
             unpublish(self.config, folder, step, previous_tracker)
             raise
+
+    def _save_input_file(self, folder: str, step: int) -> None:
+        """Write the input file of ``step`` into ``folder``: the input stream's position and buffered
+        tail, and the groups still in flight (async mode, first thing in a save)."""
+        write_input_state(folder, step, self.input_stream.state_dict(), self.in_flight_inputs.state_dict())
 
     def _load_checkpoint(self) -> Any:
         """Choose the folder to resume from, load verl's state from it, then the exact input position and
@@ -331,10 +331,12 @@ class AgentLightningRayPPOTrainer(ObservedTrainingMixin, RayPPOTrainer):
             message = FORMAT_1_CHECKPOINT_WARNING.format(path=checkpoint.path)
             warnings.warn(message, InFlightInputsNotRecordedWarning, stacklevel=4)
             return
-        if not self.restore_in_flight_inputs:
-            return
         assert checkpoint.carried_over is not None
-        self.in_flight_inputs.load_state_dict(checkpoint.carried_over)
+        self._restore_in_flight(checkpoint.carried_over)
+
+    def _restore_in_flight(self, carried_over: dict[str, Any]) -> None:
+        """Load the in-flight record of the input file and resubmit its groups to the rollout engine."""
+        self.in_flight_inputs.load_state_dict(carried_over)
         engine = self._require_engine()
         for call in self.in_flight_inputs.resubmissions():
             engine.submit(call.batch, call.ids, call.epoch, call.step)

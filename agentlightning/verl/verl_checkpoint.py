@@ -14,6 +14,8 @@ Load, as verl: the step from the folder name, the actor (and critic) through the
 folder comes from :mod:`agentlightning.verl.resume_selection`, not from verl's unchecked tracker
 read, and ``data.pt`` is read with ``torch.load(weights_only=True)`` (verl uses ``weights_only=False``,
 which runs any pickled code the file holds).
+
+Every path comes from :mod:`agentlightning.verl.verl_layout`.
 """
 
 from __future__ import annotations
@@ -25,20 +27,15 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from agentlightning.verl.checkpoint import (
-    ACTOR_FOLDER,
-    DATALOADER_FILENAME,
-    STEP_FOLDER_PREFIX,
-    TRACKER_FILENAME,
-    input_state_path,
-)
+from agentlightning.verl import verl_layout as layout
 from agentlightning.verl.durable import atomic_write_bytes, atomic_write_text, fsync_dir, fsync_file
-from agentlightning.verl.resume_selection import CRITIC_FOLDER, DataLoaderCheckpointError
+from agentlightning.verl.errors import DataLoaderCheckpointError
 
 
-def step_folder_path(config: Any, step: int) -> str:
-    """``<trainer.default_local_dir>/global_step_<step>``, as verl builds it (relative if the setting is)."""
-    return os.path.join(config.trainer.default_local_dir, f"{STEP_FOLDER_PREFIX}{step}")
+def save_folder(config: Any, step: int) -> str:
+    """The folder verl saves ``step`` to: ``<trainer.default_local_dir>/global_step_<step>``, as verl
+    builds it (relative if the setting is)."""
+    return layout.step_folder_path(config.trainer.default_local_dir, step)
 
 
 def tracker_skipped(config: Any) -> bool:
@@ -54,35 +51,32 @@ def save_worker_checkpoints(trainer: Any, folder: str, step: int) -> None:
     max_actor = config.trainer.get("max_actor_ckpt_to_keep", None) if not remove_previous else 1
     max_critic = config.trainer.get("max_critic_ckpt_to_keep", None) if not remove_previous else 1
     hdfs = config.trainer.default_hdfs_dir
-    remote = None if hdfs is None else os.path.join(hdfs, f"{STEP_FOLDER_PREFIX}{step}", ACTOR_FOLDER)
-    trainer.actor_rollout_wg.save_checkpoint(
-        os.path.join(folder, ACTOR_FOLDER), remote, step, max_ckpt_to_keep=max_actor
-    )
+    remote_folder = None if hdfs is None else layout.step_folder_path(hdfs, step)
+    remote = None if remote_folder is None else layout.actor_path(remote_folder)
+    trainer.actor_rollout_wg.save_checkpoint(layout.actor_path(folder), remote, step, max_ckpt_to_keep=max_actor)
     if trainer.use_critic:
-        remote = None if hdfs is None else os.path.join(hdfs, f"{STEP_FOLDER_PREFIX}{step}", CRITIC_FOLDER)
-        trainer.critic_wg.save_checkpoint(
-            os.path.join(folder, CRITIC_FOLDER), remote, step, max_ckpt_to_keep=max_critic
-        )
+        remote = None if remote_folder is None else layout.critic_path(remote_folder)
+        trainer.critic_wg.save_checkpoint(layout.critic_path(folder), remote, step, max_ckpt_to_keep=max_critic)
 
 
 def save_data_state(loader: Any, folder: str) -> None:
     """``data.pt`` written as verl writes it, then fsynced with its folder (before any tracker names it)."""
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, DATALOADER_FILENAME)
+    path = layout.data_state_path(folder)
     torch.save(loader.state_dict(), path)
     fsync_file(path)
     fsync_dir(folder)
 
 
-def tracker_path(config: Any) -> str:
+def _tracker(config: Any) -> str:
     """``<trainer.default_local_dir>/latest_checkpointed_iteration.txt``."""
-    return os.path.join(config.trainer.default_local_dir, TRACKER_FILENAME)
+    return layout.tracker_path(config.trainer.default_local_dir)
 
 
 def read_tracker_bytes(config: Any) -> bytes | None:
     """The tracker's bytes as they are (None if it does not exist or cannot be read)."""
     try:
-        with open(tracker_path(config), "rb") as f:
+        with open(_tracker(config), "rb") as f:
             return f.read()
     except OSError:
         return None
@@ -90,14 +84,14 @@ def read_tracker_bytes(config: Any) -> bytes | None:
 
 def publish_tracker(config: Any, step: int) -> None:
     """Atomically point ``latest_checkpointed_iteration.txt`` at ``step`` (verl's text: ``str(step)``)."""
-    atomic_write_text(str(step), tracker_path(config))
+    atomic_write_text(str(step), _tracker(config))
 
 
 def unpublish(config: Any, folder: str, step: int, previous_tracker: bytes | None) -> None:
     """After a failed save of ``step``: put the tracker back as it was if the save had already replaced
     it (a failure of the last fsync), then remove the folder's input file and ``data.pt`` so no resume
     takes the folder for a complete checkpoint. Best effort: the disk may be failing."""
-    tracker = tracker_path(config)
+    tracker = _tracker(config)
     current = read_tracker_bytes(config)
     names_step = current is not None and current.strip() == str(step).encode()
     if names_step and current != previous_tracker:
@@ -110,7 +104,7 @@ def unpublish(config: Any, folder: str, step: int, previous_tracker: bytes | Non
         names_step = current is not None and current.strip() == str(step).encode()
     if names_step:
         return  # the tracker could not be put back: keep the folder it names complete
-    for path in (input_state_path(folder), os.path.join(folder, DATALOADER_FILENAME)):
+    for path in (layout.input_state_path(folder), layout.data_state_path(folder)):
         if os.path.lexists(path):
             with contextlib.suppress(OSError):
                 os.remove(path)
@@ -119,14 +113,14 @@ def unpublish(config: Any, folder: str, step: int, previous_tracker: bytes | Non
 def load_worker_checkpoints(trainer: Any, folder: str) -> None:
     """The actor (and critic) loads of verl's ``_load_checkpoint``, with the same arguments."""
     delete = trainer.config.trainer.del_local_ckpt_after_load
-    trainer.actor_rollout_wg.load_checkpoint(os.path.join(folder, ACTOR_FOLDER), del_local_after_load=delete)
+    trainer.actor_rollout_wg.load_checkpoint(layout.actor_path(folder), del_local_after_load=delete)
     if trainer.use_critic:
-        trainer.critic_wg.load_checkpoint(os.path.join(folder, CRITIC_FOLDER), del_local_after_load=delete)
+        trainer.critic_wg.load_checkpoint(layout.critic_path(folder), del_local_after_load=delete)
 
 
 def load_data_state(folder: str) -> Any:
     """The loader state in ``folder``'s ``data.pt``, read with ``weights_only=True``."""
-    path = os.path.join(folder, DATALOADER_FILENAME)
+    path = layout.data_state_path(folder)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # the file passed its zip check: what fails is its content

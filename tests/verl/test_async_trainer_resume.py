@@ -16,18 +16,22 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("verl")
 
-from agentlightning.verl import checkpoint as ckpt  # noqa: E402
-from agentlightning.verl.cpu import (  # noqa: E402
-    RecordingObserver,
-    SimulatedKill,
-    StockCpuRayPPOTrainer,
-    build_cpu_trainer,
-    steps_for,
-)
+from agentlightning.verl import errors, input_file  # noqa: E402
+from agentlightning.verl import input_format as fmt  # noqa: E402
+from agentlightning.verl import verl_layout as layout  # noqa: E402
+from agentlightning.verl.cpu_builder import build_cpu_trainer  # noqa: E402
 from agentlightning.verl.schedule import (  # noqa: E402
     long_tail_latency,
     mixed_latency,
     simulate_async_schedule,
+)
+from agentlightning.verl.stock_trainer import StockCpuRayPPOTrainer  # noqa: E402
+from agentlightning.verl.testing import (  # noqa: E402
+    RecordingObserver,
+    SimulatedKill,
+    TrainerWithoutCarryOver,
+    TrainerWithoutInputFile,
+    steps_for,
 )
 from agentlightning.verl.trainer import (  # noqa: E402
     AgentLightningRayPPOTrainer,
@@ -92,13 +96,9 @@ def same_model(a, b):
     return all(torch.equal(left[k], right[k]) for k in right)
 
 
-def run(output_dir, observer=None, write_input=True, restore_in_flight=True, **options):
+def run(output_dir, observer=None, **options):
     trainer = build_cpu_trainer(str(output_dir), **options)
     trainer.input_observer = observer if observer is not None else RecordingObserver()
-    if not write_input:
-        trainer.write_input_checkpoint = False
-    if not restore_in_flight:
-        trainer.restore_in_flight_inputs = False
     try:
         trainer.fit()
     except SimulatedKill:
@@ -106,9 +106,12 @@ def run(output_dir, observer=None, write_input=True, restore_in_flight=True, **o
     return Run(trainer, trainer.input_observer)
 
 
-def kill_and_resume(tmp_path, case, **switches):
+def kill_and_resume(tmp_path, case, trainer_cls=None):
+    """``trainer_cls``, when given, runs the interrupted job (both runs) instead of the default trainer;
+    the reference is always the fixed trainer."""
     options = dict(case.options)
     reference = run(tmp_path / "reference", **options)
+    interrupted = {"trainer_cls": trainer_cls} if trainer_cls else {}
     last = len(reference.observer.steps())
     step = case.checkpoint_step
     first_dir = tmp_path / "first"
@@ -117,12 +120,12 @@ def kill_and_resume(tmp_path, case, **switches):
         killer.kill_at_step_end = step + 1  # the step after the checkpoint is lost with the process
     else:
         killer.kill_after_checkpoint = step
-    first = run(first_dir, killer, **switches, **options)
+    first = run(first_dir, killer, **interrupted, **options)
     if case.other_directory:
         options.update(resume_mode="resume_path", resume_from_path=str(first_dir / f"global_step_{step}"))
-        second = run(tmp_path / "second", **switches, **options)
+        second = run(tmp_path / "second", **interrupted, **options)
     else:
-        second = run(first_dir, **switches, **options)
+        second = run(first_dir, **interrupted, **options)
     return Resumed(reference, first, second, step)
 
 
@@ -183,7 +186,7 @@ def test_resuming_from_any_step_continues_the_uninterrupted_run_exactly(tmp_path
 
 def test_the_async_checkpoint_holds_the_buffered_tail_with_its_payload_types(tmp_path):
     result = kill_and_resume(tmp_path, RESUME_CASES["partial_buffer"])
-    state = ckpt.read_input_state(str(tmp_path / "first" / "global_step_1"), expected_step=1)
+    state = input_file.read_input_state(str(tmp_path / "first" / "global_step_1"), expected_step=1)
     tail = state["buffered_tail"]
     assert state["input_epoch"] == 0 and state["loader_batches_taken_in_epoch"] == 2
     assert tail["input_id"].tolist() == [6, 7]
@@ -223,8 +226,8 @@ def test_carried_over_groups_are_resubmitted_first_and_trained_as_in_the_uninter
 
 def test_the_checkpoint_holds_the_original_rows_of_carried_over_groups_and_their_submission_steps(tmp_path):
     result = kill_and_resume(tmp_path, Case(4, CARRY_OVER["long_tail"]))
-    checkpoint = ckpt.read_input_checkpoint(str(tmp_path / "first" / "global_step_4"), expected_step=4)
-    assert checkpoint.format_version == ckpt.INPUT_STATE_FORMAT_VERSION == 2
+    checkpoint = input_file.read_input_checkpoint(str(tmp_path / "first" / "global_step_4"), expected_step=4)
+    assert checkpoint.format_version == fmt.INPUT_STATE_FORMAT_VERSION == 2
     groups = checkpoint.carried_over
     carried = result.in_flight_at_checkpoint()
     assert list(zip(groups["input_epochs"], groups["input_ids"])) == carried
@@ -290,7 +293,7 @@ def test_a_resume_after_the_last_admission_only_trains_the_carried_over_tail_and
 
 
 def test_with_restoration_switched_off_carried_over_inputs_are_consumed_but_never_trained(tmp_path):
-    result = kill_and_resume(tmp_path, Case(4, CARRY_OVER["long_tail"]), restore_in_flight=False)
+    result = kill_and_resume(tmp_path, Case(4, CARRY_OVER["long_tail"]), TrainerWithoutCarryOver)
     carried = result.in_flight_at_checkpoint()
     assert carried
     assert result.composite("consumed") == result.reference.observer.ledger("consumed")
@@ -306,7 +309,7 @@ def test_sync_checkpoints_keep_verls_format_byte_for_byte(tmp_path):
     ours, stock = tmp_path / "ours", tmp_path / "stock"
     files = sorted(str(p.relative_to(ours)) for p in ours.rglob("*") if p.is_file())
     assert files == sorted(str(p.relative_to(stock)) for p in stock.rglob("*") if p.is_file())
-    assert not any(ckpt.INPUT_STATE_FILENAME in f for f in files)
+    assert not any(layout.INPUT_STATE_FILENAME in f for f in files)
     for name in files:
         assert (ours / name).read_bytes() == (stock / name).read_bytes(), name
 
@@ -315,12 +318,12 @@ def test_a_format_1_input_file_loads_with_a_warning_and_the_previous_recovery_li
     options = CARRY_OVER["mixed"]
     reference = run(tmp_path / "reference", **options)
     first = run(tmp_path / "out", RecordingObserver(checkpoint_steps={3}, kill_at_step_end=4), **options)
-    path = tmp_path / "out" / "global_step_3" / ckpt.INPUT_STATE_FILENAME
+    path = tmp_path / "out" / "global_step_3" / layout.INPUT_STATE_FILENAME
     payload = torch.load(path, weights_only=True)
-    carried = payload.pop(ckpt.KEY_CARRIED_OVER)
-    payload.pop(ckpt.KEY_INTEGRITY)
+    carried = payload.pop(fmt.KEY_CARRIED_OVER)
+    payload.pop(fmt.KEY_INTEGRITY)
     assert carried["input_ids"], "the case must have groups in flight at the checkpoint"
-    payload[ckpt.KEY_FORMAT_VERSION] = 1  # exactly what a version 1 writer produced
+    payload[fmt.KEY_FORMAT_VERSION] = 1  # exactly what a version 1 writer produced
     torch.save(payload, path)
     with pytest.warns(InFlightInputsNotRecordedWarning, match="format version 1") as caught:
         second = run(tmp_path / "out", **options)
@@ -336,7 +339,7 @@ def test_a_format_1_input_file_loads_with_a_warning_and_the_previous_recovery_li
 
 def test_a_checkpoint_without_the_input_file_loads_with_a_warning_in_async_mode(tmp_path):
     run(tmp_path, RecordingObserver(checkpoint_steps={2}, kill_at_step_end=3))
-    os.remove(tmp_path / "global_step_2" / ckpt.INPUT_STATE_FILENAME)  # as written before the fix
+    os.remove(tmp_path / "global_step_2" / layout.INPUT_STATE_FILENAME)  # as written before the fix
     with pytest.warns(UserWarning, match="buffered inputs of that checkpoint cannot be reconstructed"):
         resumed = run(tmp_path)
     assert resumed.observer.resumed_step == 2 and resumed.observer.steps()
@@ -352,7 +355,7 @@ def test_a_sync_checkpoint_loads_without_a_warning(tmp_path, recwarn):
 def test_disabled_resume_starts_fresh_without_reading_the_input_file(tmp_path):
     reference = run(tmp_path / "reference")
     run(tmp_path / "out", RecordingObserver(checkpoint_steps={2}, kill_at_step_end=3))
-    (tmp_path / "out" / "global_step_2" / ckpt.INPUT_STATE_FILENAME).write_bytes(b"unreadable")
+    (tmp_path / "out" / "global_step_2" / layout.INPUT_STATE_FILENAME).write_bytes(b"unreadable")
     fresh = run(tmp_path / "out", resume_mode="disable")
     assert (fresh.observer.resumed_step, fresh.observer.resumed_path) == (0, None)
     assert fresh.observer.ledger("consumed") == reference.observer.ledger("consumed")
@@ -367,13 +370,13 @@ def test_auto_resume_without_a_checkpoint_starts_fresh(tmp_path):
 
 def test_an_unknown_input_format_version_stops_the_resume_before_training(tmp_path):
     run(tmp_path, RecordingObserver(checkpoint_steps={2}, kill_at_step_end=3))
-    path = tmp_path / "global_step_2" / ckpt.INPUT_STATE_FILENAME
+    path = tmp_path / "global_step_2" / layout.INPUT_STATE_FILENAME
     payload = torch.load(path, weights_only=True)
-    payload[ckpt.KEY_FORMAT_VERSION] = 99
+    payload[fmt.KEY_FORMAT_VERSION] = 99
     torch.save(payload, path)
     trainer = build_cpu_trainer(str(tmp_path))
     trainer.input_observer = RecordingObserver()
-    with pytest.raises(ckpt.InputCheckpointVersionError) as info:
+    with pytest.raises(errors.InputCheckpointVersionError) as info:
         trainer.fit()
     assert str(path) in str(info.value) and "99" in str(info.value) and "supported: 1, 2" in str(info.value)
     assert trainer.input_observer.events == []
@@ -403,7 +406,7 @@ def test_most_resume_cases_fail_with_the_fix_switched_off(tmp_path):
     # The tests bite: writing no input file (the behaviour before the fix) breaks most resume cases.
     failed = [
         name for name, case in RESUME_CASES.items()
-        if not kill_and_resume(tmp_path / name, case, write_input=False).matches_reference()
+        if not kill_and_resume(tmp_path / name, case, TrainerWithoutInputFile).matches_reference()
     ]
     print(f"fix switched off: {len(failed)} of {len(RESUME_CASES)} resume cases fail: {failed}")
     assert len(failed) >= 0.75 * len(RESUME_CASES), failed

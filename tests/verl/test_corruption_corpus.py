@@ -21,11 +21,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("verl")
 
-from agentlightning.verl import checkpoint as ckpt  # noqa: E402
+from agentlightning.verl import errors, input_file  # noqa: E402
+from agentlightning.verl import input_format as fmt  # noqa: E402
 from agentlightning.verl import resume_selection as rs  # noqa: E402
-from agentlightning.verl.cpu import RecordingObserver, SimulatedKill, build_cpu_trainer  # noqa: E402
+from agentlightning.verl import verl_layout as layout  # noqa: E402
+from agentlightning.verl.cpu_builder import build_cpu_trainer  # noqa: E402
 from agentlightning.verl.durable import torch_bytes  # noqa: E402
 from agentlightning.verl.schedule import mixed_latency  # noqa: E402
+from agentlightning.verl.testing import RecordingObserver, SimulatedKill  # noqa: E402
 
 OPTIONS = {"latency_profile": mixed_latency}
 STEP = 4
@@ -85,35 +88,35 @@ _DELETE = object()
 
 def build_corpus(valid: bytes, marker) -> list[Corrupt]:
     payload = torch.load(io.BytesIO(valid), weights_only=True)
-    payload.pop(ckpt.KEY_INTEGRITY)
-    assert payload[ckpt.KEY_CARRIED_OVER]["rows"], "the source file must hold carried-over groups"
+    payload.pop(fmt.KEY_INTEGRITY)
+    assert payload[fmt.KEY_CARRIED_OVER]["rows"], "the source file must hold carried-over groups"
     n = len(valid)
     corpus = []
-    end = n - ckpt.CHECKSUM_SIZE  # where the checksum comment starts; the zip end record is before it
+    end = n - input_file.CHECKSUM_SIZE  # where the checksum comment starts; the zip end record is before it
     for offset in (0, 1, 3, 10, 64, 100, n // 4, n // 2, end - 22, end, n - 2, n - 1):
-        truncated = ckpt.InputCheckpointTruncatedError
+        truncated = errors.InputCheckpointTruncatedError
         corpus.append(Corrupt(f"truncated at {offset}", valid[:offset], truncated, "cut short"))
     for offset in (0, 3, 6, 16, 40, n // 3, n // 2, 2 * n // 3, end - 22, end - 2, end + 5, n - 1):
         flipped = bytearray(valid)
         flipped[offset] ^= 0x10
         problem = "not a torch zip archive" if offset < 4 else ""
-        corpus.append(Corrupt(f"bit flip at {offset}", bytes(flipped), ckpt.InputCheckpointCorruptError, problem))
+        corpus.append(Corrupt(f"bit flip at {offset}", bytes(flipped), errors.InputCheckpointCorruptError, problem))
 
     def rewritten(name, changed, error, problem):
-        corpus.append(Corrupt(name, ckpt.encode_input_file(changed), error, problem))
+        corpus.append(Corrupt(name, input_file.encode_input_file(changed), error, problem))
 
-    stream, groups = ckpt.KEY_INPUT_STREAM, ckpt.KEY_CARRIED_OVER
-    for path in [(ckpt.KEY_GLOBAL_STEP,), (stream,), (groups,)] + [(stream, k) for k in payload[stream]] + [
+    stream, groups = fmt.KEY_INPUT_STREAM, fmt.KEY_CARRIED_OVER
+    for path in [(fmt.KEY_GLOBAL_STEP,), (stream,), (groups,)] + [(stream, k) for k in payload[stream]] + [
         (groups, k) for k in payload[groups]
     ]:
-        rewritten(f"missing {'.'.join(path)}", _with(payload, path, _DELETE), ckpt.InputCheckpointCorruptError,
+        rewritten(f"missing {'.'.join(path)}", _with(payload, path, _DELETE), errors.InputCheckpointCorruptError,
                   "lacks required entries")
-    rewritten("missing format_version", _with(payload, (ckpt.KEY_FORMAT_VERSION,), _DELETE),
-              ckpt.InputCheckpointCorruptError, "no format version")
+    rewritten("missing format_version", _with(payload, (fmt.KEY_FORMAT_VERSION,), _DELETE),
+              errors.InputCheckpointCorruptError, "no format version")
     wrong_types = {
-        (ckpt.KEY_FORMAT_VERSION,): "2",
-        (ckpt.KEY_GLOBAL_STEP,): "4",
-        (ckpt.KEY_INPUT_STREAM,): [1, 2],
+        (fmt.KEY_FORMAT_VERSION,): "2",
+        (fmt.KEY_GLOBAL_STEP,): "4",
+        (fmt.KEY_INPUT_STREAM,): [1, 2],
         (stream, "loader_state"): None,
         (stream, "buffered_tail"): "abc",
         (stream, "input_epoch"): "1",
@@ -125,39 +128,40 @@ def build_corpus(valid: bytes, marker) -> list[Corrupt]:
         (groups, "input_ids", 0): True,
     }
     for path, value in wrong_types.items():
-        error = ckpt.InputCheckpointCorruptError
+        error = errors.InputCheckpointCorruptError
         rewritten(f"wrong type of {'.'.join(map(str, path))}", _with(payload, path, value), error, "")
     rewritten("carried-over lists of different lengths", _with(payload, (groups, "input_ids"), []),
-              ckpt.InputCheckpointCorruptError, "different lengths")
+              errors.InputCheckpointCorruptError, "different lengths")
     rewritten("a malformed numpy record", _with(payload, (groups, "rows", 0, "prompt", "dtype"), "no-such-dtype"),
-              ckpt.InputCheckpointCorruptError, "malformed numpy record")
-    rewritten("a step from another folder", _with(payload, (ckpt.KEY_GLOBAL_STEP,), 3),
-              ckpt.InputCheckpointStepMismatchError, "records global step 3")
+              errors.InputCheckpointCorruptError, "malformed numpy record")
+    rewritten("a step from another folder", _with(payload, (fmt.KEY_GLOBAL_STEP,), 3),
+              errors.InputCheckpointStepMismatchError, "records global step 3")
     for version in (99, 0):
-        rewritten(f"format version {version}", _with(payload, (ckpt.KEY_FORMAT_VERSION,), version),
-                  ckpt.InputCheckpointVersionError, f"version {version}")
-    corpus.append(Corrupt("checksum stripped", torch_bytes({**payload, ckpt.KEY_INTEGRITY: "sha256"}),
-                          ckpt.InputCheckpointCorruptError, "declares a checksum but has none"))
-    corpus.append(Corrupt("not a dict", torch_bytes([payload]), ckpt.InputCheckpointCorruptError, "no format version"))
+        rewritten(f"format version {version}", _with(payload, (fmt.KEY_FORMAT_VERSION,), version),
+                  errors.InputCheckpointVersionError, f"version {version}")
+    corpus.append(Corrupt("checksum stripped", torch_bytes({**payload, fmt.KEY_INTEGRITY: "sha256"}),
+                          errors.InputCheckpointCorruptError, "declares a checksum but has none"))
+    corpus.append(Corrupt("not a dict", torch_bytes([payload]), errors.InputCheckpointCorruptError,
+                          "no format version"))
     corpus.append(Corrupt("malicious pickle in a torch file", torch_bytes(_with(payload, (stream,), CreatesMarker(
-        str(marker)))), ckpt.InputCheckpointUnsafeError, "pickled code"))
+        str(marker)))), errors.InputCheckpointUnsafeError, "pickled code"))
     rewritten("malicious pickle with a valid checksum", _with(payload, (groups, "rows", 0), CreatesMarker(str(marker))),
-              ckpt.InputCheckpointUnsafeError, "calls io.open")
+              errors.InputCheckpointUnsafeError, "calls io.open")
     corpus.append(Corrupt("malicious raw pickle", pickle.dumps(CreatesMarker(str(marker))),
-                          ckpt.InputCheckpointCorruptError, "not a torch zip archive"))
+                          errors.InputCheckpointCorruptError, "not a torch zip archive"))
     return corpus
 
 
 @pytest.fixture(scope="module")
 def corpus(source, marker):
-    return build_corpus((source / f"global_step_{STEP}" / ckpt.INPUT_STATE_FILENAME).read_bytes(), marker)
+    return build_corpus((source / f"global_step_{STEP}" / layout.INPUT_STATE_FILENAME).read_bytes(), marker)
 
 
 def placed(source, tmp_path, data, **options):
     """A copy of ``source`` whose step-4 input file holds ``data``; returns the trainer to resume it."""
     out = tmp_path / "out"
     shutil.copytree(source, out)
-    (out / f"global_step_{STEP}" / ckpt.INPUT_STATE_FILENAME).write_bytes(data)
+    (out / f"global_step_{STEP}" / layout.INPUT_STATE_FILENAME).write_bytes(data)
     trainer = build_cpu_trainer(str(out), **{**OPTIONS, **options})
     trainer.input_observer = RecordingObserver()
     return trainer, out
@@ -170,11 +174,11 @@ def test_the_corpus_holds_more_than_20_distinct_corrupt_files(corpus):
 
 
 def test_every_corrupt_file_is_refused_with_its_typed_error_naming_the_file(tmp_path, corpus, marker):
-    path = tmp_path / ckpt.INPUT_STATE_FILENAME
+    path = tmp_path / layout.INPUT_STATE_FILENAME
     for case in corpus:
         path.write_bytes(case.data)
-        with pytest.raises(ckpt.InputCheckpointError) as info:
-            ckpt.read_input_checkpoint(str(tmp_path), expected_step=STEP)
+        with pytest.raises(errors.InputCheckpointError) as info:
+            input_file.read_input_checkpoint(str(tmp_path), expected_step=STEP)
         assert type(info.value) is case.error, (case.name, info.value)
         assert info.value.path == str(path) and str(path) in str(info.value), case.name
         assert case.problem in info.value.problem, (case.name, info.value.problem)
@@ -184,19 +188,19 @@ def test_every_corrupt_file_is_refused_with_its_typed_error_naming_the_file(tmp_
 
 
 def test_every_single_bit_flip_anywhere_in_the_file_is_caught(tmp_path, source):
-    valid = (source / f"global_step_{STEP}" / ckpt.INPUT_STATE_FILENAME).read_bytes()
-    path = tmp_path / ckpt.INPUT_STATE_FILENAME
+    valid = (source / f"global_step_{STEP}" / layout.INPUT_STATE_FILENAME).read_bytes()
+    path = tmp_path / layout.INPUT_STATE_FILENAME
     missed = []
     for offset in range(len(valid)):
         flipped = bytearray(valid)
         flipped[offset] ^= 1 << (offset % 8)
         path.write_bytes(bytes(flipped))
         try:
-            ckpt.read_input_checkpoint(str(tmp_path), expected_step=STEP)
+            input_file.read_input_checkpoint(str(tmp_path), expected_step=STEP)
             missed.append(offset)
-        except ckpt.InputCheckpointTruncatedError:
+        except errors.InputCheckpointTruncatedError:
             missed.append(offset)  # a full-length file must never pass for one cut short
-        except ckpt.InputCheckpointCorruptError:
+        except errors.InputCheckpointCorruptError:
             pass
     assert missed == [], f"{len(missed)} of {len(valid)} flips not caught as corrupt: {missed[:20]}"
 
@@ -209,21 +213,21 @@ def test_under_auto_no_corrupt_file_makes_the_resume_start_from_scratch(tmp_path
             warnings.simplefilter("always")
             try:
                 trainer.fit()
-            except ckpt.InputCheckpointError as err:
-                assert type(err) is case.error and case.error is not ckpt.InputCheckpointTruncatedError, case.name
+            except errors.InputCheckpointError as err:
+                assert type(err) is case.error and case.error is not errors.InputCheckpointTruncatedError, case.name
                 assert trainer.actor_rollout_wg.updates == 0 and trainer.input_observer.events == [], case.name
                 outcomes["typed error"] += 1
                 continue
         fallbacks = [w.message for w in caught if issubclass(w.category, rs.CheckpointFallbackWarning)]
         resumed = trainer.input_observer.resumed_path
         if resumed == str(out / "global_step_2") and len(fallbacks) == 1:
-            assert case.error is ckpt.InputCheckpointTruncatedError, case.name  # only a cut-short file
+            assert case.error is errors.InputCheckpointTruncatedError, case.name  # only a cut-short file
             assert f"global_step_{STEP} is incomplete: it has agentlightning_input.pt cut short" in str(fallbacks[0])
             outcomes["fallback with a warning"] += 1
         else:
             outcomes["silent restart"] += 1
     print(f"auto resume over the corpus: {outcomes}")
-    truncated = sum(c.error is ckpt.InputCheckpointTruncatedError for c in corpus)
+    truncated = sum(c.error is errors.InputCheckpointTruncatedError for c in corpus)
     assert outcomes == {"typed error": len(corpus) - truncated, "fallback with a warning": truncated,
                         "silent restart": 0}
     assert not marker.exists()
@@ -234,7 +238,7 @@ def test_under_resume_path_every_corrupt_file_is_an_error(tmp_path, source, corp
         out = tmp_path / str(i)
         trainer, out = placed(source, out, case.data, resume_mode="resume_path")
         trainer.config.trainer.resume_from_path = str(out / f"global_step_{STEP}")
-        with pytest.raises(ckpt.InputCheckpointError) as info:
+        with pytest.raises(errors.InputCheckpointError) as info:
             trainer.fit()
         assert type(info.value) is case.error, case.name
         assert trainer.actor_rollout_wg.updates == 0, case.name
@@ -242,7 +246,7 @@ def test_under_resume_path_every_corrupt_file_is_an_error(tmp_path, source, corp
 
 
 def test_an_intact_file_from_the_corpus_source_resumes(tmp_path, source):
-    valid = (source / f"global_step_{STEP}" / ckpt.INPUT_STATE_FILENAME).read_bytes()
+    valid = (source / f"global_step_{STEP}" / layout.INPUT_STATE_FILENAME).read_bytes()
     trainer, out = placed(source, tmp_path, valid)
     trainer.fit()
     assert trainer.input_observer.resumed_path == str(out / f"global_step_{STEP}")

@@ -1,20 +1,22 @@
 """Crash safety of the Agent Lightning trainer's checkpoints, in-process and fast.
 
-The file operations of one save are recorded in order; a kill before each of them is simulated by
-copying the checkpoint directory as it stands at that moment (what a SIGKILL leaves), a power loss by
-also cutting every file back to what was fsynced, and an I/O error by raising ``OSError`` instead of
-the operation (once, or for it and every later one). Each outcome is then resumed and compared with the
-uninterrupted run. Damaged trackers and folders exercise the ``auto`` fallback. The same kills as real
-processes are the crash matrix of pytest-resume-check; corrupt input files are in
-test_corruption_corpus.py.
+The file operations of one save are recorded in order with the harness's own recorder
+(:class:`pytest_resume_check.recorder.Recorder`, the one the crash matrix installs in its child
+processes). A kill before each of them is simulated by stopping the run there and copying the
+checkpoint directory as it stands at that moment (what a SIGKILL leaves), a power loss by also cutting
+every file back to what was fsynced, and an I/O error by raising ``OSError`` instead of the operation
+(once, or for it and every later one). Each outcome is then resumed and compared with the uninterrupted
+run. Damaged trackers and folders exercise the ``auto`` fallback. The same kills as real processes are
+the crash matrix of pytest-resume-check; corrupt input files are in test_corruption_corpus.py.
 """
 
-import builtins
 import errno
 import os
+import re
 import shutil
 import warnings
 import zipfile
+from dataclasses import dataclass
 
 import pytest
 
@@ -23,20 +25,20 @@ pytest.importorskip("verl")
 
 from omegaconf import open_dict  # noqa: E402
 
-from agentlightning.verl import checkpoint as ckpt  # noqa: E402
+from agentlightning.verl import errors  # noqa: E402
 from agentlightning.verl import resume_selection as rs  # noqa: E402
-from agentlightning.verl.cpu import (  # noqa: E402
-    RecordingObserver,
-    SimulatedKill,
-    StockCpuRayPPOTrainer,
-    build_cpu_trainer,
-)
+from agentlightning.verl import verl_layout as layout  # noqa: E402
+from agentlightning.verl.cpu_builder import build_cpu_trainer  # noqa: E402
 from agentlightning.verl.schedule import mixed_latency  # noqa: E402
+from agentlightning.verl.stock_trainer import StockCpuRayPPOTrainer  # noqa: E402
+from agentlightning.verl.testing import RecordingObserver, SimulatedKill  # noqa: E402
+from pytest_resume_check.faults import ERROR, INJECTED, POWER, RECORD, FaultPlan, apply_after_kill  # noqa: E402
+from pytest_resume_check.recorder import Recorder  # noqa: E402
 
 OPTIONS = {"latency_profile": mixed_latency}  # groups are in flight at both checkpoints
-TRACKER = ckpt.TRACKER_FILENAME
+TRACKER = layout.TRACKER_FILENAME
 G2, G4 = "global_step_2", "global_step_4"
-INPUT4 = f"{G4}/{ckpt.INPUT_STATE_FILENAME}"
+INPUT4 = f"{G4}/{layout.INPUT_STATE_FILENAME}"
 
 #: Every file operation of the async save of step 4, relative to the checkpoint directory.
 ASYNC_SAVE_OPS = [
@@ -115,187 +117,102 @@ def sync_reference(tmp_path_factory):
 # ---------------------------------------------------------------- recording file operations
 
 
-class _Tracked:
-    def __init__(self, raw, ops, rel):
-        self._raw, self._ops, self._rel = raw, ops, rel
+@dataclass
+class WatchingObserver(RecordingObserver):
+    """A :class:`RecordingObserver` that opens the recorder's window when a save is decided and closes it
+    when the save is published, as the harness's ``RunContext`` does in a child process."""
 
-    def write(self, data):
-        self._ops.op("write", self._raw.name)
-        n = self._raw.write(data)
-        self._ops.written[self._rel] += n
-        return n
+    recorder: Recorder | None = None
 
-    def close(self):
-        if not self._raw.closed:
-            self._ops.op("close", self._raw.name)
-        self._raw.close()
+    def should_checkpoint(self, step):
+        wanted = super().should_checkpoint(step)
+        if wanted:
+            self.recorder.start(step)
+        return wanted
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __getattr__(self, name):
-        return getattr(self._raw, name)
+    def checkpoint_published(self, step, path):
+        self.recorder.finish(step)  # a kill planned after the last op happens here, before the report
+        super().checkpoint_published(step, path)
 
 
-class FileOps:
-    """Records the file operations under ``root`` while ``active``; ``before(self, index)`` runs before
-    each one (it may copy the directory or raise). Tracks the bytes written and fsynced per file."""
-
-    def __init__(self, root, monkeypatch, before=None):
-        self.root = os.path.realpath(root)
-        self.before = before
-        self.active = False
-        self.ops = []
-        self.written, self.synced = {}, {}
-        real_open, real_replace, real_remove = builtins.open, os.replace, os.remove
-        real_mkdir, real_fsync, real_save = os.mkdir, os.fsync, torch.save
-
-        def open_(file, mode="r", *args, **kwargs):
-            writing = isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+")
-            if writing and self.op("open", file):
-                rel = self.rel(file)
-                self.written[rel] = self.synced[rel] = 0
-                return _Tracked(real_open(file, mode, *args, **kwargs), self, rel)
-            return real_open(file, mode, *args, **kwargs)
-
-        def replace(src, dst):
-            watched = self.op("replace", src, dst)
-            real_replace(src, dst)
-            if watched:
-                for table in (self.written, self.synced):
-                    if self.rel(src) in table:
-                        table[self.rel(dst)] = table.pop(self.rel(src))
-
-        def remove(path):
-            self.op("remove", path)
-            real_remove(path)
-
-        def mkdir(path, *args, **kwargs):
-            if not os.path.isdir(path):
-                self.op("mkdir", path)
-            real_mkdir(path, *args, **kwargs)
-
-        def fsync(fd):
-            path = os.readlink(f"/proc/self/fd/{fd if isinstance(fd, int) else fd.fileno()}")
-            watched = self.op("fsync", path)
-            real_fsync(fd)
-            if watched:
-                self.synced[self.rel(path)] = self.written.get(self.rel(path), 0)
-
-        def save(obj, f, *args, **kwargs):
-            watched = isinstance(f, (str, os.PathLike)) and self.op("torch.save", f)
-            real_save(obj, f, *args, **kwargs)
-            if watched:  # written from C++, never fsynced by torch
-                self.written[self.rel(f)], self.synced[self.rel(f)] = os.path.getsize(f), 0
-
-        for module, name, value in [(builtins, "open", open_), (os, "replace", replace), (os, "remove", remove),
-                                    (os, "mkdir", mkdir), (os, "fsync", fsync), (torch, "save", save)]:
-            monkeypatch.setattr(module, name, value)
-
-    def rel(self, path):
-        real = os.path.realpath(os.fspath(path))
-        if real == self.root or real.startswith(self.root + os.sep):
-            return os.path.relpath(real, self.root)
-        return None
-
-    def op(self, kind, path, target=None):
-        rel = self.rel(path) if self.active else None
-        if rel is None:
-            return False
-        if self.before is not None:
-            self.before(self, len(self.ops))
-        self.ops.append((kind, rel) if target is None else (kind, rel, self.rel(target)))
-        return True
-
-    def watch(self, trainer, step):
-        """Record during the save of ``step``; ``before`` also runs once after its last op."""
-        save = trainer._save_checkpoint
-
-        def watched_save():
-            self.active = trainer.global_steps == step
-            try:
-                save()
-                if self.active and self.before is not None:
-                    self.before(self, len(self.ops))
-            finally:
-                self.active = False
-
-        trainer._save_checkpoint = watched_save
+def _not_killed(text, extra):
+    raise AssertionError(f"a recording without a kill planned was killed: {text}")
 
 
-def snapshot(root, dest, ops=None):
-    """Copy ``root`` to ``dest`` as a kill leaves it; with ``ops``, as a power loss leaves it (every file
-    cut back to the bytes fsynced before the kill)."""
-    shutil.copytree(root, dest)
-    for rel, written in (ops.written if ops else {}).items():
-        path = os.path.join(dest, rel)
-        if written > ops.synced.get(rel, 0) and os.path.exists(path):
-            os.truncate(path, ops.synced.get(rel, 0))
+RECORD_ONLY = FaultPlan(4, RECORD)
 
 
-def record_save(out, monkeypatch, before=None, **options):
-    """A run saving at 2 and 4 (killed at the end of step 5) whose save of step 4 is recorded."""
-    trainer = build_cpu_trainer(str(out), **{**OPTIONS, **options})
-    trainer.input_observer = RecordingObserver(checkpoint_steps={2, 4}, kill_at_step_end=5)
+def record_save(out, plan=RECORD_ONLY, on_kill=_not_killed, **options):
+    """A run saving at 2 and 4 (killed at the end of step 5) whose save of step 4 is recorded, with
+    ``plan`` applied to it; returns the recorder and the run's observer."""
     os.makedirs(out, exist_ok=True)
-    ops = FileOps(out, monkeypatch, before)
-    ops.watch(trainer, 4)
-    try:
-        trainer.fit()
-    except SimulatedKill:
-        pass
-    return ops, trainer.input_observer
+    trainer = build_cpu_trainer(str(out), **{**OPTIONS, **options})
+    with Recorder(plan, str(out), lambda op: None, on_kill) as recorder:
+        trainer.input_observer = WatchingObserver(checkpoint_steps={2, 4}, kill_at_step_end=5, recorder=recorder)
+        try:
+            trainer.fit()
+        except SimulatedKill:
+            pass
+    return recorder, trainer.input_observer
+
+
+def op_tuples(recorder):
+    """The recorded ops as ``(kind, path)`` or ``(kind, path, target)``, paths relative to the directory."""
+    return [(op.kind, op.path) if op.target is None else (op.kind, op.path, op.target) for op in recorder.ops]
 
 
 # ---------------------------------------------------------------- the save
 
 
-def test_an_async_save_performs_these_file_operations_in_order(tmp_path, monkeypatch):
-    ops, _ = record_save(tmp_path / "out", monkeypatch)
-    assert ops.ops == ASYNC_SAVE_OPS
+def test_an_async_save_performs_these_file_operations_in_order(tmp_path):
+    recorder, _ = record_save(tmp_path / "out")
+    assert op_tuples(recorder) == ASYNC_SAVE_OPS
 
 
-def test_a_sync_save_writes_verls_files_and_publishes_the_tracker_last_and_atomically(tmp_path, monkeypatch):
-    ops, _ = record_save(tmp_path / "out", monkeypatch, async_enabled=False)
-    assert ops.ops == [("mkdir", G4)] + ASYNC_SAVE_OPS[7:]
+def test_a_sync_save_writes_verls_files_and_publishes_the_tracker_last_and_atomically(tmp_path):
+    recorder, _ = record_save(tmp_path / "out", async_enabled=False)
+    assert op_tuples(recorder) == [("mkdir", G4)] + ASYNC_SAVE_OPS[7:]
     assert (tmp_path / "out" / TRACKER).read_bytes() == b"4"
 
 
-def test_every_file_of_a_save_is_fsynced_before_the_tracker_names_it(tmp_path, monkeypatch):
-    ops, _ = record_save(tmp_path / "out", monkeypatch)
-    assert ops.written and all(ops.synced[path] == size for path, size in ops.written.items())
-    fsynced_before_publishing = {op[1] for op in ops.ops[:TRACKER_REPLACE] if op[0] == "fsync"}
+def test_every_file_of_a_save_is_fsynced_before_the_tracker_names_it(tmp_path):
+    recorder, _ = record_save(tmp_path / "out")
+    assert recorder.written and all(recorder.synced[path] == size for path, size in recorder.written.items())
+    fsynced_before_publishing = {op.path for op in recorder.ops[:TRACKER_REPLACE] if op.kind == "fsync"}
     assert {f"{G4}/data.pt", G4, f"{G4}/actor", f"{TRACKER}.tmp"} <= fsynced_before_publishing
 
 
 @pytest.fixture(scope="module")
 def crash_outcomes(tmp_path_factory):
-    """The directory a kill (and a power loss) before each operation of the save of step 4 leaves."""
+    """For each kill point of the save of step 4 (before each op, and after the last): the directory the
+    kill leaves, the directory a power loss at that moment leaves, and the killed run's observer."""
     base = tmp_path_factory.mktemp("crash")
     outcomes = []
+    for index in range(len(ASYNC_SAVE_OPS) + 1):
+        out, kill, power = base / f"out-{index}", base / f"kill-{index}", base / f"power-{index}"
 
-    def before(ops, index):
-        kill, power = base / f"kill-{index}", base / f"power-{index}"
-        snapshot(base / "out", kill)
-        snapshot(base / "out", power, ops)
-        outcomes.append((index, kill, power))
+        def on_kill(text, extra, out=out, kill=kill, power=power):
+            # Copied at once: the exception below runs the save's clean-up code, which a SIGKILL would not
+            # (its file operations are stopped by the recorder too, but nothing else should run first).
+            if not kill.exists():
+                shutil.copytree(out, kill)
+                shutil.copytree(out, power)
+                apply_after_kill(str(power), extra)  # every file cut back to its fsynced bytes
+            raise SimulatedKill(text)
 
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        _, first = record_save(base / "out", monkeypatch, before)
-    return outcomes, first
+        _, first = record_save(out, FaultPlan(4, POWER, index), on_kill)
+        if kill.exists():
+            outcomes.append((index, kill, power, first))
+    return outcomes
 
 
 @pytest.mark.parametrize("kind", ["kill", "power loss"])
 def test_a_crash_before_any_operation_of_a_save_resumes_from_the_previous_or_the_new_checkpoint(
     crash_outcomes, reference, kind
 ):
-    outcomes, first = crash_outcomes
-    assert [index for index, _, _ in outcomes] == list(range(len(ASYNC_SAVE_OPS) + 1))
+    assert [index for index, _, _, _ in crash_outcomes] == list(range(len(ASYNC_SAVE_OPS) + 1))
     resumed = {}
-    for index, kill, power in outcomes:
+    for index, kill, power, first in crash_outcomes:
         second, fallbacks = resume(kill if kind == "kill" else power)
         assert fallbacks == [], (index, fallbacks)  # the tracker is never torn: no fallback needed
         assert continues(first, second, reference), index
@@ -309,16 +226,8 @@ def test_an_io_error_at_any_operation_fails_the_save_and_leaves_the_previous_che
 ):
     for index in range(len(ASYNC_SAVE_OPS)):
         out = tmp_path / f"{index}"
-        failing = []
-
-        def before(ops, i, index=index, failing=failing):
-            # A failed op is not recorded, so the next op has the same index: "once" means the first.
-            if (i == index and not failing) or (persistent and failing):
-                failing.append(i)
-                raise OSError(errno.ENOSPC, f"No space left on device (injected at op {i})")
-
-        with pytest.MonkeyPatch.context() as monkeypatch, pytest.raises(OSError, match="injected at op"):
-            record_save(out, monkeypatch, before)
+        with pytest.raises(OSError, match=re.escape(INJECTED)):
+            record_save(out, FaultPlan(4, ERROR, index, errno.ENOSPC, persistent))
         # Only when the disk refuses everything after the tracker was replaced (its folder's fsync) can the
         # tracker not be put back; it then names step 4, which is complete.
         expected = 4 if persistent and index > TRACKER_REPLACE else 2
@@ -340,7 +249,7 @@ def test_a_save_with_verls_async_save_setting_writes_no_tracker_like_verl(tmp_pa
     trainer.input_observer = RecordingObserver(checkpoint_steps={2}, kill_at_step_end=3)
     with pytest.raises(SimulatedKill):
         trainer.fit()
-    assert (tmp_path / G2 / ckpt.INPUT_STATE_FILENAME).exists() and not (tmp_path / TRACKER).exists()
+    assert (tmp_path / G2 / layout.INPUT_STATE_FILENAME).exists() and not (tmp_path / TRACKER).exists()
 
 
 # ---------------------------------------------------------------- auto fallback
@@ -397,11 +306,11 @@ FOLDER_DAMAGE = {
     "only a temporary actor file": (lambda g: _only_temporary(g / "actor" / "model.pt"), "has no actor checkpoint"),
     "no actor folder": (lambda g: shutil.rmtree(g / "actor"), "has no actor checkpoint"),
     "only a temporary input file": (
-        lambda g: _only_temporary(g / ckpt.INPUT_STATE_FILENAME),
+        lambda g: _only_temporary(g / layout.INPUT_STATE_FILENAME),
         "has no agentlightning_input.pt (only its temporary file",
     ),
     "input file cut short": (
-        lambda g: _cut_in_half(g / ckpt.INPUT_STATE_FILENAME),
+        lambda g: _cut_in_half(g / layout.INPUT_STATE_FILENAME),
         "has agentlightning_input.pt cut short",
     ),
 }
@@ -459,7 +368,7 @@ def test_a_corrupt_published_input_file_stops_auto_resume_with_a_typed_error(tmp
     (tmp_path / INPUT4).write_bytes(bytes(raw))
     trainer = build_cpu_trainer(str(tmp_path), **OPTIONS)
     trainer.input_observer = RecordingObserver()
-    with pytest.raises(ckpt.InputCheckpointCorruptError, match="fails its SHA-256 checksum") as info:
+    with pytest.raises(errors.InputCheckpointCorruptError, match="fails its SHA-256 checksum") as info:
         trainer.fit()
     assert info.value.path == str(tmp_path / INPUT4)
     assert trainer.actor_rollout_wg.updates == 0 and trainer.input_observer.events == []
@@ -473,7 +382,7 @@ def test_an_explicit_incomplete_folder_is_an_error_naming_it_and_what_it_lacks(t
     os.remove(tmp_path / G4 / "data.pt")
     trainer = build_cpu_trainer(str(tmp_path / "new"), resume_mode="resume_path", resume_from_path=str(tmp_path / G4))
     trainer.input_observer = RecordingObserver()
-    with pytest.raises(rs.CheckpointIncompleteError, match="is incomplete: it has no data.pt") as info:
+    with pytest.raises(errors.CheckpointIncompleteError, match="is incomplete: it has no data.pt") as info:
         trainer.fit()
     assert info.value.path == str(tmp_path / G4) and "resume_from_path" in info.value.fix
     assert trainer.actor_rollout_wg.updates == 0
@@ -484,14 +393,14 @@ def test_an_explicit_folder_with_an_input_file_cut_short_is_an_error_not_a_fallb
     _cut_in_half(tmp_path / INPUT4)
     trainer = build_cpu_trainer(str(tmp_path), resume_mode="resume_path", resume_from_path=str(tmp_path / G4))
     trainer.input_observer = RecordingObserver()
-    with pytest.raises(ckpt.InputCheckpointTruncatedError, match="cut short"):
+    with pytest.raises(errors.InputCheckpointTruncatedError, match="cut short"):
         trainer.fit()
 
 
 def test_an_explicit_folder_that_does_not_exist_is_an_error(tmp_path):
     trainer = build_cpu_trainer(str(tmp_path), resume_mode="resume_path", resume_from_path=str(tmp_path / G4))
     trainer.input_observer = RecordingObserver()
-    with pytest.raises(rs.CheckpointIncompleteError, match="does not exist"):
+    with pytest.raises(errors.CheckpointIncompleteError, match="does not exist"):
         trainer.fit()
 
 

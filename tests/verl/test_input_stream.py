@@ -11,7 +11,7 @@ from torch.utils.data import SequentialSampler  # noqa: E402
 from torchdata.stateful_dataloader import Stateful, StatefulDataLoader  # noqa: E402
 from torchdata.stateful_dataloader.sampler import RandomSampler  # noqa: E402
 
-from agentlightning.verl.cpu import SyntheticInputs, collate_inputs  # noqa: E402
+from agentlightning.verl.cpu_builder import SyntheticInputs, collate_inputs  # noqa: E402
 from agentlightning.verl.inputs import (  # noqa: E402
     BufferedInputStream,
     batch_len,

@@ -17,12 +17,13 @@ pytest.importorskip("torch")
 pytest.importorskip("verl")
 
 from agentlightning.verl import resume_target as rt  # noqa: E402
-from agentlightning.verl.cpu import RecordingObserver, build_cpu_trainer, epoch_orders  # noqa: E402
+from agentlightning.verl.cpu_builder import build_cpu_trainer, epoch_orders  # noqa: E402
 from agentlightning.verl.schedule import (  # noqa: E402
     LATENCY_PROFILES,
     long_tail_latency,
     simulate_async_schedule,
 )
+from agentlightning.verl.testing import RecordingObserver  # noqa: E402
 
 
 def run_case(tmp_path, case, seed=11):

@@ -1,9 +1,10 @@
 """The Agent Lightning trainer driven by the harness: real child processes, SIGKILL, resume.
 
 The fixed async trainer passes on both ledgers, with groups carried over across the checkpoint for
-every latency profile; with the input file switched off the buffered tail is LOST; with the restoration
-of in-flight inputs switched off exactly the cells with carry-over at a resume point are LOST on the
-trained ledger; stock verl replays epoch 0's order after a resume from an epoch-end checkpoint.
+every latency profile; run as it was before the fix (no input file) the buffered tail is LOST; without
+the restoration of in-flight inputs exactly the cells with carry-over at a resume point are LOST on the
+trained ledger (both pre-fix trainers come from agentlightning.verl.testing); stock verl replays epoch
+0's order after a resume from an epoch-end checkpoint.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 pytest.importorskip("verl")
 
-from agentlightning.verl import checkpoint as ckpt  # noqa: E402
+from agentlightning.verl import input_file  # noqa: E402
 from agentlightning.verl import resume_target as rt  # noqa: E402
 from pytest_resume_check import matrix  # noqa: E402
 from pytest_resume_check import verdict as vd  # noqa: E402
+from pytest_resume_check.engine import Engine  # noqa: E402
 from pytest_resume_check.matrix import Cell  # noqa: E402
 from pytest_resume_check.run import KillSpec, RunContext  # noqa: E402
-from pytest_resume_check.engine import Engine  # noqa: E402
 from pytest_resume_check.targets import resume_target  # noqa: E402
 
 CASE = {"id": "b4-r6-e2", "refill": 6}  # 6 inputs per step from batches of 4: a tail of 2 after step 1
@@ -36,19 +37,17 @@ TRAINED_LEDGER = " [trained ledger]"
 
 
 def fit_async_unfixed(run: RunContext) -> None:
-    """The async trainer with the input file switched off (the behaviour before the fix)."""
-    from agentlightning.verl.trainer import AgentLightningRayPPOTrainer
+    """The async trainer without the input file (the behaviour before the fix)."""
+    from agentlightning.verl.testing import TrainerWithoutInputFile
 
-    AgentLightningRayPPOTrainer.write_input_checkpoint = False  # this child process only
-    rt.fit_async(run)
+    rt.fit_trainer(run, async_enabled=True, trainer_cls=TrainerWithoutInputFile)
 
 
 def fit_async_without_carry_over(run: RunContext) -> None:
-    """The async trainer with the restoration of in-flight inputs switched off (format 1's limits)."""
-    from agentlightning.verl.trainer import AgentLightningRayPPOTrainer
+    """The async trainer without the restoration of in-flight inputs (format 1's limits)."""
+    from agentlightning.verl.testing import TrainerWithoutCarryOver
 
-    AgentLightningRayPPOTrainer.restore_in_flight_inputs = False  # this child process only
-    rt.fit_async(run)
+    rt.fit_trainer(run, async_enabled=True, trainer_cls=TrainerWithoutCarryOver)
 
 
 unfixed = resume_target(fit_async_unfixed, name="unfixed", steps=rt.async_steps, cases=[CASE],
@@ -110,8 +109,8 @@ def test_carried_over_groups_survive_a_sigkill_for_every_latency_profile(engine,
         result = run(engine, rt.agentlightning_async, case, *kills, mode=mode)
         assert result.passed, f"{matrix.kill_id(kills)} ({mode}): {result.verdict.headline}"
         assert result.verdict.resumed_from == [k.checkpoint_step for k in kills]
-        stored = ckpt.read_input_checkpoint(os.path.join(result.runs[0].plan.checkpoint_dir,
-                                                         f"global_step_{kills[0].checkpoint_step}"))
+        stored = input_file.read_input_checkpoint(os.path.join(result.runs[0].plan.checkpoint_dir,
+                                                               f"global_step_{kills[0].checkpoint_step}"))
         assert len(stored.carried_over["input_ids"]) == schedule.carried_over_after(kills[0].checkpoint_step)
 
 
