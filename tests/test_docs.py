@@ -9,7 +9,6 @@ test_downstream_example.py; docs/trainer-configuration.md belongs to the trainer
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -20,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from optional import requires
 
 from pytest_resume_check import plugin
 from pytest_resume_check import verdict as vd
@@ -51,10 +51,8 @@ INCLUDE = re.compile(r'^--8<-- "([^"]+)"$')
 HTML_OPTION = "--resume-matrix-html"
 NO_HTML_OPTION = "the plugin has no --resume-matrix-html option yet"
 
-HAS_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "torchdata"))
-HAS_VERL = HAS_TORCH and importlib.util.find_spec("verl") is not None
-needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch and torchdata are not installed")
-needs_verl = pytest.mark.skipif(not HAS_VERL, reason="verl is not installed")
+needs_torch = requires("torch", "torchdata")
+needs_verl = requires("torch", "torchdata", "verl")
 
 
 def html_option_wired() -> bool:
@@ -83,6 +81,11 @@ def shell_lines() -> list[tuple[str, str, str]]:
 
 
 PYTEST_COMMANDS = [(p, cwd, line) for p, cwd, line in shell_lines() if line.startswith("pytest ")]
+#: The commands as test cases: those of the verl target need verl.
+PYTEST_COMMAND_CASES = [
+    pytest.param(p, cwd, line, id=f"{p}:{i}", marks=[needs_verl] if "verl_stock_sync" in line else [])
+    for i, (p, cwd, line) in enumerate(PYTEST_COMMANDS)
+]
 
 
 def run_pytest(args, cwd, timeout=600, env=None):
@@ -99,9 +102,8 @@ def text_block_after(page: str, marker: str) -> list[str]:
 
 # -- the site and the shape of the pages -------------------------------------------------------------------
 
+@requires("mkdocs", "material")
 def test_mkdocs_build_is_strict_clean(tmp_path):
-    pytest.importorskip("mkdocs")
-    pytest.importorskip("material")
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
                            "-d", str(tmp_path / "site")], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=300)
@@ -151,15 +153,12 @@ def test_matrix_page_lists_every_option_and_no_other():
 # -- every pytest command on the pages collects --------------------------------------------------------
 
 @needs_torch
-@pytest.mark.parametrize(("page", "cwd", "line"), PYTEST_COMMANDS,
-                         ids=[f"{p}:{i}" for i, (p, _, _) in enumerate(PYTEST_COMMANDS)])
+@pytest.mark.parametrize(("page", "cwd", "line"), PYTEST_COMMAND_CASES)
 def test_every_pytest_command_on_the_pages_collects(page, cwd, line, tmp_path):
     """Collecting checks the options, the target names and the cell ids; running is left to the tests
     below (and to the matrix's own tests). Commands for the project root run in an empty folder, where
     the installed targets are found the same way."""
     args = shlex.split(line)[1:]
-    if "verl_stock_sync" in line and not HAS_VERL:
-        pytest.skip("verl is not installed")
     if HTML_OPTION in line and not html_option_wired():
         pytest.skip(NO_HTML_OPTION)
     args = [a for i, a in enumerate(args) if a != "-n" and (i == 0 or args[i - 1] != "-n")]  # xdist only spreads
@@ -215,8 +214,10 @@ def test_ini_example_configures_the_matrix(pytester):
 
 
 @needs_torch
+@requires("yaml")
 def test_ci_workflow_runs_its_matrix_command_on_the_example_project(pytester):
-    yaml = pytest.importorskip("yaml")
+    import yaml
+
     if not html_option_wired():
         pytest.skip(NO_HTML_OPTION)
     workflow = yaml.safe_load((EXAMPLES / "ci" / "resume-matrix.yml").read_text())
@@ -286,9 +287,8 @@ def test_report_page_quotes_real_verdicts_of_the_planted_example(tmp_path):
     assert finding[0] in real
 
 
+@needs_torch
 def test_torchdata_finding_script_shows_two_orders():
-    pytest.importorskip("torch")
-    pytest.importorskip("torchdata")
     done = subprocess.run([sys.executable, "-W", "ignore", "docs/examples/findings/torchdata_shared_generator.py"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     shown = text_block_after("findings.md", "python docs/examples/findings/torchdata_shared_generator.py")

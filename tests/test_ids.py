@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from optional import requires
 
 from pytest_resume_check.ids import WithIds, ids_of
 
@@ -28,23 +29,25 @@ def test_missing_id_key_names_the_wrapper_to_use():
         ids_of({"x": [1]})
 
 
+@requires("numpy")
 def test_ids_from_numpy_arrays_including_object_arrays():
-    np = pytest.importorskip("numpy")
+    import numpy as np
+
     assert ids_of({"input_id": np.array([7, 8])}) == [7, 8]
     assert ids_of({"uid": np.array(["a", "b"], dtype=object)}, id_key="uid") == ["a", "b"]
 
 
+@requires("torch")
 def test_ids_from_a_collated_tensor_batch():
-    torch = pytest.importorskip("torch")
+    import torch
     from torch.utils.data import default_collate
 
     batch = default_collate([WithIds([torch.zeros(2)] * 3)[i] for i in range(3)])
     assert ids_of(batch) == [0, 1, 2]
 
 
+@requires("torch", "numpy", "verl")
 def test_ids_from_a_verl_dataproto_in_either_place():
-    pytest.importorskip("torch")
-    pytest.importorskip("verl")
     import numpy as np
     import torch
     from verl import DataProto

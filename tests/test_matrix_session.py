@@ -3,10 +3,10 @@ verdicts as a serial run."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
+from optional import requires
 
 from pytest_resume_check import summary
 
@@ -28,8 +28,6 @@ ARGS = ("-p", "no:cacheprovider", "--resume-matrix", "--resume-matrix-seed=9",
 
 @pytest.fixture
 def project(pytester):
-    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("torchdata") is None:
-        pytest.skip("torch and torchdata are not installed")
     pytester.makeconftest(CONFTEST)
     return pytester
 
@@ -39,6 +37,7 @@ def verdicts(path):
     return {summary.cell_name(c): (tuple(c["categories"]), c["headline"]) for c in cells}
 
 
+@requires("torch", "torchdata")
 def test_serial_and_xdist_runs_give_identical_verdicts(project):
     project.runpytest_subprocess(*ARGS, "--resume-matrix-json=serial.json")
     project.runpytest_subprocess(*ARGS, "-n", "2", "--resume-matrix-json=parallel.json")
@@ -47,6 +46,7 @@ def test_serial_and_xdist_runs_give_identical_verdicts(project):
     assert any(cats == ("LOST",) for cats, _ in serial.values())  # the comparison is not vacuous
 
 
+@requires("torch", "torchdata")
 def test_summary_shows_a_grid_per_target_and_the_smallest_failing_kill_point(project):
     result = project.runpytest_subprocess(*ARGS)
     result.stdout.fnmatch_lines([

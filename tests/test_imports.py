@@ -1,0 +1,248 @@
+"""Importing is free of effects, and cheap where a module promises it.
+
+Every module of ``pytest_resume_check`` and ``agentlightning`` is imported in a fresh interpreter that
+compares its own state before and after the import: no thread, no process, no signal handler, not a
+child subreaper, no frozen GC (house style, "Importing is free of effects": the first version made
+every importer a subreaper and froze its GC). Engine modules also never import pytest. The lists come
+from walking the packages, so a new module is checked without being added anywhere.
+
+Everything here runs without torch, except the one test that runs a target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+
+import pytest
+from optional import MISSING_REASON, requires
+
+import agentlightning
+import pytest_resume_check
+from pytest_resume_check._server_setup import WARMUP_ENV
+
+PACKAGES = (pytest_resume_check, agentlightning)
+OURS = {package.__name__ for package in PACKAGES}
+
+#: The pytest side of the plugin; every other module of pytest_resume_check is engine and can be used
+#: from a script, so it must not import pytest.
+PYTEST_SIDE = ("pytest_resume_check.plugin", "pytest_resume_check.fixtures", "pytest_resume_check.hookspecs")
+
+#: Optional dependencies: a module whose import stops at one of these, not installed, is skipped, not
+#: failed. omegaconf comes with verl (agentlightning.verl.trainer imports it before verl).
+OPTIONAL = ("torch", "torchdata", "numpy", "verl", "omegaconf")
+
+# What the probe compares, by name.
+PYTHON_THREADS = "Python threads"
+OS_THREADS = "OS threads"
+CHILDREN = "child processes"
+SIGNALS = "signal handlers"
+SUBREAPER = "child subreaper"
+FROZEN_GC = "frozen GC objects"
+
+#: The exceptions, with the effects they may have and why. Both are entries of the fork server's
+#: preload list, which can only name modules: importing them *is* the call, and only the fork server
+#: imports them.
+PRELOAD_ENTRIES = {
+    # Points fds 1 and 2 at /dev/null while the server imports and warms up the targets' modules;
+    # file descriptors are not among the compared state, so it has nothing to be excused for.
+    "pytest_resume_check._preload_begin": (),
+    # Makes the server the subreaper of its children (it reaps orphaned loader workers at once) and
+    # freezes its heap, so no forked child's first collection copies it.
+    "pytest_resume_check._preload_end": (SUBREAPER, FROZEN_GC),
+}
+
+#: Runs in a fresh interpreter: ``-c PROBE module report.json [first.json]``, where first.json lists
+#: modules to import before taking the baseline.
+PROBE = r"""
+import ctypes, gc, importlib, json, os, signal, sys, threading
+
+PR_GET_CHILD_SUBREAPER = 37
+
+
+def children():
+    # Processes whose parent is this one, zombies included.
+    me, found = os.getpid(), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        # The name in parentheses may hold spaces; after it come the state and the parent's pid.
+        if int(stat.rpartition(")")[2].split()[1]) == me:
+            found.append(int(pid))
+    return sorted(found)
+
+
+def subreaper():
+    flag = ctypes.c_int(-1)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
+    return flag.value
+
+
+def state():
+    return {
+        "Python threads": threading.active_count(),
+        "OS threads": len(os.listdir("/proc/self/task")),
+        "child processes": children(),
+        "signal handlers": {getattr(s, "name", str(s)): repr(signal.getsignal(s)) for s in signal.valid_signals()},
+        "child subreaper": subreaper(),
+        "frozen GC objects": gc.get_freeze_count(),
+    }
+
+
+module, report = sys.argv[1], sys.argv[2]
+if len(sys.argv) > 3:
+    with open(sys.argv[3]) as f:
+        for first in json.load(f):
+            try:
+                importlib.import_module(first)
+            except Exception:  # out of its usual order; the import below brings it anyway
+                pass
+modules, before = set(sys.modules), state()
+try:
+    importlib.import_module(module)
+except ModuleNotFoundError as error:
+    result = {"missing": error.name}
+else:  # in the order they were imported
+    result = {"before": before, "after": state(), "imported": [m for m in sys.modules if m not in modules]}
+with open(report, "w") as f:  # not stdout: a preload entry points fd 1 at /dev/null
+    json.dump(result, f)
+"""
+
+
+def modules_of(package) -> list[str]:
+    """The package and every module and subpackage under it."""
+    # Subpackages are imported to look inside them; one that fails is still listed, and fails its test.
+    walk = pkgutil.walk_packages(package.__path__, package.__name__ + ".", onerror=lambda name: None)
+    return [package.__name__, *(info.name for info in walk)]
+
+
+MODULES = [name for package in PACKAGES for name in modules_of(package)]
+ENGINE_MODULES = [name for name in MODULES if name.startswith("pytest_resume_check") and name not in PYTEST_SIDE]
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without the fork server's warm-up list, which no other process may
+    inherit."""
+    return {key: value for key, value in os.environ.items() if key != WARMUP_ENV}
+
+
+def probe(module: str, folder, first: Sequence[str] = ()) -> dict:
+    """Import ``module`` in a fresh interpreter (after the modules ``first``) and return its report."""
+    report, first_file = folder / f"{module}.json", folder / f"{module}.first.json"
+    first_file.write_text(json.dumps(list(first)))
+    done = subprocess.run([sys.executable, "-c", PROBE, module, str(report), str(first_file)],
+                          capture_output=True, text=True, env=clean_env(), timeout=600)
+    assert done.returncode == 0, f"importing {module} failed:\n{done.stderr[-4000:]}"
+    return json.loads(report.read_text())
+
+
+def skip_if_a_dependency_is_missing(module: str, result: dict) -> None:
+    """Skip when importing ``module`` stopped at an optional dependency that is not installed."""
+    if "missing" in result:
+        dependency = result["missing"].partition(".")[0]
+        assert dependency in OPTIONAL, f"importing {module} needs {result['missing']}, not an optional dependency"
+        pytest.skip(f"{module}: " + MISSING_REASON.format(dependency))
+
+
+def top_level(modules: Iterable[str]) -> set[str]:
+    return {name.partition(".")[0] for name in modules}
+
+
+def effects(before: dict, after: dict) -> dict[str, str]:
+    """What an import changed, by name of the compared state."""
+    found = {}
+    for name in (PYTHON_THREADS, OS_THREADS):
+        if after[name] > before[name]:
+            found[name] = f"started threads ({name}: {before[name]} before, {after[name]} after)"
+    started = sorted(set(after[CHILDREN]) - set(before[CHILDREN]))
+    if started:
+        found[CHILDREN] = f"started processes {started}"
+    changed = [s for s, handler in after[SIGNALS].items() if before[SIGNALS].get(s) != handler]
+    if changed:
+        found[SIGNALS] = "changed the handlers of " + ", ".join(changed)
+    if after[SUBREAPER] != 0:
+        found[SUBREAPER] = "made the process a child subreaper"
+    if after[FROZEN_GC] != 0:
+        found[FROZEN_GC] = f"froze {after[FROZEN_GC]} objects for the GC"
+    return found
+
+
+# -- every module -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("module", MODULES)
+def test_importing_a_module_starts_nothing_and_changes_no_process_setting(module, tmp_path):
+    result = probe(module, tmp_path)
+    skip_if_a_dependency_is_missing(module, result)
+    found = effects(result["before"], result["after"])
+    theirs = [m for m in result["imported"] if m.partition(".")[0] not in OURS]
+    if found and theirs:
+        # Some libraries start threads when imported (numpy's OpenBLAS pool, pyarrow's, torch's):
+        # effects of theirs, not of our code. Measure again with every module from outside our packages
+        # that the import brought already imported before the baseline.
+        again = probe(module, tmp_path, first=theirs)
+        found = effects(again["before"], again["after"])
+    unexpected = [text for name, text in found.items() if name not in PRELOAD_ENTRIES.get(module, ())]
+    assert not unexpected, f"importing {module} " + "; ".join(unexpected)
+
+
+@pytest.mark.parametrize("module", ENGINE_MODULES)
+def test_engine_modules_never_import_pytest(module, tmp_path):
+    result = probe(module, tmp_path)
+    skip_if_a_dependency_is_missing(module, result)
+    pulled = sorted({"pytest", "_pytest"} & top_level(result["imported"]))
+    assert not pulled, f"{module} imports {pulled}: only {', '.join(PYTEST_SIDE)} may"
+
+
+# -- cheap imports -------------------------------------------------------------------------------------
+
+def test_importing_agentlightning_imports_neither_torch_nor_verl():
+    code = (
+        "import sys, agentlightning, agentlightning.verl\n"
+        "assert 'AgentLightningRayPPOTrainer' in dir(agentlightning.verl)\n"
+        "heavy = [m for m in ('torch', 'verl', 'numpy') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env=clean_env())
+
+
+def test_computing_the_matrix_steps_imports_neither_torch_nor_verl():
+    from agentlightning.verl import resume_target as rt
+
+    code = (
+        "import sys\n"
+        "from agentlightning.verl import resume_target as rt\n"
+        "steps = [rt.async_steps(c) for c in rt.ASYNC_CASES] + [rt.sync_steps(c) for c in rt.SYNC_CASES]\n"
+        "bounds = [rt.async_boundaries(c) for c in rt.ASYNC_CASES]\n"
+        "heavy = [m for m in ('torch', 'verl', 'numpy') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "print(steps)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, timeout=60, capture_output=True, text=True,
+                         env=clean_env())
+    assert out.stdout.strip() == str([rt.async_steps(c) for c in rt.ASYNC_CASES]
+                                     + [rt.sync_steps(c) for c in rt.SYNC_CASES])
+
+
+# -- what a run leaves behind --------------------------------------------------------------------------
+
+@requires("torch", "torchdata")
+def test_a_run_through_the_engine_leaves_no_warmup_list_in_the_environment(tmp_path, monkeypatch):
+    from pytest_resume_check.builtin.targets import builtin_loop
+    from pytest_resume_check.engine import Engine
+    from pytest_resume_check.matrix import Cell
+    from pytest_resume_check.plan import KillSpec
+
+    monkeypatch.delenv(WARMUP_ENV, raising=False)
+    assert any(":" in entry for entry in builtin_loop.preload)  # the run has a warm-up to pass on
+    case = builtin_loop.cases[0]
+    cell = Cell(builtin_loop, case, "auto", (KillSpec(1),), builtin_loop.steps(case))
+    result = Engine(tmp_path, seed=3).run_cell(cell)
+    assert result.passed
+    assert WARMUP_ENV not in os.environ
