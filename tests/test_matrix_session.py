@@ -8,7 +8,7 @@ import json
 import pytest
 from optional import requires
 
-from pytest_resume_check import summary
+from pytest_resume_check import matrix, summary
 
 CONFTEST = """
 from pytest_resume_check import resume_target
@@ -62,6 +62,11 @@ def test_summary_shows_a_grid_per_target_and_the_smallest_failing_kill_point(pro
     assert all(len(line) <= 100 for line in result.outlines if line.startswith(("take", "correct", "drop")))
 
 
+def with_kills(cell):
+    """A hand-made cell JSON with its structured kill points, as report.cell_json writes them."""
+    return {**cell, "kills": [k.to_json() for k in matrix.parse_kill_id(cell["kill"])]}
+
+
 def test_grid_marks_each_category_and_expected_failures():
     cells = [
         {"target": "t", "case_id": "c", "resume_mode": "auto", "kill": "ckpt1", "passed": True,
@@ -71,7 +76,7 @@ def test_grid_marks_each_category_and_expected_failures():
         {"target": "t", "case_id": "c", "resume_mode": "auto", "kill": "ckpt0+2", "passed": False,
          "categories": ["REORDERED"], "xfail_reason": "known"},
     ]
-    lines = summary.grid(cells)
+    lines = summary.grid([with_kills(c) for c in cells])
     assert lines[1].split() == ["1", "2", "0+2"]
     assert lines[2].split() == ["c", "auto", ".", "D", "x"]
 
@@ -79,5 +84,5 @@ def test_grid_marks_each_category_and_expected_failures():
 def test_smallest_failure_prefers_one_kill_and_the_earliest_step():
     base = {"target": "t", "case_id": "c", "resume_mode": "auto", "passed": False, "categories": ["LOST"],
             "xfail_reason": None}
-    cells = [{**base, "kill": k} for k in ("ckpt1,ckpt5+1", "ckpt4", "ckpt0+2", "ckpt3")]
+    cells = [with_kills({**base, "kill": k}) for k in ("ckpt1,ckpt5+1", "ckpt4", "ckpt0+2", "ckpt3")]
     assert [c["kill"] for c in summary.smallest_failures(cells)] == ["ckpt0+2"]
