@@ -7,8 +7,6 @@ no refill takes inputs beyond ``trainer.total_epochs`` and the run ends with the
 last admitted input.
 """
 
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
@@ -76,21 +74,6 @@ def test_the_latency_follows_the_admission_order_whatever_the_shuffle(tmp_path, 
     latency = trainer.rollout_engine.latency
     assert [latency.admission_index(i, e) for e, i in admitted] == list(range(len(admitted)))
     assert [latency(i, e) for e, i in admitted] == [long_tail_latency(k) for k in range(len(admitted))]
-
-
-def test_computing_the_matrix_steps_imports_neither_torch_nor_verl():
-    code = (
-        "import sys\n"
-        "from agentlightning.verl import resume_target as rt\n"
-        "steps = [rt.async_steps(c) for c in rt.ASYNC_CASES] + [rt.sync_steps(c) for c in rt.SYNC_CASES]\n"
-        "bounds = [rt.async_boundaries(c) for c in rt.ASYNC_CASES]\n"
-        "heavy = [m for m in ('torch', 'verl', 'numpy') if m in sys.modules]\n"
-        "assert not heavy, heavy\n"
-        "print(steps)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], check=True, timeout=60, capture_output=True, text=True)
-    assert out.stdout.strip() == str([rt.async_steps(c) for c in rt.ASYNC_CASES]
-                                     + [rt.sync_steps(c) for c in rt.SYNC_CASES])
 
 
 @pytest.mark.parametrize("epochs", [1, 2])
