@@ -44,6 +44,7 @@ DUPLICATED = "DUPLICATED"
 REORDERED = "REORDERED"
 EPOCH = "EPOCH"
 STALE_RESUME = "STALE_RESUME"
+STATE_DIVERGED = "STATE_DIVERGED"
 SILENT_IO_ERROR = "SILENT_IO_ERROR"
 RESUME_ERROR = "RESUME_ERROR"
 CRASHED = "CRASHED"
@@ -66,7 +67,11 @@ TABLE: tuple[Category, ...] = (
     Category(EPOCH, "E", "#b5a800", False, "epoch",
              "The same inputs labelled with another epoch.", True),
     Category(STALE_RESUME, "S", "#1f77b4", True, "stale resume",
-             "The resumed run restored an older checkpoint than the newest one it was entitled to.", True),
+             "A resumed run started fresh or restored an older checkpoint than the newest one it was "
+             "entitled to: saved training is done again.", True),
+    Category(STATE_DIVERGED, "T", "#393b79", True, "state diverged",
+             "After a resume the training state (model, optimizer, scheduler, RNG, ...) differs from the "
+             "uninterrupted run's at the same step.", True),
     Category(SILENT_IO_ERROR, "I", "#bcbd22", False, "silent I/O error",
              "An injected I/O error during a save did not make the run fail.", True),
     Category(RESUME_ERROR, "X", "#8c564b", True, "resume error", "A resumed run raised.", True),
@@ -75,9 +80,10 @@ TABLE: tuple[Category, ...] = (
     Category(HUNG, "H", "#17becf", False, "hung",
              "A run sent no event within the hang limit and was killed.", True),
     Category(NONDETERMINISTIC, "N", "#e377c2", False, "nondeterministic",
-             "Two uninterrupted reference runs differ; nothing can be judged.", True),
+             "Two uninterrupted reference runs differ in their inputs or state; nothing can be judged.", True),
     Category(PROTOCOL, "P", "#7f7f7f", True, "protocol",
-             "The target broke the reporting rules (e.g. never said where it resumed).", True),
+             "The target broke the reporting rules (e.g. never said where it resumed, or claimed a "
+             "checkpoint no run published).", True),
 )
 
 BY_NAME: dict[str, Category] = {c.name: c for c in TABLE}

@@ -24,7 +24,7 @@ EXIT_TARGET_RAISED = 70
 
 
 #: Events that are held back and sent with the next step boundary (one pipe write per step).
-_BATCHED = frozenset({ev.CONSUMED, ev.TRAINED, ev.DIGEST, ev.LOG})
+_BATCHED = frozenset({ev.CONSUMED, ev.TRAINED, ev.STATE, ev.LOG})
 
 
 class ConnectionSink:

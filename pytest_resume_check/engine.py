@@ -94,8 +94,8 @@ class Engine:
         if ref.findings:
             return CellResult(cell, Verdict(findings=list(ref.findings)), ref.record, [], workdir, self.seed)
         first = self.shared.first_run(cell, workdir) if self.shared is not None else None
-        converge = ref.digests if self.shared is not None else None
+        converge = ref.converge if self.shared is not None else None
         runs = run_interrupted(self.runner, cell.target, cell.case, cell.kills, cell.resume_mode, workdir,
-                               cell.prior_checkpoints, first, converge)
+                               cell.prior_checkpoints, first, converge, ref.values_dir)
         verdict = judge(ref.record, runs, cell.target.contract, newest_complete(cell, runs))
         return CellResult(cell, verdict, ref.record, runs, workdir, self.seed)

@@ -20,12 +20,18 @@ KILL_READY = "kill_ready"
 LOG = "log"
 ERROR = "error"
 DONE = "done"
-DIGEST = "digest"  # text: the digest of the trainer's whole state at the end of a step
+STATE = "state"  # extra: the trainer's state after a step by component (see RunContext.state)
 PAUSED = "paused"  # the child waits for the supervisor to snapshot its checkpoint directory
 CONVERGED = "converged"  # the resumed run's state equals the reference's at this step; it stopped
 FILE_OP = "file_op"  # a file operation of the watched save (path, extra: index, kind, target)
 
-KINDS = frozenset({CONSUMED, TRAINED, STEP_END, CHECKPOINT, RESUMED, KILL_READY, LOG, ERROR, DONE, DIGEST,
+#: Keys of a state event's ``extra``: component digests, their leaves' digests by path, and (under a
+#: tolerance) the first leaf per component that is not close to the reference's (None: all close).
+STATE_DIGESTS = "digests"
+STATE_LEAVES = "leaves"
+STATE_COMPARED = "compared"
+
+KINDS = frozenset({CONSUMED, TRAINED, STEP_END, CHECKPOINT, RESUMED, KILL_READY, LOG, ERROR, DONE, STATE,
                    PAUSED, CONVERGED, FILE_OP})
 
 

@@ -20,6 +20,8 @@ from pytest_resume_check.plan import RESUME_PATH
 
 REFERENCE = "reference"
 REPEAT_OUT = "out-repeat"
+#: In a reference's folder: its state values per step (targets compared under a tolerance).
+STATE_VALUES = "state-values"
 
 
 def safe_name(text: str) -> str:

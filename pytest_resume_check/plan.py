@@ -80,8 +80,17 @@ class RunPlan:
     checkpoint_steps: frozenset[int] = frozenset()
     kill: KillSpec | None = None
     is_resume: bool = False
-    #: Reference digests by step: a resumed run whose state digest matches one stops early.
-    converge: Mapping[int, str] = field(default_factory=dict)
+    #: The reference's component digests by step: a resumed run whose state equals them stops early.
+    converge: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
+    #: Whether ``run.state`` digests what the target reports (reference and resumed runs; a first run's
+    #: state is never compared, so it costs nothing there).
+    report_state: bool = False
+    #: (rtol, atol): compare state values under this tolerance instead of digests.
+    state_tolerance: tuple[float, float] | None = None
+    #: Tolerance mode: where this run writes its state values per step (the first reference run) and
+    #: where the reference's values are that this run compares with.
+    state_values_dir: str | None = None
+    state_reference_dir: str | None = None
     #: Steps after whose checkpoint the child pauses until the supervisor has copied the directory.
     pause_steps: frozenset[int] = frozenset()
     #: File-operation faults during one save (see :mod:`pytest_resume_check.faults`).

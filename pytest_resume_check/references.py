@@ -7,8 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_resume_check import events as ev
-from pytest_resume_check.layout import REPEAT_OUT, Layout
+from pytest_resume_check.layout import REPEAT_OUT, STATE_VALUES, Layout
 from pytest_resume_check.matrix import case_id
 from pytest_resume_check.plan import RESUME_DISABLED
 from pytest_resume_check.results import DONE, Finding, RunRecord
@@ -23,11 +22,14 @@ class Reference:
 
     record: RunRecord
     findings: list[Finding]
+    #: Tolerance mode: the folder of the reference's state values, which resumed runs compare with.
+    values_dir: str | None = None
 
     @property
-    def digests(self) -> dict[int, str]:
-        """State digests the reference reported, by step (empty if the target reports none)."""
-        return {e.step: e.text for e in self.record.events if e.kind == ev.DIGEST and e.step and e.text}
+    def converge(self) -> dict[int, dict[str, str]]:
+        """The reference's component digests by step, where a resumed run may stop early (empty if the
+        target reports no state, or compares it under a tolerance: close is not equal, so no early stop)."""
+        return {step: dict(state.digests) for step, state in self.record.states.items() if state.digests}
 
 
 class References:
@@ -47,9 +49,17 @@ class References:
 
     def _compute(self, target: Target, case: Mapping[str, Any]) -> Reference:
         workdir = self.layout.fresh(self.layout.reference(target.name, case_id(case)))
-        first = self.runner.run(self.runner.plan(target, case, workdir, 0, resume_mode=RESUME_DISABLED), target)
+        values = None
+        if target.state_tolerance is not None:
+            values = workdir / STATE_VALUES
+            values.mkdir()
+        options = {"resume_mode": RESUME_DISABLED, "report_state": True}
+        first = self.runner.run(self.runner.plan(target, case, workdir, 0, state_values_dir=values and str(values),
+                                                 **options), target)
         second = None
         if self.check_determinism and first.outcome == DONE:
-            plan = self.runner.plan(target, case, workdir, 1, resume_mode=RESUME_DISABLED, out=workdir / REPEAT_OUT)
+            plan = self.runner.plan(target, case, workdir, 1, out=workdir / REPEAT_OUT,
+                                    state_reference_dir=values and str(values), **options)
             second = self.runner.run(plan, target)
-        return Reference(first, judge_reference(first, second, int(target.steps(case)), target.contract))
+        findings = judge_reference(first, second, int(target.steps(case)), target.contract)
+        return Reference(first, findings, values and str(values))

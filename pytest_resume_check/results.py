@@ -33,6 +33,17 @@ DEFAULT_HANG_TIMEOUT = 60.0
 
 
 @dataclass
+class StepState:
+    """A run's state after one step: digests by component and their leaves' digests by path (exact
+    mode), or, under a tolerance, the first leaf of each component that is not close to the reference's
+    (None when all are close; compared in the child)."""
+
+    digests: dict[str, str] = field(default_factory=dict)
+    leaves: dict[str, dict[str, str]] = field(default_factory=dict)
+    compared: dict[str, str | None] = field(default_factory=dict)
+
+
+@dataclass
 class RunRecord:
     """Everything observed of one child run."""
 
@@ -69,6 +80,18 @@ class RunRecord:
     def published(self) -> list[tuple[int, str | None]]:
         """(step, path) of every checkpoint this run published, in order."""
         return [(e.step or 0, e.path) for e in self.events if e.kind == ev.CHECKPOINT]
+
+    @property
+    def states(self) -> dict[int, StepState]:
+        """The state the run reported after each step, components of several calls merged."""
+        out: dict[int, StepState] = {}
+        for e in self.events:
+            if e.kind == ev.STATE and e.step is not None:
+                state = out.setdefault(e.step, StepState())
+                state.digests.update(e.extra.get(ev.STATE_DIGESTS, {}))
+                state.leaves.update(e.extra.get(ev.STATE_LEAVES, {}))
+                state.compared.update(e.extra.get(ev.STATE_COMPARED, {}))
+        return out
 
     @property
     def converged_step(self) -> int | None:
@@ -112,6 +135,8 @@ class Finding:
     ledger: str = "consumed"
     ids: tuple[Any, ...] = ()
     position: int | None = None
+    #: The step where the problem starts (the first differing entry's or state's step), when known.
+    step: int | None = None
 
 
 @dataclass

@@ -24,6 +24,15 @@ from pytest_resume_check.plan import (  # noqa: F401  (re-exported: targets impo
     KillSpec,
     RunPlan,
 )
+from pytest_resume_check.state import (
+    DIGEST_COMPONENT,
+    combine,
+    first_not_close,
+    leaf_digests,
+    load_values,
+    plain_values,
+    save_values,
+)
 
 
 class Converged(BaseException):
@@ -52,6 +61,8 @@ class RunContext:
         self._control = control
         self._recorder = recorder
         self._resumed_step: int | None = None
+        self._state_step: int | None = None
+        self._state_seen: dict[str, str] = {}
 
     # -- what the target reads -------------------------------------------------------------------
     @property
@@ -124,20 +135,67 @@ class RunContext:
         if kill is not None and kill.extra_steps == 0 and kill.checkpoint_step == step:
             self._await_kill(kill.describe())
 
+    def state(self, step: int, components: Mapping[str, Any]) -> None:
+        """Optional: report the trainer's state after ``step`` by component, e.g. ``{"model": model,
+        "optimizer": optimizer, "scheduler": scheduler, "rng": torch.get_rng_state()}`` (tensors,
+        state dicts, objects with ``state_dict()``, numbers, nested dicts and lists).
+
+        After a resume, each step's state is compared with the uninterrupted run's at the same step:
+        the first difference fails the cell as ``STATE_DIVERGED``, naming the components and the first
+        differing key. A resumed run whose whole state equals the reference's stops there (the
+        reference supplies the rest). Digests are computed here, in the child, and only in runs whose
+        state is compared: a first run that will be killed pays nothing. Call it after ``step_end``
+        and after any checkpoint of that step; several calls in one step add components.
+        """
+        if not self.plan.report_state:
+            return
+        step = int(step)
+        if self.plan.state_tolerance is not None:
+            self._state_values(step, components)
+            return
+        leaves = {str(name): leaf_digests(value) for name, value in components.items()}
+        digests = {name: combine(values) for name, values in leaves.items()}
+        self._sink.send(ev.Event(ev.STATE, step=step, extra={ev.STATE_DIGESTS: digests, ev.STATE_LEAVES: leaves}))
+        self._check_converged(step, digests)
+
     def state_digest(self, step: int, digest: str) -> None:
-        """Optional: report a digest of the trainer's *whole* state after ``step`` (see
-        :mod:`pytest_resume_check.digest`). A resumed run whose digest equals the uninterrupted run's
-        at the same step stops there; the reference supplies the rest. Call it after ``step_end``
-        and after any checkpoint of that step."""
-        self._sink.send(ev.Event(ev.DIGEST, step=int(step), text=str(digest)))
-        resumed = self._resumed_step
-        if resumed is not None and int(step) > resumed and self.plan.converge.get(int(step)) == digest:
-            self._sink.send(ev.Event(ev.CONVERGED, step=int(step)))
-            raise Converged(step)
+        """Optional: report one digest of the trainer's *whole* state after ``step`` (see
+        :mod:`pytest_resume_check.digest`); it counts as one state component, ``state_digest``.
+        Prefer :meth:`state`, which names the component that differs."""
+        self.state(step, {DIGEST_COMPONENT: str(digest)})
 
     def log(self, text: str) -> None:
         """Send a line to the parent's log of this run."""
         self._sink.send(ev.Event(ev.LOG, text=str(text)))
+
+    def _check_converged(self, step: int, digests: Mapping[str, str]) -> None:
+        """Stop the run once every component reported in this step equals the reference's."""
+        if self._state_step != step:
+            self._state_step, self._state_seen = step, {}
+        self._state_seen.update(digests)
+        resumed = self._resumed_step
+        want = self.plan.converge.get(step)
+        if want and resumed is not None and step > resumed and self._state_seen == dict(want):
+            self._sink.send(ev.Event(ev.CONVERGED, step=step))
+            raise Converged(step)
+
+    def _state_values(self, step: int, components: Mapping[str, Any]) -> None:
+        """Tolerance mode: write the values (first reference run) or compare them with the reference's
+        here, in the child, and report which components are not close (no early stop)."""
+        values = {str(name): plain_values(value) for name, value in components.items()}
+        if self.plan.state_values_dir:
+            path = Path(self.plan.state_values_dir) / f"step_{step}.pkl"
+            saved = load_values(path) or {}
+            save_values(path, {**saved, **values})
+        compared: dict[str, str | None] = {}
+        resumed = self._resumed_step
+        if self.plan.state_reference_dir and (not self.plan.is_resume or (resumed is not None and step > resumed)):
+            reference = load_values(Path(self.plan.state_reference_dir) / f"step_{step}.pkl")
+            if reference is not None:
+                rtol, atol = self.plan.state_tolerance or (0.0, 0.0)
+                compared = {name: first_not_close(ours, reference.get(name, {}), rtol, atol)
+                            for name, ours in values.items()}
+        self._sink.send(ev.Event(ev.STATE, step=step, extra={ev.STATE_COMPARED: compared}))
 
     def _await_kill(self, why: str, extra: dict[str, Any] | None = None) -> None:
         self._sink.send(ev.Event(ev.KILL_READY, text=why, extra=extra or {}))

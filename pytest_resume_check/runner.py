@@ -28,10 +28,12 @@ class Runner:
     def plan(self, target: Target, case: Mapping[str, Any], workdir: Path, index: int, *, out: Path | None = None,
              resume_mode: str = RESUME_AUTO, resume_path: str | None = None, kill: KillSpec | None = None,
              checkpoint_steps: Sequence[int] = (), is_resume: bool = False,
-             converge: Mapping[int, str] | None = None, pause_steps: Sequence[int] = (),
-             faults: FaultPlan | None = None) -> RunPlan:
+             converge: Mapping[int, Mapping[str, str]] | None = None, pause_steps: Sequence[int] = (),
+             faults: FaultPlan | None = None, report_state: bool = False, state_values_dir: str | None = None,
+             state_reference_dir: str | None = None) -> RunPlan:
         """A plan for run ``index`` of ``target`` whose files live under ``workdir`` (checkpoints in
-        ``out``, by default the layout's for ``resume_mode``)."""
+        ``out``, by default the layout's for ``resume_mode``). ``report_state``: the run digests the state
+        the target reports (reference and resumed runs); the target's ``state_tolerance`` comes along."""
         ckpt = out if out is not None else Layout.out(workdir, resume_mode, index)
         ckpt.mkdir(parents=True, exist_ok=True)
         if kill is not None and kill.checkpoint_step:
@@ -42,6 +44,8 @@ class Runner:
             resume_mode=resume_mode, resume_path=resume_path, checkpoint_steps=frozenset(checkpoint_steps),
             kill=kill, is_resume=is_resume, converge=dict(converge or {}), pause_steps=frozenset(pause_steps),
             faults=faults if faults is not None else (kill.fault if kill is not None else None),
+            report_state=report_state, state_tolerance=target.state_tolerance, state_values_dir=state_values_dir,
+            state_reference_dir=state_reference_dir,
         )
 
     def run(self, plan: RunPlan, target: Target, on_pause: Callable[[int], None] | None = None) -> RunRecord:

@@ -94,6 +94,9 @@ class Target:
     #: (step, prior): add the crash-consistency axis for the save of checkpoint ``step`` of the first
     #: case, with a checkpoint of ``prior`` before it (None: no crash cells).
     crash_save: tuple[int, int] | None = None
+    #: (rtol, atol): compare reported state values under this tolerance instead of exact digests
+    #: (None: exact, the default; see ``RunContext.state``).
+    state_tolerance: tuple[float, float] | None = None
 
     @property
     def ref(self) -> tuple[str, str, str]:
@@ -124,6 +127,7 @@ def resume_target(
     expected_failures: Iterable[tuple[Callable[[Any], bool], str]] = (),
     description: str = "",
     crash_save: tuple[int, int] | None = None,
+    state_tolerance: tuple[float, float] | None = None,
 ) -> Any:
     """Declare a target; usable as ``@resume_target(steps=...)`` or ``resume_target(fn, steps=...)``."""
 
@@ -142,6 +146,7 @@ def resume_target(
             expected_failures=expected_failures,
             description=description or (func.__doc__ or "").strip().split("\n")[0],
             crash_save=crash_save,
+            state_tolerance=state_tolerance,
         )
 
     return build(fn) if fn is not None else build
@@ -184,7 +189,22 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         expected_failures=tuple(kw["expected_failures"]),
         description=kw["description"],
         crash_save=tuple(kw["crash_save"]) if kw.get("crash_save") else None,
+        state_tolerance=_tolerance(name, kw.get("state_tolerance")),
     )
+
+
+def _tolerance(name: str, value: Any) -> tuple[float, float] | None:
+    """``state_tolerance`` as (rtol, atol): two finite numbers >= 0, or None."""
+    if value is None:
+        return None
+    try:
+        rtol, atol = (float(v) for v in value)
+    except (TypeError, ValueError):
+        rtol = atol = -1.0
+    if not (0 <= rtol < float("inf") and 0 <= atol < float("inf")):
+        raise TargetError(f"target {name!r}: state_tolerance={value!r} is not (rtol, atol); give two finite "
+                          "numbers >= 0, e.g. state_tolerance=(1e-5, 1e-8), or leave it out for exact comparison")
+    return rtol, atol
 
 
 def targets_in_module(module: Any) -> list[Target]:

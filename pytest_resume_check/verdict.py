@@ -27,11 +27,22 @@ from pytest_resume_check.categories import (  # noqa: F401  (re-exported: tests 
     RESUME_ERROR,
     SILENT_IO_ERROR,
     STALE_RESUME,
+    STATE_DIVERGED,
     VERDICT_CATEGORIES,
 )
 from pytest_resume_check.faults import ERROR
 from pytest_resume_check.ledger import Entry, Ledger, ResumeReportMissing, compose
 from pytest_resume_check.results import Finding, RunRecord, Verdict
+from pytest_resume_check.state_verdict import (  # noqa: F401  (MSG_* re-exported for tests)
+    MSG_STALE,
+    MSG_STALE_PUBLISHED,
+    MSG_STATE_DIVERGED,
+    MSG_STATE_NONDETERMINISTIC,
+    MSG_UNPUBLISHED,
+    judge_reference_state,
+    judge_restored,
+    judge_state,
+)
 
 if TYPE_CHECKING:
     from pytest_resume_check.targets import Contract
@@ -51,13 +62,13 @@ MSG_NONDETERMINISTIC = "NONDETERMINISTIC reference: two uninterrupted runs diffe
 MSG_PROTOCOL = "PROTOCOL: {detail}"
 MSG_EMPTY = ("PROTOCOL: the reference run reported no {kind} inputs; the target must call "
              "run.{kind}(ids, step=..., epoch=...) for what it takes (or drop '{kind}' from its contract)")
-MSG_STALE = ("STALE_RESUME: run {run} resumed from {got} but {want} was the newest checkpoint whose save "
-             "completed before the crash ({why}); the work saved since is trained again")
 MSG_SILENT_IO = ("SILENT_IO_ERROR: an injected {error} at file operation {op} of the save of step {step} did not "
                  "fail the run ({what}); the checkpoint may be incomplete and nobody knows")
 MSG_STEPS = "PROTOCOL: the target declares {declared} steps for this case but its reference run took {actual}"
 
 MAX_IDS = 10
+#: Categories found by comparing ledgers.
+LEDGER_CATEGORIES = frozenset({LOST, DUPLICATED, EPOCH, REORDERED})
 
 
 def resume_label(step: int | None, path: str | None) -> str:
@@ -86,6 +97,9 @@ def judge_reference(first: RunRecord, second: RunRecord | None, declared_steps: 
                 pos = _first_difference(_keys(a), _keys(b))
                 return [Finding(NONDETERMINISTIC, MSG_NONDETERMINISTIC.format(
                     pos=pos, detail=_pair_detail(a, b, pos)), kind, position=pos)]
+        state = judge_reference_state(first, second)
+        if state is not None:
+            return [state]
     return []
 
 
@@ -113,10 +127,7 @@ def judge(reference: RunRecord, runs: Sequence[RunRecord], contract: Contract,
     if runs and runs[-1].outcome not in rs.FINISHED:
         verdict.findings.append(Finding(PROTOCOL, MSG_PROTOCOL.format(detail="the last run was killed")))
         return verdict
-    if newest_complete is not None and len(runs) > 1 and (runs[1].resumed_step or 0) < newest_complete:
-        got = resume_label(runs[1].resumed_step, runs[1].resumed_path).replace("resume from ", "")
-        verdict.findings.append(Finding(STALE_RESUME, MSG_STALE.format(
-            run=2, got=got, want=f"the checkpoint of step {newest_complete}", why=runs[0].describe())))
+    verdict.findings.extend(judge_restored(runs, newest_complete))
     for kind in contract.ledgers:
         ref = Ledger.from_events(reference.events, kind)
         try:
@@ -135,6 +146,11 @@ def judge(reference: RunRecord, runs: Sequence[RunRecord], contract: Contract,
             verdict.reference, verdict.composite = ref, comp
         verdict.findings.extend(compare(ref, comp, contract.ordered, kind, verdict.resume_labels,
                                         resumed_from))
+    state = judge_state(reference, runs, verdict.resume_labels)
+    inputs_differ = [f.step for f in verdict.findings if f.category in LEDGER_CATEGORIES and f.step is not None]
+    if state is not None and (not inputs_differ or state.step < min(inputs_differ)):
+        # State that differs only from where the inputs did is their consequence, not a second finding.
+        verdict.findings.append(state)
     return verdict
 
 
@@ -168,12 +184,14 @@ def compare(ref: Ledger, comp: Ledger, ordered: bool, kind: str = "consumed",
         ref_ep = {i: e for i, e in ref_left if i in relabelled}
         comp_ep = {i: e for i, e in comp_left if i in relabelled}
         detail = ", ".join(f"{i}: epoch {comp_ep[i]} instead of {ref_ep[i]}" for i in ids[:3])
+        first = min(e.step for e in ref if e.id in relabelled)
         findings.append(Finding(EPOCH, MSG_EPOCH.format(
             n=sum(relabelled.values()), s=_s(sum(relabelled.values())), where=where,
-            ids=_id_list(ids), detail=detail), kind, tuple(ids), pos))
+            ids=_id_list(ids), detail=detail), kind, tuple(ids), pos, first))
     if not findings and ordered and pos is not None:
         findings.append(Finding(REORDERED, MSG_REORDERED.format(
-            where=where, pos=pos, detail=_pair_detail(ref, comp, pos)), kind, position=pos))
+            where=where, pos=pos, detail=_pair_detail(ref, comp, pos)), kind, position=pos,
+            step=(ref[pos] if pos < len(ref) else comp[pos]).step))
     return findings
 
 
@@ -303,7 +321,7 @@ def _id_finding(category: str, template: str, entries: list[Entry], where: str, 
         headline += f"; {len(entries)} occurrences in all"
     if kind != "consumed":
         headline += f" [{kind} ledger]"
-    return Finding(category, headline, kind, tuple(ids), pos)
+    return Finding(category, headline, kind, tuple(ids), pos, min(e.step for e in entries))
 
 
 def _id_list(ids: Sequence[Any]) -> str:

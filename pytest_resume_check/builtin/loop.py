@@ -2,8 +2,9 @@
 
 Each step takes ``take`` inputs from a buffer that is refilled from a loader yielding batches of
 ``batch``; when ``take`` does not match ``batch`` the buffer holds the unused tail of a loader batch
-between steps. A checkpoint (``torch.save`` of model, optimizer, loader state, buffer, epoch and step,
-published atomically through a ``latest`` file) restores all of it.
+between steps. A checkpoint (``torch.save`` of model, optimizer with momentum, LR scheduler, global RNG,
+loader state, buffer, epoch and step, published atomically through a ``latest`` file) restores all of
+it. After every step the loop reports its state by component (``run.state``).
 
 The ``bug`` argument plants one known resume bug; the harness's own tests use these variants to
 prove each bug is caught with the right verdict. Case keys: ``n`` inputs, ``batch``, ``take``,
@@ -21,7 +22,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_resume_check.digest import digest_of
 from pytest_resume_check.ids import WithIds, ids_of
 from pytest_resume_check.run import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, RunContext
 
@@ -141,10 +141,15 @@ def train(run: RunContext, bug: str | None = None) -> None:
 
     sampler, loader = make_loader(run.seed)
     model = torch.nn.Linear(FEATURES, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.8)
     step, epoch, batches_in_epoch = 0, 0, 0
     buffer: list[tuple[Any, Any, int]] = []  # (id, features, epoch) not yet trained on
-    state_before_last_batch: dict[str, Any] = loader.state_dict()
+    # The loader's position as of the last batch taken. Not loader.state_dict() at save time: with
+    # StatefulDistributedSampler (torchdata 0.11) a state_dict() taken after load_state_dict() and
+    # before the next batch reports the start of the epoch, so a second resume replays it.
+    position: dict[str, Any] = loader.state_dict()
+    state_before_last_batch = position
     loader_iter = None
 
     folder = find_checkpoint(run, bug)
@@ -154,6 +159,7 @@ def train(run: RunContext, bug: str | None = None) -> None:
         saved = torch.load(folder / STATE_FILE, weights_only=True)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
         step, batches_in_epoch = saved["step"], saved["batches_in_epoch"]
         epoch = 0 if bug == EPOCH_RESET else saved["epoch"]
         buffer = [(i, x, e) for i, x, e in zip(saved["buffer_ids"], saved["buffer_x"], saved["buffer_epochs"])]
@@ -166,21 +172,27 @@ def train(run: RunContext, bug: str | None = None) -> None:
             pass  # like verl 0.8/0.9: "at an epoch boundary the loader starts over"
         else:
             loader.load_state_dict(saved["loader"])
+            position = saved["loader"]
     run.resumed(step, folder)
     if loader_iter is None:
         loader_iter = start_epoch(sampler, loader, epoch)
+    if folder is not None:
+        # Last: starting the loader's iterator above drew its base seed from the global generator.
+        torch.set_rng_state(saved["rng"])
 
     last = total_steps(run.case)
     while step < last:
         while len(buffer) < p["take"] and epoch < p["epochs"]:
-            state_before_last_batch = loader.state_dict()
+            state_before_last_batch = position
             try:
                 batch = next(loader_iter)
             except StopIteration:
                 epoch += 1
                 batches_in_epoch = 0
                 loader_iter = start_epoch(sampler, loader, epoch)
+                position = loader.state_dict()
                 continue
+            position = loader.state_dict()
             batches_in_epoch += 1
             buffer.extend((i, x, epoch) for i, x in zip(ids_of(batch), batch["input"]))
         taken, buffer = buffer[: p["take"]], buffer[p["take"]:]
@@ -198,13 +210,16 @@ def train(run: RunContext, bug: str | None = None) -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        scheduler.step()
         run.step_end(step)
         if run.should_checkpoint(step):
-            loader_state = state_before_last_batch if bug == BUFFER_AND_REREAD else loader.state_dict()
+            loader_state = state_before_last_batch if bug == BUFFER_AND_REREAD else position
             kept = [] if bug == DROP_BUFFER else buffer
             path = _save(run.checkpoint_dir, step, bug, {
                 "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "rng": torch.get_rng_state(),
                 "loader": {} if bug == FRESH_SHUFFLE else loader_state,
                 "step": step,
                 "epoch": epoch,
@@ -215,13 +230,13 @@ def train(run: RunContext, bug: str | None = None) -> None:
             })
             if path is not None:
                 run.checkpoint_published(step, path)
-        # Everything that decides the rest of the run. Not torch's global RNG: after start-up only the
-        # loader's per-iterator base seed draws from it, and this loop's data order never uses it.
-        run.state_digest(step, digest_of({
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": loader.state_dict(),
-            "buffer": buffer, "epoch": epoch, "batches": batches_in_epoch, "step": step,
-            "generators": [g.get_state() for g in hidden],
-        }))
+        # Everything that decides the rest of the run, by component.
+        run.state(step, {
+            "model": model, "optimizer": optimizer, "scheduler": scheduler, "rng": torch.get_rng_state(),
+            "loader": {"position": position, "generators": [g.get_state() for g in hidden],
+                       "epoch": epoch, "batches": batches_in_epoch},
+            "buffer": buffer, "step": step,
+        })
 
 
 def warm_up() -> None:

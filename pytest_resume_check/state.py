@@ -1,0 +1,174 @@
+"""Training state by component: flattening to keyed leaves, exact digests, comparison under a tolerance.
+
+A target reports its state after a step as named components (``{"model": model, "optimizer": opt,
+"rng": torch.get_rng_state()}``). Each component is flattened into *leaves* keyed by their path
+(``state.0.exp_avg``, ``param_groups.0.lr``): objects with ``state_dict()`` or ``get_state()`` are
+replaced by what those return, mappings and sequences are walked, and tensors, numpy arrays, bytes and
+plain values are leaves. A leaf's digest covers its type, shape, dtype and exact bytes; a component's
+digest covers its leaves' keys and digests. Two states are equal only if every byte agrees.
+
+No torch or numpy import at module level: values are inspected by duck typing, and numpy is imported
+only to compare values under a tolerance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import pickle
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+#: Length of a digest in hex characters.
+DIGEST_CHARS = 32
+#: The component a target's own ``run.state_digest(step, digest)`` is reported as.
+DIGEST_COMPONENT = "state_digest"
+
+
+def flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``(path, leaf)`` pairs of a nested value, mapping keys in sorted order, sequences in order."""
+    value = _expand(value)
+    if isinstance(value, Mapping):
+        for key in sorted(value, key=repr):
+            yield from flatten(value[key], f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from flatten(item, f"{prefix}.{index}" if prefix else str(index))
+    else:
+        yield prefix, value
+
+
+def leaf_digest(value: Any) -> str:
+    """Digest of one leaf: type, shape, dtype and exact bytes for tensors and arrays, repr otherwise."""
+    h = hashlib.sha256()
+    _feed_leaf(h, value)
+    return h.hexdigest()[:DIGEST_CHARS]
+
+
+def leaf_digests(value: Any) -> dict[str, str]:
+    """Digest of every leaf of a component, by path (in flattening order)."""
+    return {path: leaf_digest(leaf) for path, leaf in flatten(value)}
+
+
+def combine(leaves: Mapping[str, str]) -> str:
+    """The component's digest from its leaves' digests (keys included, so a renamed key differs)."""
+    h = hashlib.sha256()
+    for path, digest in leaves.items():
+        h.update(path.encode() + b"\0" + digest.encode() + b"\0")
+    return h.hexdigest()[:DIGEST_CHARS]
+
+
+def first_differing_key(a: Mapping[str, str], b: Mapping[str, str]) -> str | None:
+    """The first path (in ``a``'s order, then ``b``'s) whose digest differs or that one side lacks."""
+    for path, digest in a.items():
+        if b.get(path) != digest:
+            return path
+    return next((path for path in b if path not in a), None)
+
+
+def plain_values(value: Any) -> dict[str, Any]:
+    """The leaves as picklable plain values (tensors become numpy arrays), for tolerance comparison."""
+    out = {}
+    for path, leaf in flatten(value):
+        if _is_tensor(leaf):
+            leaf = _tensor_array(leaf)
+        out[path] = leaf
+    return out
+
+
+def save_values(path: Path, components: Mapping[str, Mapping[str, Any]]) -> None:
+    """Write one step's plain values (written by the first reference run in tolerance mode)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        pickle.dump(dict(components), f, protocol=pickle.HIGHEST_PROTOCOL)
+    tmp.replace(path)
+
+
+def load_values(path: Path) -> dict[str, dict[str, Any]] | None:
+    """One step's plain values as :func:`save_values` wrote them, None if that step has none."""
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)  # written by this session's own reference run
+    except FileNotFoundError:
+        return None
+
+
+def first_not_close(ours: Mapping[str, Any], theirs: Mapping[str, Any], rtol: float, atol: float) -> str | None:
+    """The first path whose values are not close (``|a - b| <= atol + rtol * |b|`` elementwise, NaN equal
+    to NaN), whose shapes differ, or that one side lacks; None when every leaf is close."""
+    for path, value in ours.items():
+        if path not in theirs or not _close(value, theirs[path], rtol, atol):
+            return path
+    return next((path for path in theirs if path not in ours), None)
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+def _expand(value: Any) -> Any:
+    """Stateful objects (modules, optimizers, schedulers, loaders, generators) as their state."""
+    if _is_tensor(value) or isinstance(value, (Mapping, list, tuple, str, bytes, bytearray)):
+        return value
+    for method in ("state_dict", "get_state"):
+        fn = getattr(value, method, None)
+        if callable(fn):
+            return fn()
+    return value
+
+
+def _is_tensor(value: Any) -> bool:
+    return hasattr(value, "detach") and hasattr(value, "cpu") and hasattr(value, "dtype")
+
+
+def _tensor_bytes(value: Any) -> memoryview:
+    """The tensor's exact bytes without a copy when it is already contiguous on the CPU (any dtype,
+    bfloat16 included: the bytes are read as uint8)."""
+    flat = value.detach().cpu().contiguous().reshape(-1)
+    try:
+        return memoryview(flat.numpy()).cast("B")
+    except TypeError:  # dtypes numpy lacks (bfloat16, float8): read the same bytes as uint8
+        import torch
+
+        return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
+def _tensor_array(value: Any) -> Any:
+    array = value.detach().cpu()
+    try:
+        return array.numpy()
+    except TypeError:
+        import torch
+
+        return array.to(torch.float32).numpy()
+
+
+def _feed_leaf(h: Any, value: Any) -> None:
+    if _is_tensor(value):
+        h.update(f"T{tuple(value.shape)}{value.dtype}".encode())
+        h.update(_tensor_bytes(value))
+    elif hasattr(value, "tobytes") and hasattr(value, "dtype") and hasattr(value, "shape"):  # numpy
+        if value.dtype == object:
+            h.update(repr(value.tolist()).encode())
+        else:
+            h.update(f"A{value.shape}{value.dtype}".encode())
+            h.update(value.tobytes())
+    elif isinstance(value, (bytes, bytearray)):
+        h.update(b"B" + bytes(value))
+    else:
+        h.update(f"{type(value).__name__}:{value!r}".encode())
+
+
+def _close(a: Any, b: Any, rtol: float, atol: float) -> bool:
+    if isinstance(a, (bool, str, bytes, type(None))) or isinstance(b, (bool, str, bytes, type(None))):
+        return a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= atol + rtol * abs(b)
+    if hasattr(a, "shape") and hasattr(b, "shape"):
+        import numpy as np
+
+        if a.shape != b.shape:
+            return False
+        if a.dtype.kind in "fc" or b.dtype.kind in "fc":
+            return bool(np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True))
+        return bool(np.array_equal(a, b))
+    return a == b

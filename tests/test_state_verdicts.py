@@ -1,0 +1,229 @@
+"""Pure tests of state digests and of the verdicts on what a resume restored (no processes, no torch):
+which checkpoint (STALE_RESUME, PROTOCOL) and which training state (STATE_DIVERGED, NONDETERMINISTIC)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_resume_check import events as ev
+from pytest_resume_check import state as st
+from pytest_resume_check import verdict as vd
+from pytest_resume_check.plan import RESUME_DISABLED, RESUME_PATH, KillSpec, RunPlan
+from pytest_resume_check.results import CONVERGED, DONE, KILLED, RunRecord
+from pytest_resume_check.targets import Contract, TargetError, resume_target
+
+
+def consumed(step, *ids, epoch=0):
+    return ev.Event(ev.CONSUMED, step=step, epoch=epoch, ids=ids)
+
+
+def published(step):
+    return ev.Event(ev.CHECKPOINT, step=step, path=f"/ckpt/step_{step}")
+
+
+def resumed(step):
+    return ev.Event(ev.RESUMED, step=step, path=f"/ckpt/step_{step}" if step else None)
+
+
+def state(step, **components):
+    """A state event as RunContext.state sends it, from plain values."""
+    leaves = {name: st.leaf_digests(value) for name, value in components.items()}
+    digests = {name: st.combine(values) for name, values in leaves.items()}
+    return ev.Event(ev.STATE, step=step, extra={ev.STATE_DIGESTS: digests, ev.STATE_LEAVES: leaves})
+
+
+def record(events, outcome=DONE, resume_mode="auto", kill=None, is_resume=False):
+    plan = RunPlan("t", ("m", "", "f"), {}, 0, "/ckpt", "/tmp/x.log", resume_mode=resume_mode, kill=kill,
+                   is_resume=is_resume)
+    return RunRecord(plan, list(events), outcome, 0)
+
+
+#: Steps 1..6, two inputs each.
+INPUTS = {s: (2 * s - 2, 2 * s - 1) for s in range(1, 7)}
+
+
+def steps(first, last, states=None):
+    out = []
+    for s in range(first, last + 1):
+        out.append(consumed(s, *INPUTS[s]))
+        if states is not None:
+            out.append(states(s))
+    return out
+
+
+def model(s, lr=0.1):
+    return state(s, model={"w": [float(s), 2.0 * s]}, optimizer={"state": {"0": {"exp_avg": [s / 10]}},
+                                                                  "param_groups": [{"lr": lr}]})
+
+
+REFERENCE = record(steps(1, 6, model))
+
+
+def first_run(kill_after=4, publish=(2, 4)):
+    events = []
+    for s in range(1, kill_after + 1):
+        events.append(consumed(s, *INPUTS[s]))
+        if s in publish:
+            events.append(published(s))
+    return record(events, KILLED, kill=KillSpec(max(publish, default=0), kill_after - max(publish, default=0)))
+
+
+def resumed_run(step, states=model, mode="auto"):
+    return record([resumed(step), *steps(step + 1, 6, states)], DONE, resume_mode=mode, is_resume=True)
+
+
+# -- which checkpoint ------------------------------------------------------------------------------
+
+def test_a_fresh_start_after_a_published_checkpoint_is_a_stale_resume_with_the_work_lost():
+    verdict = vd.judge(REFERENCE, [first_run(), resumed_run(0)], Contract())
+    assert verdict.categories == [vd.STALE_RESUME]
+    assert verdict.headline == ("STALE_RESUME: run 2 started fresh (resumed step 0) but step_4 was published "
+                                "before the kill: 4 steps of training lost")
+
+
+def test_resuming_the_older_of_two_checkpoints_is_a_stale_resume():
+    verdict = vd.judge(REFERENCE, [first_run(), resumed_run(2)], Contract())
+    assert verdict.categories == [vd.STALE_RESUME]
+    assert verdict.headline == ("STALE_RESUME: run 2 resumed from step_2 (step 2) but step_4 was published "
+                                "before the kill: 2 steps of training lost")
+
+
+@pytest.mark.parametrize("mode", ["auto", RESUME_PATH])
+def test_resuming_the_newest_published_checkpoint_passes(mode):
+    assert vd.judge(REFERENCE, [first_run(), resumed_run(4, mode=mode)], Contract()).passed
+
+
+def test_a_fresh_start_when_nothing_was_published_passes():
+    assert vd.judge(REFERENCE, [first_run(3, publish=()), resumed_run(0)], Contract()).passed
+
+
+def test_a_run_told_not_to_resume_may_start_fresh():
+    assert vd.judge(REFERENCE, [first_run(), resumed_run(0, mode=RESUME_DISABLED)], Contract()).passed
+
+
+def test_a_resume_from_a_step_nobody_published_is_a_protocol_error():
+    verdict = vd.judge(REFERENCE, [first_run(), resumed_run(3)], Contract())
+    assert verdict.categories[0] == vd.PROTOCOL
+    assert verdict.headline == vd.MSG_UNPUBLISHED.format(run=2, step=3, published="2, 4")
+
+
+def test_the_second_resume_of_a_double_kill_must_take_the_newest_checkpoint_of_either_run():
+    second = record([resumed(4), *steps(5, 5, model), published(5)], KILLED, kill=KillSpec(5), is_resume=True)
+    runs = [first_run(), second, resumed_run(4)]
+    verdict = vd.judge(REFERENCE, runs, Contract())
+    assert verdict.categories == [vd.STALE_RESUME]
+    assert verdict.headline.startswith("STALE_RESUME: run 3 resumed from step_4 (step 4) but step_5 was published")
+
+
+def test_a_crash_cell_keeps_its_own_rule_for_the_first_resume():
+    # The faulted save of step 4 completed on disk but was never published: resuming it is right.
+    assert not vd.judge(REFERENCE, [first_run(4, publish=(2,)), resumed_run(4)], Contract(),
+                        newest_complete=4).findings
+    verdict = vd.judge(REFERENCE, [first_run(4, publish=(2,)), resumed_run(2)], Contract(), newest_complete=4)
+    assert verdict.categories == [vd.STALE_RESUME]
+    assert "newest checkpoint whose save completed before the crash" in verdict.headline
+
+
+# -- which state -----------------------------------------------------------------------------------
+
+def lost_optimizer(s):
+    """The optimizer's moments start from zero after the resume; the model follows one step later."""
+    fresh = {"state": {"0": {"exp_avg": [0.0]}}, "param_groups": [{"lr": 0.1}]}
+    w = {"w": [float(s), 2.0 * s]} if s == 5 else {"w": [s + 0.5, 2.0 * s]}
+    return state(s, model=w, optimizer=fresh)
+
+
+def test_state_that_differs_after_a_resume_names_the_step_components_and_first_key():
+    verdict = vd.judge(REFERENCE, [first_run(), resumed_run(4, lost_optimizer)], Contract())
+    assert verdict.categories == [vd.STATE_DIVERGED]
+    assert verdict.headline == ("STATE_DIVERGED at step 5 (first step after resume from step_4): optimizer "
+                                "differs (state.0.exp_avg.0), model agrees; model differs from step 6")
+
+
+def test_a_scheduler_that_was_not_restored_shows_in_the_learning_rate():
+    verdict = vd.judge(REFERENCE, [first_run(), resumed_run(4, lambda s: model(s, lr=0.2))], Contract())
+    assert verdict.headline == ("STATE_DIVERGED at step 5 (first step after resume from step_4): optimizer "
+                                "differs (param_groups.0.lr), model agrees")
+
+
+def test_state_that_differs_only_where_the_inputs_do_is_not_a_second_finding():
+    wrong = record([resumed(4), consumed(5, 8), model(5), *steps(6, 6, model)], DONE, is_resume=True)
+    other_state = record([resumed(4), consumed(5, 8), state(5, model={"w": [0.0]}), *steps(6, 6, model)], DONE,
+                         is_resume=True)
+    assert vd.judge(REFERENCE, [first_run(), wrong], Contract()).categories == [vd.LOST]
+    assert vd.judge(REFERENCE, [first_run(), other_state], Contract()).categories == [vd.LOST]
+
+
+def test_a_converged_run_agrees_with_the_reference():
+    run = record([resumed(4), consumed(5, *INPUTS[5]), model(5), ev.Event(ev.CONVERGED, step=5)], CONVERGED,
+                 is_resume=True)
+    assert vd.judge(REFERENCE, [first_run(), run], Contract()).passed
+
+
+def test_a_component_one_side_does_not_report_differs():
+    verdict = vd.judge(REFERENCE, [first_run(), resumed_run(4, lambda s: state(s, model={"w": [float(s), 2.0 * s]}))],
+                       Contract())
+    assert verdict.headline.endswith("optimizer differs (not reported), model agrees")
+
+
+def test_reference_runs_whose_states_differ_are_nondeterministic_naming_the_component():
+    other = record(steps(1, 6, lambda s: model(s) if s < 3 else model(s, lr=0.3)))
+    findings = vd.judge_reference(REFERENCE, other, None, Contract())
+    assert [f.category for f in findings] == [vd.NONDETERMINISTIC]
+    assert findings[0].headline.startswith("NONDETERMINISTIC reference: two uninterrupted runs differ in their "
+                                           "state from step 3: optimizer differs (param_groups.0.lr), model agrees")
+    assert "state_tolerance=(rtol, atol)" in findings[0].headline
+
+
+def test_under_a_tolerance_the_childs_comparison_decides():
+    def compared(s):
+        return ev.Event(ev.STATE, step=s, extra={ev.STATE_COMPARED: {"model": None,
+                                                                     "optimizer": "state.0" if s > 5 else None}})
+    ref = record(steps(1, 6, lambda s: ev.Event(ev.STATE, step=s, extra={ev.STATE_COMPARED: {}})))
+    verdict = vd.judge(ref, [first_run(), resumed_run(4, compared)], Contract())
+    assert verdict.headline == ("STATE_DIVERGED at step 6 (2 steps after resume from step_4): optimizer differs "
+                                "(state.0), model agrees")
+
+
+# -- digests and values ----------------------------------------------------------------------------
+
+class Stateful:
+    def __init__(self, value):
+        self.value = value
+
+    def state_dict(self):
+        return {"value": self.value, "nested": [1, {"b": 2, "a": 3}]}
+
+
+def test_objects_are_flattened_through_their_state_dict_with_sorted_keys():
+    assert list(st.flatten({"m": Stateful(5)})) == [("m.nested.0", 1), ("m.nested.1.a", 3), ("m.nested.1.b", 2),
+                                                    ("m.value", 5)]
+
+
+@pytest.mark.parametrize("a, b", [(1, 1.0), (1, True), ("1", 1), (b"x", "x"), (0.1, 0.1 + 1e-16), ([1], [1, 2])])
+def test_leaf_digests_tell_types_and_values_apart(a, b):
+    assert st.leaf_digests(a) != st.leaf_digests(b)
+
+
+def test_lists_and_tuples_digest_alike_as_a_saved_and_loaded_state_may_turn_one_into_the_other():
+    assert st.leaf_digests({"betas": (0.9, 0.999)}) == st.leaf_digests({"betas": [0.9, 0.999]})
+
+
+def test_first_differing_key_names_a_changed_or_missing_leaf():
+    assert st.first_differing_key({"a": "1", "b": "2"}, {"a": "1", "b": "3"}) == "b"
+    assert st.first_differing_key({"a": "1"}, {"a": "1", "c": "9"}) == "c"
+    assert st.first_differing_key({"a": "1"}, {"a": "1"}) is None
+
+
+def test_values_close_under_a_tolerance_and_not_beyond_it():
+    assert st.first_not_close({"a": 1.0, "b": 2.0}, {"a": 1.0 + 1e-9, "b": 2.0}, 1e-6, 0.0) is None
+    assert st.first_not_close({"a": 1.0, "b": 2.0}, {"a": 1.0, "b": 2.1}, 1e-6, 0.0) == "b"
+    assert st.first_not_close({"a": float("nan")}, {"a": float("nan")}, 0.0, 0.0) is None
+    assert st.first_not_close({"a": "x"}, {"a": "y"}, 1.0, 1.0) == "a"
+    assert st.first_not_close({}, {"extra": 1}, 0.0, 0.0) == "extra"
+
+
+@pytest.mark.parametrize("bad", [(1e-5,), (-1, 0), ("a", "b"), (float("inf"), 0), 0.1])
+def test_a_bad_state_tolerance_is_a_clear_target_error(bad):
+    with pytest.raises(TargetError, match=r"state_tolerance=.* is not \(rtol, atol\)"):
+        resume_target(test_a_bad_state_tolerance_is_a_clear_target_error, steps=3, state_tolerance=bad)
