@@ -114,6 +114,7 @@ def _css() -> str:
     rules = [f".s-{c.name}{{background:{c.colour};color:{'#fff' if c.dark else '#1b1b1f'}}}"
              for c in categories.TABLE]
     rules += [f".sq.m-{m}{{background:{c.colour};border-color:{c.colour}}}" for m, c in entry_categories().items()]
+    rules.append(f".line.state{{background:{categories.BY_NAME[categories.STATE_DIVERGED].colour}}}")
     return _asset("report.css") + "\n".join(rules) + "\n"
 
 
@@ -173,6 +174,9 @@ def timeline(cell: Mapping[str, Any]) -> dict[str, Any]:
     interesting = [int(r[1]) for r, m in zip(reference, ref_marks) if m != verdict.MARK_OK]
     interesting += [int(r[1]) for r, m in zip(composite, comp_marks) if m != verdict.MARK_OK]
     interesting += [s + 1 for s in resumed] + [k[2] for k in kills]
+    state = cell.get("state_diverged")
+    if state:
+        interesting.append(int(state))
     interesting = [s for s in interesting if s >= 1] or ([1] if last else [])
     lo = max(1, min(interesting, default=1) - CONTEXT_STEPS)
     hi = min(max(last, max(interesting, default=1)), max(interesting, default=1) + CONTEXT_STEPS)
@@ -187,7 +191,19 @@ def timeline(cell: Mapping[str, Any]) -> dict[str, Any]:
         "hi": hi,
         "last": last,
         "ran": [str(r.get("outcome", "")) for r in cell.get("runs") or []],
+        "state": _state_line(cell),
     }
+
+
+def _state_line(cell: Mapping[str, Any]) -> list[Any] | None:
+    """``[step, colour, text]`` of the step where the training state first differs, if it does."""
+    step = cell.get("state_diverged")
+    if not step:
+        return None
+    name = categories.STATE_DIVERGED
+    text = next((str(f.get("headline")) for f in cell.get("findings") or []
+                 if isinstance(f, Mapping) and f.get("category") == name), name)
+    return [int(step), categories.BY_NAME[name].colour, text]
 
 
 def _entry_marks(cell: Mapping[str, Any], reference: list[list[Any]], composite: list[list[Any]]) -> tuple[str, str]:
@@ -429,4 +445,5 @@ def _timeline_legend() -> str:
             f'{marks}<span class="key"><span class="line kill"></span>kill</span>'
             '<span class="key"><span class="line resume"></span>checkpoint resumed from</span>'
             '<span class="key"><span class="band"></span>steps redone after a kill</span>'
+            '<span class="key"><span class="line state"></span>training state first differs</span>'
             " Hover an input for its id.</p>")

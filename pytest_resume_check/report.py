@@ -96,6 +96,8 @@ def cell_json(result: CellResult) -> dict[str, Any]:
         "categories": v.categories,
         "headline": v.headline,
         "resumed_from": v.resumed_from,
+        "state_diverged": v.state_diverged,
+        "findings": [{"category": f.category, "headline": f.headline, "step": f.step} for f in v.findings],
         "reference": reference,
         "composite": composite,
         "marks": {"reference": ref_marks, "composite": comp_marks},

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_resume_check import events as ev
-from pytest_resume_check.categories import VERDICT_CATEGORIES
+from pytest_resume_check.categories import STATE_DIVERGED, VERDICT_CATEGORIES
 from pytest_resume_check.faults import DiskDamage
 from pytest_resume_check.ledger import Ledger
 from pytest_resume_check.plan import RunPlan
@@ -160,6 +160,11 @@ class Verdict:
     @property
     def headline(self) -> str:
         return self.findings[0].headline if self.findings else "PASSED"
+
+    @property
+    def state_diverged(self) -> int | None:
+        """The first step whose training state differs from the reference's after a resume, if any."""
+        return next((f.step for f in self.findings if f.category == STATE_DIVERGED), None)
 
     def first_divergence(self) -> int | None:
         return next((f.position for f in self.findings if f.position is not None), None)

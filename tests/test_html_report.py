@@ -72,6 +72,18 @@ def duplicated_cell(**kw):
                 reference=ref, composite=comp, resumed_from=[1], **kw)
 
 
+STATE_HEADLINE = "STATE_DIVERGED at step 3 (2 steps after resume from step_1): optimizer differs (state.0.exp_avg)"
+
+
+def state_cell(**kw):
+    """Killed after checkpoint 1; the inputs agree, the optimizer's state differs from step 3."""
+    ref = ledger(4)
+    comp = [r for r in ref if r[1] == 1] + [[i, s, e, 1] for i, s, e, _ in ref if s > 1]
+    return cell(passed=False, categories=["STATE_DIVERGED"], headline=STATE_HEADLINE, reference=ref, composite=comp,
+                resumed_from=[1], state_diverged=3,
+                findings=[{"category": "STATE_DIVERGED", "headline": STATE_HEADLINE, "step": 3}], **kw)
+
+
 def every_status_cells(target="t"):
     """One cell per row of ``categories.TABLE``, in table order (kill point i for row i)."""
     cells = []
@@ -87,6 +99,8 @@ def every_status_cells(target="t"):
             cells.append(lost_cell(**kw))
         elif c.name == categories.DUPLICATED:
             cells.append(duplicated_cell(**kw))
+        elif c.name == categories.STATE_DIVERGED:
+            cells.append(state_cell(**kw))
         else:
             cells.append(cell(passed=False, categories=[c.name], headline=f"{c.name}: planted", **kw))
     assert [categories.status(c) for c in cells] == [c.name for c in categories.TABLE]
@@ -398,6 +412,14 @@ def test_timeline_draws_the_cells_marks_and_computes_them_only_when_absent():
     assert html.timeline(without) == html.timeline(lost)
 
 
+def test_a_state_divergence_is_marked_at_its_step_with_its_headline():
+    t = html.timeline(state_cell())
+    colour = categories.BY_NAME[categories.STATE_DIVERGED].colour
+    assert t["state"] == [3, colour, STATE_HEADLINE]
+    assert html.timeline(lost_cell())["state"] is None
+    assert t["lo"] <= 3 <= t["hi"]
+
+
 def test_timeline_keeps_only_the_steps_around_the_failure():
     ref = ledger(500, take=2, n=100)
     comp = [r for r in ref if r[1] != 300] + [[999, 300, 5, 1]]
@@ -556,6 +578,8 @@ def test_chromium_renders_a_page_with_every_category_and_crash_cells(tmp_path):
     for m in (verdict.MARK_LOST, verdict.MARK_DUPLICATED):  # lost and duplicated inputs in their colours
         assert re.search(rf'<rect [^>]*fill="{marks[m].colour}"[^>]*class="in m-{m}"', dom), marks[m].name
     assert dom.count('data-kind="crash"') == 1 and dom.count('data-kind="kills"') == 2
+    # The STATE_DIVERGED cell's timeline marks the step where the state first differs.
+    assert dom.count('<g class="state">') == 1 and STATE_HEADLINE in dom
 
 
 @needs_chromium

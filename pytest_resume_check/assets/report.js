@@ -107,6 +107,15 @@
       vline(step, RESUME, null, step ? "\u21bb from " + step : "\u21bb scratch", 12,
             "run " + (i + 2) + (step ? " resumed from the checkpoint of step " + step : " started from scratch"));
     });
+    // The step whose training state first differs from the reference's: a line before its column.
+    if (t.state && t.state[0] >= t.lo && t.state[0] <= t.hi) {
+      var x = xOf(t, t.state[0]) + 1;
+      var g = el("g", {"class": "state"}, svg);
+      el("line", {x1: x, x2: x, y1: 28, y2: bottom + 2, stroke: t.state[1], "stroke-width": 3,
+                  "stroke-dasharray": "1,3"}, g);
+      el("text", {x: x + 4, y: 36, "font-size": 10, fill: t.state[1]}, g, "\u2260 state");
+      el("title", {}, g, t.state[2]);
+    }
   }
   function drawNotes(svg, t, height) {
     var notes = [];
