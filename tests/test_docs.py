@@ -268,7 +268,8 @@ def test_report_page_example_lines_of_process_verdicts_match_the_message_templat
 @needs_torch
 def test_report_page_quotes_real_verdicts_of_the_planted_example(tmp_path):
     cells = ("drop_buffer[b4-take2-auto-ckpt1]", "reread", "shared_generator[b4-take2-shuffle-auto-ckpt1]",
-             "epoch_reset[b4-take2-auto-ckpt5]", "raise_on_resume[b4-take2-auto-ckpt1]")
+             "epoch_reset[b4-take2-auto-ckpt5]", "raise_on_resume[b4-take2-auto-ckpt1]",
+             "oldest_checkpoint[b4-take2-auto-ckpt4]", "no_optimizer[b4-take2-auto-ckpt4]")
     report = tmp_path / "planted.json"
     done = run_pytest(("--resume-matrix", "-m", "resume_matrix", "--resume-matrix-seed=1234", "-p", "no:cacheprovider",
                        "-k", " or ".join(cells), f"--resume-matrix-json={report}"), PLANTED,

@@ -40,10 +40,11 @@ SHARED_GENERATOR = "shared_generator"  # shuffle=True with one torch.Generator -
 NON_ATOMIC_SAVE = "non_atomic_save"  # state.pt and latest written in place, no fsync -> RESUME_ERROR on crashes
 SWALLOW_SAVE_ERRORS = "swallow_save_errors"  # an OSError while saving is ignored -> SILENT_IO_ERROR
 OLDEST_CHECKPOINT = "oldest_checkpoint"  # auto resume takes the oldest step folder -> STALE_RESUME
+NO_OPTIMIZER = "no_optimizer"  # the optimizer's momentum is not restored -> STATE_DIVERGED
 CRASH = "crash"  # exits by itself at step 2 -> CRASHED
 HANG = "hang"  # stops sending events at step 2 -> HUNG
 BUGS = (DROP_BUFFER, BUFFER_AND_REREAD, RESTART_AT_EPOCH_BOUNDARY, FRESH_SHUFFLE, EPOCH_RESET,
-        SHARED_GENERATOR, NON_ATOMIC_SAVE, SWALLOW_SAVE_ERRORS, OLDEST_CHECKPOINT, RAISE_ON_RESUME, CRASH, HANG)
+        SHARED_GENERATOR, NON_ATOMIC_SAVE, SWALLOW_SAVE_ERRORS, OLDEST_CHECKPOINT, NO_OPTIMIZER, RAISE_ON_RESUME, CRASH, HANG)
 
 DEFAULT_CASE = {"n": 12, "batch": 4, "take": 4, "epochs": 2, "shuffle": False, "workers": 0}
 
@@ -158,7 +159,8 @@ def train(run: RunContext, bug: str | None = None) -> None:
             raise RuntimeError("planted bug: resume fails")
         saved = torch.load(folder / STATE_FILE, weights_only=True)
         model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
+        if bug != NO_OPTIMIZER:
+            optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         step, batches_in_epoch = saved["step"], saved["batches_in_epoch"]
         epoch = 0 if bug == EPOCH_RESET else saved["epoch"]
@@ -332,6 +334,10 @@ def loop_swallow_save_errors(run: RunContext) -> None:
 
 def loop_oldest_checkpoint(run: RunContext) -> None:
     train(run, OLDEST_CHECKPOINT)
+
+
+def loop_no_optimizer(run: RunContext) -> None:
+    train(run, NO_OPTIMIZER)
 
 
 def loop_raise_on_resume(run: RunContext) -> None:

@@ -33,5 +33,7 @@ drop_buffer = planted(loop.loop_drop_buffer, "drop_buffer")  # the buffered tail
 reread = planted(loop.loop_buffer_and_reread, "reread")  # the tail is saved and read again: DUPLICATED, LOST
 shared_generator = planted(loop.loop_shared_generator, "shared_generator")  # torchdata: REORDERED
 epoch_reset = planted(loop.loop_epoch_reset, "epoch_reset")  # the epoch is not restored: EPOCH
+oldest_checkpoint = planted(loop.loop_oldest_checkpoint, "oldest_checkpoint")  # auto resume: STALE_RESUME
+no_optimizer = planted(loop.loop_no_optimizer, "no_optimizer")  # momentum not restored: STATE_DIVERGED
 raise_on_resume = planted(loop.loop_raise_on_resume, "raise_on_resume",  # RESUME_ERROR, declared known
                           expected_failures=[(has_checkpoint, "planted: loading a checkpoint raises")])
