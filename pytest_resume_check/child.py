@@ -11,6 +11,7 @@ import importlib.util
 import multiprocessing
 import os
 import sys
+import threading
 import traceback
 from typing import Any
 
@@ -30,18 +31,29 @@ _BATCHED = frozenset({ev.CONSUMED, ev.TRAINED, ev.STATE, ev.LOG})
 class ConnectionSink:
     """Writes events to the event channel. Reports inside a step are batched and written together at
     the step's end (or any checkpoint, pause, kill point, error or exit), so a SIGKILL loses only what
-    the step did after its last boundary - work a kill undoes anyway."""
+    the step did after its last boundary - work a kill undoes anyway.
+
+    Safe from any thread (a trainer may publish its checkpoints from a background saver): one lock
+    orders the events of all threads, so each thread's events arrive in the order it sent them and no
+    two writes to the channel interleave."""
 
     def __init__(self, conn: Any):
         self._conn = conn
         self._pending: list[bytes] = []
+        self._lock = threading.Lock()
 
     def send(self, event: ev.Event) -> None:
-        self._pending.append(event.to_wire())
-        if event.kind not in _BATCHED:
-            self.flush()
+        raw = event.to_wire()
+        with self._lock:
+            self._pending.append(raw)
+            if event.kind not in _BATCHED:
+                self._flush()
 
     def flush(self) -> None:
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
         if self._pending:
             self._conn.send_bytes(b"\n".join(self._pending))
             self._pending = []

@@ -66,7 +66,10 @@ def judge_restored(runs: Sequence[RunRecord], newest_complete: int | None = None
             continue
         if rec.plan.resume_mode == RESUME_DISABLED:
             continue
-        if got and got not in {step for step, _ in published}:
+        # A checkpoint the harness asked for may be complete on disk before its publication reaches
+        # the harness (a background saver publishes it while the run trains on): it counts as known.
+        asked = {s for r in runs[:index] for s in r.plan.checkpoint_steps if s <= r.last_step}
+        if got and got not in {step for step, _ in published} | asked:
             shown = ", ".join(str(step) for step, _ in published) or "none"
             return [Finding(PROTOCOL, MSG_UNPUBLISHED.format(run=index + 1, step=got, published=shown))]
         if published and got < published[-1][0]:

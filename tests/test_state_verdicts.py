@@ -227,3 +227,14 @@ def test_values_close_under_a_tolerance_and_not_beyond_it():
 def test_a_bad_state_tolerance_is_a_clear_target_error(bad):
     with pytest.raises(TargetError, match=r"state_tolerance=.* is not \(rtol, atol\)"):
         resume_target(test_a_bad_state_tolerance_is_a_clear_target_error, steps=3, state_tolerance=bad)
+
+
+def test_a_checkpoint_asked_for_but_not_yet_published_at_the_kill_may_be_resumed():
+    # A background saver finished step_4 on disk; its publication had not reached the harness yet.
+    killed = record([*steps(1, 5), published(2)], KILLED, kill=KillSpec(4, 1))
+    killed.plan = RunPlan("t", ("m", "", "f"), {}, 0, "/ckpt", "/tmp/x.log", kill=KillSpec(4, 1),
+                          checkpoint_steps=frozenset({2, 4}))
+    events = [ev.Event(ev.STEP_END, step=s) for s in range(1, 6)]
+    killed.events += events
+    assert vd.judge(REFERENCE, [killed, resumed_run(4)], Contract()).passed
+    assert vd.judge(REFERENCE, [killed, resumed_run(3)], Contract()).categories[0] == vd.PROTOCOL

@@ -44,7 +44,8 @@ NO_OPTIMIZER = "no_optimizer"  # the optimizer's momentum is not restored -> STA
 CRASH = "crash"  # exits by itself at step 2 -> CRASHED
 HANG = "hang"  # stops sending events at step 2 -> HUNG
 BUGS = (DROP_BUFFER, BUFFER_AND_REREAD, RESTART_AT_EPOCH_BOUNDARY, FRESH_SHUFFLE, EPOCH_RESET,
-        SHARED_GENERATOR, NON_ATOMIC_SAVE, SWALLOW_SAVE_ERRORS, OLDEST_CHECKPOINT, NO_OPTIMIZER, RAISE_ON_RESUME, CRASH, HANG)
+        SHARED_GENERATOR, NON_ATOMIC_SAVE, SWALLOW_SAVE_ERRORS, OLDEST_CHECKPOINT, NO_OPTIMIZER, RAISE_ON_RESUME,
+        CRASH, HANG)
 
 DEFAULT_CASE = {"n": 12, "batch": 4, "take": 4, "epochs": 2, "shuffle": False, "workers": 0}
 
