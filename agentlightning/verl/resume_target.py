@@ -22,7 +22,6 @@ from typing import Any
 
 from agentlightning.verl.schedule import LATENCY_PROFILES, AsyncSchedule, simulate_async_schedule
 from agentlightning.verl.verl_layout import DATALOADER_FILENAME, TRACKER_FILENAME
-from pytest_resume_check.digest import digest_of
 from pytest_resume_check.run import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, RunContext
 from pytest_resume_check.targets import Contract, resume_target
 
@@ -88,8 +87,14 @@ def sync_boundaries(case: Mapping[str, Any]) -> list[int]:
 
 
 class RunObserver:
-    """Adapts the trainer's ``InputObserver`` calls to the harness's run context, and reports a
-    digest of the trainer's whole state after each step (so resumed runs can stop early)."""
+    """Adapts the trainer's ``InputObserver`` calls to the harness's run context, and reports the
+    trainer's state by component after each step (:func:`trainer_state`), so a resume that restores
+    part of it wrongly fails naming the part, and a resumed run whose state equals the reference's
+    stops early.
+
+    The state is reported once per step, when it is final: after ``step_end`` when no checkpoint
+    follows, else after ``checkpoint_published`` (the early stop must not end a run before the save
+    the harness asked for)."""
 
     def __init__(self, run: RunContext, trainer: Any = None):
         self.run = run
@@ -107,38 +112,68 @@ class RunObserver:
     def step_end(self, step: int) -> None:
         self.run.step_end(step)
         if not self.run.should_checkpoint(step):
-            self._digest(step)
+            self._report_state(step)
 
     def should_checkpoint(self, step: int) -> bool:
         return self.run.should_checkpoint(step)
 
     def checkpoint_published(self, step: int, path: str) -> None:
         self.run.checkpoint_published(step, path)
-        self._digest(step)
+        self._report_state(step)
 
-    def _digest(self, step: int) -> None:
+    def _report_state(self, step: int) -> None:
         state = trainer_state(self.trainer)
         if state is not None:
-            self.run.state_digest(step, digest_of(state))
+            self.run.state(step, state)
 
 
 def trainer_state(trainer: Any) -> dict[str, Any] | None:
-    """Everything that decides the rest of an Agent Lightning run: input position and buffer, the
-    in-flight record, the rollouts pending in the engine, the actor's model and optimizer, the step.
-    None for trainers without an input stream (stock verl keeps its epoch in a local of ``fit``)."""
-    if trainer is None or not hasattr(trainer, "input_stream"):
+    """The state that decides the rest of a run, by component (None without a trainer).
+
+    Both trainers: ``model`` and ``optimizer`` (the CPU worker group's torch model and Adam state),
+    ``updates`` (the worker's update count, saved with them) and ``step`` (``global_steps``). The Agent
+    Lightning trainer adds ``inputs`` (the input stream's position: loader state, buffered tail, input
+    epoch, loader batches taken), ``in_flight`` (the record of inputs whose rollouts are running, which
+    its checkpoint holds) and ``pending`` (the rollouts the engine holds, with the step each is ready
+    in); stock verl adds ``loader`` (see :func:`stock_state`).
+    """
+    if trainer is None:
         return None
     worker = trainer.actor_rollout_wg
-    pending = getattr(trainer.rollout_engine, "_pending", ())
-    return {
-        "inputs": trainer.input_stream.state_dict(),
-        "in_flight": trainer.in_flight_inputs.state_dict(),
-        "pending": [(p.input_id, p.epoch, p.ready_step) for p in pending],
+    state: dict[str, Any] = {
         "model": worker.model.state_dict(),
         "optimizer": worker.optimizer.state_dict(),
         "updates": worker.updates,
-        "step": trainer.global_steps,
     }
+    if hasattr(trainer, "input_stream"):
+        state.update({
+            "inputs": trainer.input_stream.state_dict(),
+            "in_flight": trainer.in_flight_inputs.state_dict(),
+            "pending": pending_rollouts(trainer.rollout_engine),
+        })
+    else:
+        state.update(stock_state(trainer))
+    state["step"] = trainer.global_steps
+    return state
+
+
+def pending_rollouts(engine: Any) -> list[dict[str, Any]]:
+    """The rollouts in flight in the CPU engine, in submission order: id, input epoch, the step that
+    finishes each, and the row it was submitted with (what the update will train on)."""
+    return [{"input_id": p.input_id, "epoch": p.epoch, "ready_step": p.ready_step, "row": p.row}
+            for p in getattr(engine, "_pending", ())]
+
+
+def stock_state(trainer: Any) -> dict[str, Any]:
+    """What of stock verl's state is reachable from outside its ``fit``: the loader (``data.pt``).
+
+    Not reported: the epoch. ``RayPPOTrainer.fit`` keeps it in a local (``for epoch in range(...)``,
+    started at ``global_steps // len(train_dataloader)`` after loading), which no observer call can
+    read; a wrong epoch shows in the ledger's epoch labels instead. The rollout record and the
+    engine's pending rollouts are always empty after a sync step (each step drains every rollout it
+    submitted), so they are left out too.
+    """
+    return {"loader": trainer.train_dataloader.state_dict()}
 
 
 def fit_trainer(run: RunContext, *, async_enabled: bool, trainer_cls: type | None = None) -> None:
