@@ -57,7 +57,8 @@ class InputCheckpointVersionError(InputCheckpointError):
 
 
 class InputCheckpointCorruptError(InputCheckpointError):
-    """The file is damaged: unreadable, a checksum mismatch, missing entries or entries of wrong types."""
+    """The file is damaged or crafted: unreadable, a checksum mismatch, sizes it claims but does not hold
+    (refused before anything of that size is allocated), missing entries or entries of wrong types."""
 
 
 class InputCheckpointTruncatedError(InputCheckpointCorruptError):
@@ -65,7 +66,9 @@ class InputCheckpointTruncatedError(InputCheckpointCorruptError):
 
 
 class InputCheckpointUnsafeError(InputCheckpointCorruptError):
-    """The file holds pickled code that loading would run; ``torch.load(weights_only=True)`` refused it."""
+    """The file holds pickled code that loading would run: its pickle names a global (the message says
+    which) other than those ``torch.save`` writes for plain tensors. It is refused before ``torch.load``
+    runs, so nothing ran; the message never suggests loading it with pickled code enabled."""
 
 
 class InputCheckpointStepMismatchError(InputCheckpointError):

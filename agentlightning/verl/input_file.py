@@ -6,9 +6,17 @@ how numpy values are stored is :mod:`agentlightning.verl.value_encoding`; its na
 :mod:`agentlightning.verl.verl_layout`; its errors are :mod:`agentlightning.verl.errors`.
 
 Safety: the file holds only tensors and plain Python values, so ``torch.load(weights_only=True)`` reads
-it with no allow-list and no pickled code from a checkpoint is ever executed. A file that would need
-code to load is refused with :class:`InputCheckpointUnsafeError`; bytes that are not a torch zip archive
-are never unpickled at all.
+it with no allow-list and no pickled code from a checkpoint is ever executed. Before torch sees a file,
+:mod:`agentlightning.verl.input_bounds` reads its zip directory and the opcodes of its pickle without
+running them: a pickle that names any global other than those ``torch.save`` writes for plain tensors is refused with
+:class:`InputCheckpointUnsafeError` naming the global; bytes that are not a torch zip archive are never
+unpickled at all. No message ever suggests loading a file with pickled code enabled.
+
+Bounds: a file of N bytes is read with memory in proportion to N, whatever its bytes claim. Every
+claimed size is checked against the bytes that back it *before* anything of that size is allocated
+(see :mod:`agentlightning.verl.input_bounds`); a file claiming more is
+:class:`InputCheckpointCorruptError`. The writer runs the same checks on what it writes, so a file it
+wrote is never refused for its size or content.
 
 Integrity: the file is a torch zip archive whose zip *comment* holds a SHA-256 of everything before it
 (``agentlightning-sha256:<hex>``, declared by the ``integrity`` entry), so every flipped bit is found,
@@ -25,12 +33,12 @@ comes from no crash at all. :mod:`agentlightning.verl.resume_selection` decides 
 resume.
 """
 
+
 from __future__ import annotations
 
 import hashlib
 import io
 import os
-import pickle
 import re
 import warnings
 from collections.abc import Mapping
@@ -47,6 +55,15 @@ from agentlightning.verl.errors import (
     InputCheckpointTruncatedError,
     InputCheckpointUnsafeError,
 )
+from agentlightning.verl.input_bounds import (
+    ZIP_END,
+    ZIP_END_SIZE,
+    ZIP_START,
+    Refused,
+    check_archive,
+    check_state,
+    zip_end,
+)
 from agentlightning.verl.input_format import (
     INPUT_STATE_FORMAT_VERSION,
     INTEGRITY_SHA256,
@@ -61,32 +78,43 @@ from agentlightning.verl.input_format import (
 from agentlightning.verl.value_encoding import encode_value
 from agentlightning.verl.verl_layout import input_state_path
 
-# Zip layout: every archive starts with a local file header and ends with the end-of-central-directory
-# record (22 bytes, then a comment of the length its last two bytes give).
-ZIP_START = b"PK\x03\x04"
-ZIP_END = b"PK\x05\x06"
-ZIP_END_SIZE = 22
 CHECKSUM_PREFIX = b"agentlightning-sha256:"
 CHECKSUM_SIZE = len(CHECKSUM_PREFIX) + 64
 _CHECKSUM_RE = re.compile(re.escape(CHECKSUM_PREFIX) + rb"[0-9a-f]{64}\Z")
-_REFUSED_GLOBAL_RE = re.compile(r"GLOBAL ([\w.]+) was not an allowed global")
+_REFUSED_GLOBAL_RE = re.compile(r"GLOBAL ([\w.]+)")
 _UNPICKLER_ERROR_RE = re.compile(r"WeightsUnpickler error: ([^\n]{0,200})")
+
+FIX_UNSAFE = (
+    "Never load it with a loader that runs pickled code: agentlightning does not write code into this "
+    "file, so it comes from elsewhere. " + FIX_OTHER_CHECKPOINT
+)
+FIX_UNSTORABLE = (
+    "Store plain dense tensors (tensor.detach().contiguous()), not parameters, subclasses, sparse or "
+    "expanded tensors, and store numpy string arrays of very different lengths with dtype=object"
+)
 
 
 # ---------------------------------------------------------------- writing
 
 
-def encode_input_file(payload: dict[str, Any]) -> bytes:
-    """The bytes of an input file holding ``payload``: a torch zip archive whose comment is its checksum.
+def checksummed(archive: bytes) -> bytes | None:
+    """The torch zip ``archive`` with its checksum as zip comment, or None when its end record is not
+    the one torch writes (no comment).
 
     The checksum covers every byte before it, the end record with the comment's length included.
     """
-    data = torch_bytes({**payload, KEY_INTEGRITY: INTEGRITY_SHA256})
-    if data[-ZIP_END_SIZE:-ZIP_END_SIZE + 4] != ZIP_END or data[-2:] != b"\x00\x00":
-        # Not the layout torch writes today: store the file without a checksum rather than guess.
-        return torch_bytes(payload)
-    head = data[:-2] + CHECKSUM_SIZE.to_bytes(2, "little")
+    if archive[-ZIP_END_SIZE:-ZIP_END_SIZE + 4] != ZIP_END or archive[-2:] != b"\x00\x00":
+        return None
+    head = archive[:-2] + CHECKSUM_SIZE.to_bytes(2, "little")
     return head + CHECKSUM_PREFIX + hashlib.sha256(head).hexdigest().encode("ascii")
+
+
+def encode_input_file(payload: dict[str, Any]) -> bytes:
+    """The bytes of an input file holding ``payload``: a torch zip archive whose comment is its checksum.
+
+    A torch that writes another end record gets the file without a checksum rather than a guess.
+    """
+    return checksummed(torch_bytes({**payload, KEY_INTEGRITY: INTEGRITY_SHA256})) or torch_bytes(payload)
 
 
 def write_input_state(
@@ -99,8 +127,8 @@ def write_input_state(
     its path.
 
     ``carried_over`` is the in-flight record's ``state_dict()``; None stores an empty record (nothing in
-    flight). The state is encoded before any file is touched, so a state that cannot be stored leaves
-    the folder as it was.
+    flight). The state is encoded and the file's bytes pass the reader's checks before any file is
+    touched, so a state that cannot be stored (or read back) leaves the folder as it was.
     """
     path = input_state_path(step_folder)
     if carried_over is None:
@@ -116,7 +144,16 @@ def write_input_state(
         KEY_INPUT_STREAM: stream,
         KEY_CARRIED_OVER: groups,
     }
-    atomic_write_bytes(encode_input_file(payload), path)
+    data = encode_input_file(payload)
+    try:
+        check_archive(data)
+        check_state(payload, len(data))
+    except Refused as refused:
+        problem = f"would not be read back: the reader refuses a file that {refused.problem}"
+        if refused.code:
+            problem = f"holds a value that torch.save stores by calling {refused.code}, which the reader refuses"
+        raise InputCheckpointEncodeError(path, problem, FIX_UNSTORABLE) from None
+    atomic_write_bytes(data, path)
     return path
 
 
@@ -129,9 +166,10 @@ def read_input_checkpoint(step_folder: str, expected_step: int | None = None) ->
 
     Every problem raises a subclass of :class:`InputCheckpointError` naming the file and the problem:
     :class:`InputCheckpointTruncatedError` (cut short), :class:`InputCheckpointUnsafeError` (pickled
-    code), :class:`InputCheckpointCorruptError` (any other damage: checksum, structure, missing entries,
-    wrong types), :class:`InputCheckpointVersionError` and :class:`InputCheckpointStepMismatchError`
-    (the file's step differs from ``expected_step``). No exception from inside torch escapes.
+    code), :class:`InputCheckpointCorruptError` (any other damage: checksum, structure, sizes it cannot
+    back, missing entries, wrong types), :class:`InputCheckpointVersionError` and
+    :class:`InputCheckpointStepMismatchError` (the file's step differs from ``expected_step``). No
+    exception from inside torch escapes.
     """
     path = input_state_path(step_folder)
     if not os.path.exists(path):
@@ -141,9 +179,16 @@ def read_input_checkpoint(step_folder: str, expected_step: int | None = None) ->
             raw = f.read()
     except OSError as err:
         raise InputCheckpointCorruptError(path, f"cannot be read ({err})", FIX_OTHER_CHECKPOINT) from None
-    checksummed = _check_bytes(path, raw)
-    payload = _unpickle(path, raw)
-    return validate_payload(path, payload, expected_step, checksummed)
+    has_checksum = _check_bytes(path, raw)
+    try:
+        check_archive(raw)
+        payload = _unpickle(path, raw)
+        check_state(payload, len(raw))
+    except Refused as refused:
+        if refused.code:
+            raise _unsafe(path, refused.code) from None
+        raise InputCheckpointCorruptError(path, refused.problem, FIX_OTHER_CHECKPOINT) from None
+    return validate_payload(path, payload, expected_step, has_checksum)
 
 
 def read_input_state(step_folder: str, expected_step: int | None = None) -> dict[str, Any] | None:
@@ -164,15 +209,15 @@ def _check_bytes(path: str, raw: bytes) -> bool:
             path, f"is not a torch zip archive (it starts with {raw[:8]!r})", FIX_OTHER_CHECKPOINT
         )
     has_checksum = _CHECKSUM_RE.search(raw[-CHECKSUM_SIZE:]) is not None
-    comment = _zip_comment(raw)
-    if comment is None and not has_checksum:
+    end = zip_end(raw)
+    if end is None and not has_checksum:
         raise InputCheckpointTruncatedError(
             path,
             f"is cut short: {len(raw)} bytes and no end-of-archive record (an interrupted write or copy)",
             FIX_OTHER_CHECKPOINT,
         )
-    if not comment and not has_checksum:
-        return False  # written before the checksum existed: the zip CRCs are checked on load
+    if end == len(raw) - ZIP_END_SIZE and not has_checksum:
+        return False  # no comment: written before the checksum existed; the zip CRCs are checked on load
     if not has_checksum:
         raise InputCheckpointCorruptError(path, "has a damaged checksum record", FIX_OTHER_CHECKPOINT)
     head = raw[:-CHECKSUM_SIZE]
@@ -185,41 +230,35 @@ def _check_bytes(path: str, raw: bytes) -> bool:
     return True
 
 
-def _zip_comment(raw: bytes) -> bytes | None:
-    """The comment of the zip archive ``raw``, or None when it has no end record at its end."""
-    lowest = max(0, len(raw) - ZIP_END_SIZE - 0xFFFF)
-    position = raw.rfind(ZIP_END, lowest)
-    while position >= 0:
-        comment_size = int.from_bytes(raw[position + 20:position + 22], "little")
-        if position + ZIP_END_SIZE + comment_size == len(raw):
-            return raw[position + ZIP_END_SIZE:]
-        position = raw.rfind(ZIP_END, lowest, position)
-    return None
+def _unsafe(path: str, code: str) -> InputCheckpointUnsafeError:
+    return InputCheckpointUnsafeError(
+        path, f"holds pickled code that loading would run (it calls {code}); it was refused and nothing ran", FIX_UNSAFE
+    )
 
 
 def _unpickle(path: str, raw: bytes) -> Any:
-    """``torch.load(weights_only=True)`` of ``raw`` with every failure turned into a typed error."""
+    """``torch.load(weights_only=True)`` of ``raw`` with every failure turned into a typed error.
+
+    The checks before it refuse what torch would; this maps what remains. torch's messages advise
+    loading the file with pickled code enabled: only the line saying what was wrong is kept.
+    """
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's notes on pickle protocols are noise here
             return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        refused = _REFUSED_GLOBAL_RE.search(str(err))
-        if refused or "Unsupported global" in str(err):
-            name = refused.group(1) if refused else "a global"
-            raise InputCheckpointUnsafeError(
-                path,
-                f"holds pickled code that loading would run (it calls {name}); "
-                "torch.load(weights_only=True) refused it and nothing was run",
-                "Do not load this file with weights_only=False: it was not written by agentlightning. "
-                + FIX_OTHER_CHECKPOINT,
-            ) from None
-        detail = _UNPICKLER_ERROR_RE.search(str(err))
-        problem = detail.group(1) if detail else (str(err).splitlines() or [type(err).__name__])[0]
+    except Exception as err:  # any failure inside torch means the same thing to the user
+        message = str(err)
+        refused = _REFUSED_GLOBAL_RE.search(message)
+        if refused:
+            raise _unsafe(path, refused.group(1)) from None
         raise InputCheckpointCorruptError(
-            path, f"cannot be unpickled ({problem[:200]})", FIX_OTHER_CHECKPOINT
+            path, f"cannot be loaded ({type(err).__name__}: {_torch_problem(message)})", FIX_OTHER_CHECKPOINT
         ) from None
-    except Exception as err:  # any other failure inside torch means the same thing to the user
-        raise InputCheckpointCorruptError(
-            path, f"cannot be read ({type(err).__name__}: {str(err)[:200]})", FIX_OTHER_CHECKPOINT
-        ) from None
+
+
+def _torch_problem(message: str) -> str:
+    """The part of a torch error ``message`` that says what was wrong: printable, without advice."""
+    detail = _UNPICKLER_ERROR_RE.search(message)
+    lines = ([detail.group(1)] if detail else []) + message.splitlines()
+    kept = [line.strip() for line in lines if line.strip() and "weights_only" not in line]
+    return "".join(c if c.isprintable() else "?" for c in (kept[0] if kept else ""))[:200]
