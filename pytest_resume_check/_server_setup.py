@@ -1,8 +1,10 @@
-"""What the fork server does once its targets' modules are imported: run their warm-up functions, become
-the subreaper of its children, give back its output and freeze its heap for the garbage collector.
+"""What the fork server does after its own modules are imported: become the subreaper of its children,
+import its targets' modules (recording any that raise), run their warm-up functions, give back its
+output and freeze its heap for the garbage collector.
 
 Defining only: :mod:`._preload_end`, the last entry of the fork server's preload list, calls
-:func:`finish`. Nothing here runs in any other process.
+:func:`finish`; :func:`send_failures` runs in a child forked from the server. Nothing here runs in any
+other process.
 """
 
 from __future__ import annotations
@@ -10,22 +12,32 @@ from __future__ import annotations
 import ctypes
 import gc
 import importlib
+import json
 import os
 import sys
 import warnings
+from typing import Any
 
-#: ``module:function`` warm-ups, comma separated; set by the starter only in the environment it starts
-#: the fork server with.
+from pytest_resume_check.targets import describe_error
+
+#: The server's work, as JSON: ``{"import": [modules], "call": ["module:function" warm-ups], "path":
+#: [the starter's sys.path]}``; set by the starter only in the environment it starts the server with.
 WARMUP_ENV = "PYTEST_RESUME_CHECK_WARMUP"
+#: Preloaded modules whose import raised in this server: module -> ``Type: message (at file:line)``.
+#: Multiprocessing's own preload lets any exception but ImportError kill the server, and then every
+#: child start fails with a bare EOFError (issue 13); imported here, one broken module costs only the
+#: targets that name it.
+FAILED: dict[str, str] = {}
 PR_SET_CHILD_SUBREAPER = 36
 
 
 def finish() -> None:
     """Called once, in the fork server, after its preload imports."""
     _become_subreaper()
-    specs = [s for s in os.environ.pop(WARMUP_ENV, "").split(",") if s]
+    work = json.loads(os.environ.pop(WARMUP_ENV, "") or "{}")
     try:
-        _call(specs)
+        _import(work.get("path", []), work.get("import", []))
+        _call(work.get("call", []))
     finally:
         _restore_output()
     # Without this the first garbage collection in every forked child walks (and so copies) every
@@ -57,10 +69,26 @@ def _restore_output() -> None:
         os.dup2(begin.SAVED_STDERR, 2)
 
 
+def send_failures(conn: Any) -> None:
+    """In a child forked from the server: send the server's :data:`FAILED` to the starter."""
+    conn.send(dict(FAILED))
+    conn.close()
+
+
+def _import(path: list[str], modules: list[str]) -> None:
+    if path:  # the starter's sys.path, which its children get too: modules beside a conftest are found
+        sys.path[:] = path
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except (Exception, SystemExit) as exc:
+            FAILED[name] = describe_error(exc)
+
+
 def _call(specs: list[str]) -> None:
     for spec in specs:
         module_name, _, func = spec.partition(":")
         try:
             getattr(importlib.import_module(module_name), func)()
-        except Exception:  # a failed warm-up only costs speed; each child still works
+        except (Exception, SystemExit):  # a failed warm-up only costs speed; each child still works
             pass

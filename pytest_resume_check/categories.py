@@ -82,8 +82,8 @@ TABLE: tuple[Category, ...] = (
     Category(NONDETERMINISTIC, "N", "#e377c2", False, "nondeterministic",
              "Two uninterrupted reference runs differ in their inputs or state; nothing can be judged.", True),
     Category(PROTOCOL, "P", "#7f7f7f", True, "protocol",
-             "The target broke the reporting rules (e.g. never said where it resumed, or claimed a "
-             "checkpoint no run published).", True),
+             "The target broke the reporting rules (e.g. never said where it resumed, resumed from a step "
+             "no run reached, or reported out of order).", True),
 )
 
 BY_NAME: dict[str, Category] = {c.name: c for c in TABLE}

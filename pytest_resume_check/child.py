@@ -18,6 +18,7 @@ from typing import Any
 from pytest_resume_check import events as ev
 from pytest_resume_check.plan import RunPlan
 from pytest_resume_check.run import Converged, RunContext
+from pytest_resume_check.sweep import RUN_TOKEN_ENV
 from pytest_resume_check.targets import load_target_fn
 
 #: Exit code of a child whose target raised.
@@ -61,6 +62,8 @@ class ConnectionSink:
 
 def child_main(plan: RunPlan, conn: Any, control: Any = None) -> None:
     """Entry point of a child process (started by :mod:`pytest_resume_check.starter`)."""
+    if plan.token:  # inherited by every process the run starts, so escaped ones are found later
+        os.environ[RUN_TOKEN_ENV] = plan.token
     try:
         # Own process group, so one killpg also ends the loader workers this run forks.
         os.setpgid(0, 0)
@@ -84,16 +87,25 @@ def child_main(plan: RunPlan, conn: Any, control: Any = None) -> None:
         sink.flush()
     except BaseException:  # report everything, SystemExit included: the parent decides what it means
         text = traceback.format_exc()
-        sys.stderr.write(text)
-        try:
+        try:  # the pipe first: on a full disk the log write below fails, the pipe does not
             sink.send(ev.Event(ev.ERROR, text=text))
         except OSError:
             pass
+        _write_quietly(sys.stderr, text)
         code = EXIT_TARGET_RAISED
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _write_quietly(sys.stdout, "")
+    _write_quietly(sys.stderr, "")
     # Skip interpreter teardown: atexit handlers of a half-built trainer must not block the exit.
     os._exit(code)
+
+
+def _write_quietly(stream: Any, text: str) -> None:
+    """Write and flush, ignoring a log that cannot take it (a full disk)."""
+    try:
+        stream.write(text)
+        stream.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def _recorder(plan: RunPlan, sink: ConnectionSink) -> Any:

@@ -23,6 +23,7 @@ DONE = "done"
 STATE = "state"  # extra: the trainer's state after a step by component (see RunContext.state)
 PAUSED = "paused"  # the child waits for the supervisor to snapshot its checkpoint directory
 CONVERGED = "converged"  # the resumed run's state equals the reference's at this step; it stopped
+PROTOCOL = "protocol"  # text: a report call the target made out of order (its run is judged PROTOCOL)
 FILE_OP = "file_op"  # a file operation of the watched save (path, extra: index, kind, target)
 
 #: Keys of a state event's ``extra``: component digests, their leaves' digests by path, and (under a
@@ -32,7 +33,7 @@ STATE_LEAVES = "leaves"
 STATE_COMPARED = "compared"
 
 KINDS = frozenset({CONSUMED, TRAINED, STEP_END, CHECKPOINT, RESUMED, KILL_READY, LOG, ERROR, DONE, STATE,
-                   PAUSED, CONVERGED, FILE_OP})
+                   PAUSED, CONVERGED, FILE_OP, PROTOCOL})
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@
     <root>/<target>/<case>/record-save<step>/  the run that recorded a save's file operations
     <root>/<target>/<case>/<mode>-<kill>/      one cell: out/ (auto) or out<i>/ (path mode), run<i>.log
 
-Every folder the harness deletes goes through :meth:`Layout.fresh`, which refuses any path that does
-not lie strictly inside the root.
+Every file and folder the harness deletes goes through :func:`remove_inside` (:meth:`Layout.fresh`,
+:meth:`Layout.remove`, the clean-up of old sessions), which refuses any path it cannot prove lies
+strictly inside the root it is given (issue 13: a target named ``..`` pointed the harness outside).
 """
 
 from __future__ import annotations
@@ -22,6 +23,36 @@ REFERENCE = "reference"
 REPEAT_OUT = "out-repeat"
 #: In a reference's folder: its state values per step (targets compared under a tolerance).
 STATE_VALUES = "state-values"
+
+
+#: Why a deletion was refused; a bug in the harness or a hostile name, never something to retry.
+ERR_OUTSIDE = "refusing to delete {path}: it is not inside {root}"
+
+
+def check_inside(path: Path, root: Path) -> Path:
+    """``path`` itself, once proven to lie strictly inside ``root``: spelled below it without any
+    ``..``, and still below it with every symlink resolved. Raises ValueError otherwise."""
+    path, root = Path(path), Path(root)
+    below = path.parts[len(root.parts):]
+    spelled = path.parts[:len(root.parts)] == root.parts and bool(below) and ".." not in below
+    resolved, real_root = path.resolve(), root.resolve()
+    if not spelled or real_root not in resolved.parents:
+        raise ValueError(ERR_OUTSIDE.format(path=path, root=root))
+    return path
+
+
+def remove_inside(path: Path, root: Path, ignore_errors: bool = False) -> None:
+    """Delete the file, symlink or folder ``path`` if it exists; it must lie inside ``root`` (see
+    :func:`check_inside`; a refusal is raised even with ``ignore_errors``, which ignores OSError only)."""
+    path = check_inside(path, root)
+    try:
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.exists():
+            shutil.rmtree(path)
+    except OSError:
+        if not ignore_errors:
+            raise
 
 
 def safe_name(text: str) -> str:
@@ -68,13 +99,33 @@ class Layout:
     def fresh(self, path: Path) -> Path:
         """Delete ``path`` if it exists and create it empty; it must lie inside the root."""
         path = Path(path)
-        root = self.root.resolve()
-        resolved = path.resolve()
-        if resolved == root or root not in resolved.parents:
-            raise ValueError(f"refusing to delete {path}: it is not inside the session root {root}")
-        if path.is_symlink() or path.is_file():
-            path.unlink()
-        elif path.exists():
-            shutil.rmtree(path)
+        remove_inside(path, self.root)
         path.mkdir(parents=True)
         return path
+
+    def remove(self, path: Path) -> None:
+        """Delete a folder of this session (a passed cell's files); it must lie inside the root."""
+        remove_inside(path, self.root, ignore_errors=True)
+
+    def tidy(self) -> int:
+        """End of a session: delete what only served its own runs (shared first runs with their
+        snapshots, recorded saves) and the references of cases that kept no failing cell; return the
+        bytes left. A failing cell's folder holds its own checkpoints and logs and stays, with its
+        case's reference beside it."""
+        for case in (c for t in self._folders(self.root) for c in self._folders(t)):
+            kept_cells = False
+            for folder in self._folders(case):
+                if folder.name.endswith("-prefix") or folder.name.startswith("record-save"):
+                    self.remove(folder)
+                elif folder.name != REFERENCE:
+                    kept_cells = True
+            if not kept_cells:
+                self.remove(case)
+        for target in self._folders(self.root):
+            if not any(target.iterdir()):
+                self.remove(target)
+        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file() and not p.is_symlink())
+
+    @staticmethod
+    def _folders(path: Path) -> list[Path]:
+        return sorted(p for p in path.iterdir() if p.is_dir() and not p.is_symlink()) if path.is_dir() else []

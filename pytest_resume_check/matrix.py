@@ -9,13 +9,13 @@ beside it, and a seeded random sample of the rest.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_resume_check import faults
 from pytest_resume_check.plan import RESUME_AUTO, RESUME_PATH, KillSpec
-from pytest_resume_check.targets import Target
+from pytest_resume_check.targets import ERR_RAISED, ERR_STEPS_RETURNED, Target, TargetError, describe_error
 
 QUICK = "quick"
 FULL = "full"
@@ -162,10 +162,10 @@ def cells(target: Target, mode: str, seed: int) -> list[Cell]:
         raise ValueError(f"matrix mode must be one of {list(MODES)}, not {mode!r}")
     out = []
     for case in target.cases:
-        steps = int(target.steps(case))
-        boundaries = list(target.boundaries(case)) if target.boundaries else []
+        steps = _steps(target, case)
+        boundaries = list(_ask(target, "boundaries", case, target.boundaries, case)) if target.boundaries else []
         rng = random.Random(f"{seed}:{target.name}:{case_id(case)}")
-        buffered = list(target.buffered(case)) if target.buffered else []
+        buffered = list(_ask(target, "buffered", case, target.buffered, case)) if target.buffered else []
         points = kill_points(steps, boundaries, mode, rng, target.resume_modes, buffered)
         singles = {(m, k[0].checkpoint_step) for m, k in points if len(k) == 1 and k[0].extra_steps == 0}
         for resume_mode, kills in points:
@@ -174,9 +174,33 @@ def cells(target: Target, mode: str, seed: int) -> list[Cell]:
                 at = kills[0].checkpoint_step
                 prior = tuple(sorted(s for m, s in singles if m == resume_mode and 0 < s < at))
                 cell = Cell(target, case, resume_mode, kills, steps, None, prior)
-            reason = next((why for pred, why in target.expected_failures if pred(cell)), None)
+            reason = next((why for pred, why in target.expected_failures
+                           if _ask(target, "expected_failures", case, pred, cell)), None)
             out.append(Cell(target, case, resume_mode, kills, steps, reason, cell.prior_checkpoints))
     return out
+
+
+def _ask(target: Target, function: str, case: Mapping[str, Any], fn: Callable[[Any], Any], arg: Any) -> Any:
+    """``fn(arg)``, one of the target's own functions (named ``function``, asked about ``case``); what it
+    raises becomes a :class:`TargetError` naming the target, the function and the case, so one broken
+    target cannot abort the session (issue 13)."""
+    try:
+        return fn(arg)
+    except Exception as exc:
+        raise TargetError(ERR_RAISED.format(name=target.name, function=function, case_id=case_id(case),
+                                            error=describe_error(exc))) from exc
+
+
+def _steps(target: Target, case: Mapping[str, Any]) -> int:
+    """``target.steps(case)``, which must be a whole number of at least 1."""
+    value = _ask(target, "steps", case, target.steps, case)
+    try:
+        steps = int(value)
+    except (TypeError, ValueError):
+        steps = 0
+    if steps < 1 or steps != value:
+        raise TargetError(ERR_STEPS_RETURNED.format(name=target.name, case_id=case_id(case), value=value))
+    return steps
 
 
 #: In quick mode, how many op indices get each I/O error kind besides ENOSPC-once (which gets all).

@@ -91,6 +91,12 @@ class RunPlan:
     #: where the reference's values are that this run compares with.
     state_values_dir: str | None = None
     state_reference_dir: str | None = None
+    #: Marks every process of this run (its environment), so escaped ones can be found and killed.
+    token: str = ""
+    #: A run that goes on past this step is stopped and judged PROTOCOL (None: no limit). Three times the
+    #: case's steps: a resume that replays inputs legitimately runs past the last step, and its verdict
+    #: (DUPLICATED) must come from its ledger; only a run that never stops is cut off.
+    step_limit: int | None = None
     #: Steps after whose checkpoint the child pauses until the supervisor has copied the directory.
     pause_steps: frozenset[int] = frozenset()
     #: File-operation faults during one save (see :mod:`pytest_resume_check.faults`).

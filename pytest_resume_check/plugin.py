@@ -6,11 +6,8 @@ or the ``resume_check`` fixture is used.
 
 from __future__ import annotations
 
-import getpass
-import os
-import shutil
+import math
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from random import Random
@@ -36,7 +33,8 @@ HELP_MATRIX = ("run every resume-check target across the kill/resume matrix: 'qu
 HELP_SEED = "seed for shuffles and kill-point sampling: an integer, or 'last' to reuse the previous seed"
 HELP_TARGET = "only run this target (repeatable)"
 HELP_CELL = "run only this matrix cell, e.g. 'builtin_loop[b4-take2-e2-shuffle-auto-ckpt3]'"
-HELP_HANG = "seconds without an event before a run counts as HUNG and is killed (default 60)"
+HELP_HANG = ("seconds without an event before a run counts as HUNG and is killed (default 60; 0 or inf: no limit, "
+             "longer limits are cut to about 23 days)")
 HELP_JSON = "write every cell's verdict and ledgers to this JSON file"
 HELP_EXHAUSTIVE = ("run every cell from scratch to the end: no shared first runs, no early stop of resumed "
                    "runs whose state digest equals the reference's (slower; a check on those shortcuts)")
@@ -47,17 +45,24 @@ MATRIX_MODES = ("quick", "full")
 ISOLATIONS = ("forkserver", "spawn")
 MARKER = "resume_matrix"
 CACHE_SEED = "resume_check/seed"
-KEEP_SESSIONS = 3
+#: The session's folder in pytest's base temporary directory (``resume-matrix0``, ...).
+SESSION_FOLDER = "resume-matrix"
 DEFAULT_HANG_TIMEOUT = 60.0
 
 ERR_MODE = "{opt}={value!r} is not a matrix mode; use one of: quick, full (e.g. {opt}=quick)"
 ERR_SEED = "{opt}={value!r} is not a seed; give an integer (e.g. {opt}=1234) or 'last'"
 ERR_SEED_LAST = "{opt}=last: no previous seed is cached in this project; run once without it first"
-ERR_HANG = "{opt}={value!r} must be a positive number of seconds (e.g. {opt}=60)"
+ERR_HANG = "{opt}={value!r} must be a positive number of seconds (e.g. {opt}=60), or 0 or inf for no limit"
 ERR_ISOLATION = "{opt}={value!r} is not an isolation; use 'forkserver' or 'spawn'"
 ERR_NO_TARGET = ("{opt}: no resume-check target named {names}; known targets: {known}. Declare targets with "
                  "pytest_resume_check.resume_target in a conftest.py or an entry point")
 ERR_NO_CELL = "{opt}={value!r}: no such cell in this matrix (mode {mode}, seed {seed}); check mode and seed"
+ERR_CASES_HOOK = ("target {name!r}: the pytest_resume_check_cases hook raised {error}; fix the conftest or plugin "
+                  "that implements it")
+ERR_BROKEN = ("target {name!r}: building its matrix cells raised {error}; check what its steps, boundaries and "
+              "buffered functions return")
+ERR_REPORT_WRITE = ("resume matrix: cannot write the {kind} report to {path}: {reason}; choose a writable path "
+                    "with {opt}")
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,7 @@ def _settings(config: pytest.Config) -> Settings:
     hang = _setting(config, "resume_matrix_hang_timeout") or DEFAULT_HANG_TIMEOUT
     try:
         hang = float(hang)
-        if hang <= 0:
+        if math.isnan(hang) or hang < 0:  # 0 and inf: no limit (the runner cuts huge limits)
             raise ValueError
     except ValueError:
         raise pytest.UsageError(ERR_HANG.format(opt=OPT_HANG, value=hang)) from None
@@ -233,6 +238,7 @@ class ResumeMatrix(pytest.Collector):
 
     def collect(self) -> list[pytest.Item]:
         from pytest_resume_check import matrix, starter
+        from pytest_resume_check.targets import TargetError, describe_error
 
         settings = self.config.stash[SETTINGS_KEY]
         items = []
@@ -240,10 +246,14 @@ class ResumeMatrix(pytest.Collector):
         for target in targets:  # all of them, before the fork server starts with the first run
             starter.add_preload(target.preload)
         for target in targets:
-            cases = self.config.hook.pytest_resume_check_cases(config=self.config, target=target)
-            if cases is not None:
-                target = target.with_options(cases=tuple(dict(c) for c in cases))
-            cells = matrix.cells(target, settings.mode, settings.seed)
+            try:
+                target = self._checked(target)
+                cells = matrix.cells(target, settings.mode, settings.seed)
+            except Exception as exc:  # one failing item for a broken target; the others still run (issue 13)
+                message = str(exc) if isinstance(exc, TargetError) else ERR_BROKEN.format(
+                    name=target.name, error=describe_error(exc))
+                items.append(BrokenTarget.from_parent(self, name=f"{target.name}[matrix]", message=message))
+                continue
             if target.crash_save:
                 try:
                     cells += self._crash_cells(target, settings)
@@ -253,6 +263,22 @@ class ResumeMatrix(pytest.Collector):
             for cell in cells:
                 items.append(ResumeCell.from_parent(self, name=f"{target.name}[{cell.id}]", cell=cell))
         return items
+
+    def _checked(self, target: Any) -> Any:
+        """``target`` with the cases a ``pytest_resume_check_cases`` hook answers instead, if one does;
+        its name and case ids checked again (a hook or ``with_options`` may have bypassed the declaration)."""
+        from pytest_resume_check.targets import ERR_TARGET_NAME, TargetError, check_cases, describe_error, name_problem
+
+        problem = name_problem(str(target.name))
+        if problem:
+            raise TargetError(ERR_TARGET_NAME.format(name=target.name, problem=problem))
+        try:
+            cases = self.config.hook.pytest_resume_check_cases(config=self.config, target=target)
+            cases = target.cases if cases is None else tuple(dict(c) for c in cases)
+        except Exception as exc:
+            raise TargetError(ERR_CASES_HOOK.format(name=target.name, error=describe_error(exc))) from exc
+        check_cases(target.name, cases)
+        return target.with_options(cases=cases)
 
     def _crash_cells(self, target: Any, settings: Settings) -> list[Any]:
         import random
@@ -314,10 +340,13 @@ class ResumeCell(pytest.Item):
         if not result.passed:
             raise ResumeCheckFailure(report.failure_text(result, rerun_command(self)))
         if result.workdir is not None:
-            shutil.rmtree(result.workdir, ignore_errors=True)
+            _engine(self.config).layout.remove(result.workdir)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
-        if isinstance(excinfo.value, ResumeCheckFailure):
+        from pytest_resume_check.targets import TargetError
+
+        # TargetError: the target itself is broken (a preload module that fails to import), one line says why.
+        if isinstance(excinfo.value, (ResumeCheckFailure, TargetError)):
             return str(excinfo.value)
         return super().repr_failure(excinfo)
 
@@ -365,24 +394,19 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 def _session_root(config: pytest.Config) -> Path:
+    """The session's folder: ``resume-matrix<N>`` in pytest's own base temporary directory, so
+    ``--basetemp``, ``tmp_path_retention_count`` and ``tmp_path_retention_policy`` decide where runs
+    keep their files and how many sessions stay, the folder is private (pytest checks its owner and
+    that it is no symlink), and no session removes another live session's folder (pytest keeps a
+    numbered directory while its lock is held). Without pytest's tmpdir plugin: a private new folder."""
     if ROOT_KEY not in config.stash:
-        base = Path(tempfile.gettempdir()) / f"pytest-resume-check-{_user()}"
-        base.mkdir(parents=True, exist_ok=True)
-        worker = getattr(config, "workerinput", {}).get("workerid", "main")
-        root = base / f"session-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{worker}"
-        root.mkdir()
-        sessions = sorted(base.glob("session-*"), key=lambda p: p.stat().st_mtime)
-        for old in sessions[:-KEEP_SESSIONS * 4]:
-            shutil.rmtree(old, ignore_errors=True)
+        factory = getattr(config, "_tmp_path_factory", None)
+        if factory is not None:
+            root = factory.mktemp(SESSION_FOLDER, numbered=True)
+        else:
+            root = Path(tempfile.mkdtemp(prefix=f"pytest-{SESSION_FOLDER}-"))
         config.stash[ROOT_KEY] = root
     return config.stash[ROOT_KEY]
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "user"
 
 
 def _engine(config: pytest.Config) -> Any:
@@ -394,6 +418,16 @@ def _engine(config: pytest.Config) -> Any:
         engine.register(config.stash.get(CELLS_KEY, []))
         config.stash[ENGINE_KEY] = engine
     return config.stash[ENGINE_KEY]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Also after Ctrl-C: no process a run started outlives the session, nor the fork server; of the
+    session's files only the failing cells' folders stay (with their cases' references)."""
+    if ENGINE_KEY in session.config.stash:
+        from pytest_resume_check import starter
+
+        starter.stop_server()
+        session.config.stash[ENGINE_KEY].layout.tidy()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -435,11 +469,23 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         from pytest_resume_check import report
 
         path = Path(settings.json_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(report.dump_json(results, settings.seed))
-        tr.write_line(f"resume matrix verdicts written to {path}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(report.dump_json(results, settings.seed))
+        except OSError as exc:  # a report that cannot be written must not change the matrix's result
+            tr.write_line(_cannot_write("JSON", path, exc, OPT_JSON), red=True)
+        else:
+            tr.write_line(f"resume matrix verdicts written to {path}")
     if settings.html_path:
         from pytest_resume_check import html
 
-        written = html.write_report(results, Path(settings.html_path), seed=settings.seed)
-        tr.write_line(f"resume matrix HTML report written to {written}")
+        try:
+            written = html.write_report(results, Path(settings.html_path), seed=settings.seed)
+        except OSError as exc:
+            tr.write_line(_cannot_write("HTML", settings.html_path, exc, OPT_HTML), red=True)
+        else:
+            tr.write_line(f"resume matrix HTML report written to {written}")
+
+
+def _cannot_write(kind: str, path: Any, exc: OSError, opt: str) -> str:
+    return ERR_REPORT_WRITE.format(kind=kind, path=path, reason=exc.strerror or exc, opt=opt)

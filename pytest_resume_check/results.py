@@ -60,6 +60,8 @@ class RunRecord:
     first_event_seconds: float | None = None
     #: What the harness did to the disk after the kill (power loss, torn files).
     damage: DiskDamage = field(default_factory=DiskDamage)
+    #: Processes of the run that escaped its process group (setsid, double fork) and were killed after it.
+    leftovers: int = 0
 
     @property
     def resumed_step(self) -> int | None:

@@ -40,6 +40,12 @@ class Converged(BaseException):
     A BaseException, so a trainer's ``except Exception`` does not swallow it."""
 
 
+class StepLimit(BaseException):
+    """Raised inside the target when it goes on far past the case's last step (three times its steps):
+    the run is stopped and judged ``PROTOCOL``. A BaseException, so a trainer's ``except Exception``
+    does not swallow it."""
+
+
 class EventSink(Protocol):
     """Where the context writes events (the child's end of the event channel)."""
 
@@ -62,6 +68,7 @@ class RunContext:
         self._recorder = recorder
         self._resumed_step: int | None = None
         self._state_step: int | None = None
+        self._ended = 0  # the last step whose step_end was reported
         self._state_seen: dict[str, str] = {}
 
     # -- what the target reads -------------------------------------------------------------------
@@ -98,19 +105,29 @@ class RunContext:
     # -- what the target reports -----------------------------------------------------------------
     def resumed(self, step: int, path: str | os.PathLike[str] | None = None) -> None:
         """Report the checkpoint actually restored: its step (0 when starting fresh) and folder."""
+        if self._resumed_step is not None:
+            self._violation(f"called run.resumed({int(step)}) a second time (it first said step {self._resumed_step})")
         self._resumed_step = int(step)
         self._sink.send(ev.Event(ev.RESUMED, step=int(step), path=str(path) if path else None))
 
     def consumed(self, ids: Iterable[Any], *, step: int, epoch: int) -> None:
         """Report inputs taken from the data pipeline for training in ``step``, in order."""
+        self._check_open("consumed", step)
         self._sink.send(ev.Event(ev.CONSUMED, step=int(step), epoch=int(epoch), ids=_plain_ids(ids)))
 
     def trained(self, ids: Iterable[Any], *, step: int, epoch: int) -> None:
         """Report inputs used in the update of ``step`` (for trainers with a separate training stage)."""
+        self._check_open("trained", step)
         self._sink.send(ev.Event(ev.TRAINED, step=int(step), epoch=int(epoch), ids=_plain_ids(ids)))
 
     def step_end(self, step: int) -> None:
         """Report that ``step``'s update is done. The harness may kill the run here."""
+        limit = self.plan.step_limit
+        if limit is not None and int(step) > limit:
+            self._violation(f"went on past step {limit}, three times the case's steps: stopped at the end of step "
+                            f"{int(step)} (a trainer that never stops)")
+            raise StepLimit(int(step))
+        self._ended = max(self._ended, int(step))
         self._sink.send(ev.Event(ev.STEP_END, step=int(step)))
         kill = self.plan.kill
         if kill is not None and kill.extra_steps > 0 and kill.kill_step == step:
@@ -167,6 +184,15 @@ class RunContext:
     def log(self, text: str) -> None:
         """Send a line to the parent's log of this run."""
         self._sink.send(ev.Event(ev.LOG, text=str(text)))
+
+    def _check_open(self, call: str, step: int) -> None:
+        """Inputs belong to a step before its ``step_end``; later ones are a reporting mistake."""
+        if int(step) <= self._ended:
+            self._violation(f"called run.{call}(step={int(step)}) after run.step_end({self._ended}); report a step's "
+                            "inputs before its step_end")
+
+    def _violation(self, text: str) -> None:
+        self._sink.send(ev.Event(ev.PROTOCOL, text=text))
 
     def _check_converged(self, step: int, digests: Mapping[str, str]) -> None:
         """Stop the run once every component reported in this step equals the reference's."""

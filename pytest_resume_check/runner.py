@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,13 +16,25 @@ from pytest_resume_check.plan import RESUME_AUTO, KillSpec, RunPlan
 from pytest_resume_check.results import DEFAULT_HANG_TIMEOUT, RunRecord
 from pytest_resume_check.targets import Target
 
+#: The longest hang limit a run can wait for (about 23 days): ``poll()`` takes at most 2**31 - 1 ms, and a
+#: longer wait crashed every cell (issue 13). Longer limits, ``inf`` and 0 (both: no limit) become this.
+MAX_HANG_TIMEOUT = 2_000_000.0
+
+
+def hang_limit(seconds: float) -> float:
+    """``seconds`` as a hang limit the process layer accepts; nan and negative values raise ValueError."""
+    seconds = float(seconds)
+    if math.isnan(seconds) or seconds < 0:
+        raise ValueError(f"hang_timeout={seconds!r} must be a number of seconds >= 0 (0 or inf: no limit)")
+    return MAX_HANG_TIMEOUT if seconds == 0 else min(seconds, MAX_HANG_TIMEOUT)
+
 
 class Runner:
     """Makes the plan of each run and runs it; counts runs and trainer steps (for benchmarks)."""
 
     def __init__(self, seed: int, hang_timeout: float = DEFAULT_HANG_TIMEOUT, isolation: str | None = None):
         self.seed = seed
-        self.hang_timeout = hang_timeout
+        self.hang_timeout = hang_limit(hang_timeout)
         self.isolation = isolation
         self.steps_executed = 0
         self.runs_started = 0
@@ -45,14 +59,26 @@ class Runner:
             kill=kill, is_resume=is_resume, converge=dict(converge or {}), pause_steps=frozenset(pause_steps),
             faults=faults if faults is not None else (kill.fault if kill is not None else None),
             report_state=report_state, state_tolerance=target.state_tolerance, state_values_dir=state_values_dir,
-            state_reference_dir=state_reference_dir,
+            state_reference_dir=state_reference_dir, token=uuid.uuid4().hex, step_limit=_step_limit(target, case),
         )
 
     def run(self, plan: RunPlan, target: Target, on_pause: Callable[[int], None] | None = None) -> RunRecord:
         """One supervised child run."""
-        starter.add_preload(target.preload)
-        record = sv.supervise(plan, isolation=self.isolation or target.isolation, hang_timeout=self.hang_timeout,
-                              on_pause=on_pause)
+        isolation = self.isolation or target.isolation
+        starter.check_preload(target.name, target.preload, isolation)  # adds it to the server's preload
+        record = sv.supervise(plan, isolation=isolation, hang_timeout=self.hang_timeout, on_pause=on_pause)
         self.runs_started += 1
         self.steps_executed += record.steps_run
         return record
+
+
+#: A run may take this many times its case's steps before it is stopped as a runaway.
+STEP_LIMIT_FACTOR = 3
+
+
+def _step_limit(target: Target, case: Mapping[str, Any]) -> int | None:
+    """The step no run may pass (None if the case's steps cannot be asked)."""
+    try:
+        return STEP_LIMIT_FACTOR * int(target.steps(case))
+    except Exception:  # a broken steps() is reported where the matrix is built
+        return None

@@ -60,7 +60,9 @@ class SharedFirstRuns:
         if snapshot is None or not snapshot.exists():
             return None
         out = Layout.out(workdir, cell.resume_mode)
-        shutil.copytree(snapshot, out, symlinks=True)
+        # Moved, not copied: each snapshot serves the one cell killed at its step, and a copy per cell
+        # would keep the disk use of a group quadratic in its kill steps until the session ends.
+        shutil.move(snapshot, out)
         events, published = [], None
         for event in prefix.record.events:
             if event.kind == ev.PAUSED:
@@ -73,7 +75,9 @@ class SharedFirstRuns:
                 break
         kill = cell.kills[0]
         events.append(ev.Event(ev.KILL_READY, text=kill.describe()))
-        plan = replace(prefix.record.plan, checkpoint_dir=str(out), log_path=str(Layout.log(prefix.workdir, 0)),
+        log = Layout.log(workdir, 0)  # the shared run's output so far, kept with the cell it served
+        shutil.copyfile(Layout.log(prefix.workdir, 0), log)
+        plan = replace(prefix.record.plan, checkpoint_dir=str(out), log_path=str(log),
                        kill=kill, checkpoint_steps=frozenset((*cell.prior_checkpoints, step)), pause_steps=frozenset())
         record = RunRecord(plan, events, KILLED, prefix.record.exitcode, None, 0.0, prefix.record.hang_timeout,
                            prefix.record.pid, prefix.record.isolation)

@@ -3,27 +3,53 @@
 ``forkserver`` (the default): children fork from a server process that imported the targets'
 ``preload`` modules once, so a run does not pay for importing torch or verl again. ``spawn``: a fresh
 interpreter per run, for trainers that are not fork-safe.
+
+A preload module that fails to import costs only the targets that name it: :func:`check_preload`
+raises a :class:`~.targets.TargetError` naming the module and its exception for those, and the
+server goes on serving the others (issue 13).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
+import multiprocessing.spawn
 import os
 import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_resume_check import _server_setup
 from pytest_resume_check._server_setup import WARMUP_ENV
 from pytest_resume_check.child import child_main
 from pytest_resume_check.plan import RunPlan
-from pytest_resume_check.targets import ISOLATION_FORKSERVER, ISOLATIONS
+from pytest_resume_check.sweep import RUN_TOKEN_ENV
+from pytest_resume_check.targets import ISOLATION_FORKSERVER, ISOLATIONS, TargetError
 
 _CHILD_MODULES = ("pytest_resume_check.child",)
 _preload: list[str] = list(_CHILD_MODULES)
 _server_started: tuple[str, ...] = ()  # the preload the running fork server was started with
+#: Preload modules that failed to import in the fork server: module -> what happened.
+_failed: dict[str, str] = {}
+#: Of those, modules whose import killed the server outright; they stay out of its preload list.
+_fatal: dict[str, str] = {}
+
+ERR_PRELOAD = ("target {target!r}: preload module {module!r} failed to import in the fork server: {error}; fix the "
+               "module, or remove it from the target's preload=")
+ERR_SERVER_DIED = ("the fork server died while importing the preload modules {modules} or calling the warm-ups "
+                   "{warmups}, and no module fails when imported alone; run with --resume-matrix-isolation=spawn "
+                   "to do without the fork server")
+#: Imports one module in a fresh interpreter with the starter's sys.path: ``-c _IMPORT_ALONE path module``.
+#: Ends with 0 also when the import raises (the server survives that): only a dying interpreter fails.
+_IMPORT_ALONE = ("import importlib, json, sys\nsys.path[:] = json.loads(sys.argv[1])\n"
+                 "try:\n    importlib.import_module(sys.argv[2])\nexcept (Exception, SystemExit):\n    pass\n")
 
 
 _warmups: list[str] = []
@@ -59,15 +85,15 @@ class Child:
     def kill(self) -> None:
         """SIGKILL the child's process group (loader workers included), then the child itself."""
         kill_group(self.pid)
-        self.process.join(timeout=30)
+        self.wait_exit(30)
         wait_group_gone(self.pid)
 
     def reap(self, timeout: float = 30) -> int | None:
         """Wait for exit, kill what is left of its group, return the exit code."""
-        self.process.join(timeout=timeout)
+        self.wait_exit(timeout)
         if self.process.exitcode is None:
             kill_group(self.pid)
-            self.process.join(timeout=30)
+            self.wait_exit(30)
         else:
             kill_group(self.pid, only_group=True)
         wait_group_gone(self.pid)
@@ -75,6 +101,14 @@ class Child:
         if self.control is not None:
             self.control.close()
         return self.process.exitcode
+
+
+    def wait_exit(self, timeout: float) -> None:
+        """Wait until the child has exited. Polls its exit status rather than joining: a process it
+        detached may hold the sentinel pipe (spawn hands it down), and a join would wait for that."""
+        deadline = time.monotonic() + timeout
+        while self.process.exitcode is None and time.monotonic() < deadline:
+            time.sleep(0.002)
 
 
 def kill_group(pid: int, only_group: bool = False) -> None:
@@ -116,11 +150,14 @@ def _ensure_server(ctx: Any) -> None:
         if stop is None:  # cannot restart on this Python: children import the rest themselves
             return
         stop()
-    ctx.set_forkserver_preload(["pytest_resume_check._preload_begin", *_preload, "pytest_resume_check._preload_end"])
-    # The warm-up list reaches the server through its environment, set only while it starts: a later
-    # subprocess of this process (a test's interpreter, a user's script) must not inherit it.
+    # The server imports the targets' modules itself (multiprocessing's preload would die of the first
+    # one that raises); they, the warm-ups and this sys.path reach it through its environment, set only
+    # while it starts: a later subprocess of this process (a test's interpreter, a user's script) must
+    # not inherit it.
+    ctx.set_forkserver_preload(["pytest_resume_check._preload_begin", "pytest_resume_check._preload_end"])
+    work = {"import": [m for m in _preload if m not in _fatal], "call": _warmups, "path": _sys_path()}
     saved = os.environ.get(WARMUP_ENV)
-    os.environ[WARMUP_ENV] = ",".join(_warmups)
+    os.environ[WARMUP_ENV] = json.dumps(work)
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
@@ -129,6 +166,67 @@ def _ensure_server(ctx: Any) -> None:
         else:
             os.environ[WARMUP_ENV] = saved
     _server_started = wanted
+    _learn_failures(ctx, work["import"])
+
+
+def _sys_path() -> list[str]:
+    """This process's sys.path as its children get it (the empty entry made absolute)."""
+    return list(multiprocessing.spawn.get_preparation_data("ignore")["sys_path"])
+
+
+def _learn_failures(ctx: Any, modules: list[str]) -> None:
+    """Ask the new server (through a child forked from it, which starts once the imports are done)
+    which modules failed to import. If the server died instead (a module exited or crashed the
+    interpreter), import each module alone to find which, and start the server again without it."""
+    global _failed, _server_started
+    reader, writer = ctx.Pipe(duplex=False)
+    probe = ctx.Process(target=_server_setup.send_failures, args=(writer,), name="resume-check:preload-check")
+    try:
+        probe.start()
+        writer.close()
+        failed = reader.recv()
+        probe.join()
+    except (EOFError, OSError):  # the server is gone
+        failed = None
+    finally:
+        reader.close()
+    if failed is not None:
+        _failed = {**_fatal, **failed}
+        return
+    fatal = {m: error for m in modules if (error := _import_alone(m))}
+    if not fatal:
+        raise RuntimeError(ERR_SERVER_DIED.format(modules=", ".join(modules), warmups=", ".join(_warmups) or "(none)"))
+    _fatal.update(fatal)
+    stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
+    if stop is not None:  # reap the dead server (else the next start finds it soon enough)
+        stop()
+    _server_started = ()
+    _ensure_server(ctx)
+
+
+def _import_alone(module: str) -> str | None:
+    """How importing ``module`` in a fresh interpreter kills it, if it does."""
+    env = {k: v for k, v in os.environ.items() if k != WARMUP_ENV}
+    code = subprocess.run([sys.executable, "-c", _IMPORT_ALONE, json.dumps(_sys_path()), module],
+                          capture_output=True, env=env).returncode
+    if code == 0:
+        return None
+    if code < 0:
+        return f"importing it killed the interpreter ({signal.strsignal(-code) or f'signal {-code}'})"
+    return f"importing it ended the interpreter with exit code {code}"
+
+
+def check_preload(target: str, entries: Any, isolation: str) -> None:
+    """Add ``entries`` (the preload of ``target``) to the fork server's, and raise
+    :class:`~.targets.TargetError` if the server failed to import one of them (starting the server
+    first if it is not running with them)."""
+    add_preload(entries)
+    if isolation != ISOLATION_FORKSERVER:
+        return
+    _ensure_server(multiprocessing.get_context(isolation))
+    for entry in entries:
+        if entry in _failed:
+            raise TargetError(ERR_PRELOAD.format(target=target, module=entry, error=_failed[entry]))
 
 
 def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER) -> Child:
@@ -142,8 +240,41 @@ def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER) -> Child:
     control_reader, control_writer = ctx.Pipe(duplex=False) if plan.pause_steps else (None, None)
     process = ctx.Process(target=child_main, args=(plan, writer, control_reader),
                           name=f"resume-check:{plan.target_name}")
-    process.start()
+    if isolation == ISOLATION_FORKSERVER:
+        process.start()
+    else:  # a spawned interpreter is exec'd with the token, so its forked descendants show it too
+        with _environment(RUN_TOKEN_ENV, plan.token):
+            process.start()
     writer.close()  # the child holds the only write end: EOF means it (and its workers) are gone
     if control_reader is not None:
         control_reader.close()
     return Child(process, reader, control_writer)
+
+
+def server_pid() -> int | None:
+    """The running fork server's pid (it adopts orphans of the runs it forked), if there is one."""
+    return multiprocessing.forkserver._forkserver._forkserver_pid if _server_started else None
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    """``name=value`` in this process's environment while the block runs."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
+def stop_server() -> None:
+    """End of a session: stop the fork server (and the resource tracker) this process started."""
+    global _server_started
+    if _server_started:
+        from pytest_resume_check.sweep import stop_servers
+
+        stop_servers()
+        _server_started = ()

@@ -3,7 +3,7 @@
 *Which checkpoint.* The harness saw every checkpoint the runs before a resume published. A resumed
 run must restore the last one (in ``auto`` mode the newest in its directory, in ``path`` mode the one
 it was given): a fresh start or an older checkpoint is ``STALE_RESUME``, with the steps of training
-lost; a step that no run ever published is ``PROTOCOL``. In a crash cell the first resume is judged
+lost; a step beyond any step the runs before it reached is ``PROTOCOL``. In a crash cell the first resume is judged
 by the crash-consistency rule instead (the newest checkpoint whose save completed before the fault).
 
 *Which state.* After each resume, the state the run reports (``run.state``) is compared step by step
@@ -27,8 +27,8 @@ MSG_STALE = ("STALE_RESUME: run {run} resumed from {got} but {want} was the newe
              "completed before the crash ({why}); the work saved since is trained again")
 MSG_STALE_PUBLISHED = ("STALE_RESUME: run {run} {got} but {want} was published before the kill: {lost} step{s} "
                        "of training lost")
-MSG_UNPUBLISHED = ("PROTOCOL: run {run} reported resuming from step {step}, but no run published a checkpoint of "
-                   "that step (published: {published}); report the step of the checkpoint actually loaded")
+MSG_UNPUBLISHED = ("PROTOCOL: run {run} reported resuming from step {step}, but no run before it got past step "
+                   "{reached}; report the step of the checkpoint actually loaded")
 MSG_STATE_DIVERGED = "STATE_DIVERGED at step {step} ({when} {label}): {what}"
 MSG_STATE_NONDETERMINISTIC = (
     "NONDETERMINISTIC reference: two uninterrupted runs differ in their state from step {step}: {what}; seed "
@@ -66,12 +66,11 @@ def judge_restored(runs: Sequence[RunRecord], newest_complete: int | None = None
             continue
         if rec.plan.resume_mode == RESUME_DISABLED:
             continue
-        # A checkpoint the harness asked for may be complete on disk before its publication reaches
-        # the harness (a background saver publishes it while the run trains on): it counts as known.
-        asked = {s for r in runs[:index] for s in r.plan.checkpoint_steps if s <= r.last_step}
-        if got and got not in {step for step, _ in published} | asked:
-            shown = ", ".join(str(step) for step, _ in published) or "none"
-            return [Finding(PROTOCOL, MSG_UNPUBLISHED.format(run=index + 1, step=got, published=shown))]
+        # Not "a step nobody published": a background saver may complete a checkpoint on disk whose
+        # publication had not reached the harness when the kill came. A step no run reached is wrong.
+        reached = max((r.last_step for r in runs[:index]), default=0)
+        if got > reached:
+            return [Finding(PROTOCOL, MSG_UNPUBLISHED.format(run=index + 1, step=got, reached=reached))]
         if published and got < published[-1][0]:
             want_step, want_path = published[-1]
             what = (f"resumed from {checkpoint_name(got, rec.resumed_path)} (step {got})" if got

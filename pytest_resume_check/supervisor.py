@@ -21,6 +21,7 @@ from pytest_resume_check.results import (
     RAISED,
     RunRecord,
 )
+from pytest_resume_check.sweep import sweep
 
 
 def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HANG_TIMEOUT,
@@ -31,30 +32,48 @@ def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HA
     started = time.monotonic()
     child = starter.start(plan, isolation)
     record.pid = child.pid
+    interrupted = True
     try:
         _read_events(child, record, hang_timeout, on_pause, started)
+        interrupted = False
     finally:
-        if record.outcome in (KILLED, HUNG):
+        # Interrupted (Ctrl-C, an error in the parent): kill at once, never wait for a paused child.
+        if interrupted or record.outcome in (KILLED, HUNG):
             child.kill()
             record.exitcode = child.process.exitcode
         else:
             record.exitcode = child.reap()
+        server = starter.server_pid() if isolation == starter.ISOLATION_FORKSERVER else None
+        record.leftovers = sweep(plan.token, server)
         record.seconds = time.monotonic() - started
     if record.outcome == CRASHED and record.exitcode == 0 and not record.events:
         record.error = "the child exited without sending any event"
     return record
 
 
+#: Seconds between checks that a silent child still lives.
+LIVENESS_POLL = 0.5
+
+
 def _read_events(child: starter.Child, record: RunRecord, hang_timeout: float,
                  on_pause: Callable[[int], None] | None, started: float) -> None:
     sentinel = child.process.sentinel
+    last_event = time.monotonic()
     while True:
-        ready = wait([child.conn, sentinel], timeout=hang_timeout)
+        # Short waits: a process the run detached may hold the channel and the sentinel open after
+        # the child died (spawn hands the sentinel down), so whether it lives is also asked directly.
+        ready = wait([child.conn, sentinel], timeout=LIVENESS_POLL)
         if not ready:
-            record.outcome = HUNG
-            record.error = f"no event for {hang_timeout:g} s (hang limit) after step {record.last_step}"
-            return
+            if child.process.exitcode is not None:
+                ready = [sentinel]
+            elif hang_timeout and time.monotonic() - last_event > hang_timeout:
+                record.outcome = HUNG
+                record.error = f"no event for {hang_timeout:g} s (hang limit) after step {record.last_step}"
+                return
+            else:
+                continue
         if child.conn in ready:
+            last_event = time.monotonic()
             try:
                 raw = child.conn.recv_bytes()
             except (EOFError, OSError):

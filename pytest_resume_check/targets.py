@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -35,6 +36,49 @@ ISOLATIONS = (ISOLATION_FORKSERVER, ISOLATION_SPAWN)
 
 class TargetError(Exception):
     """A target declaration or its loading is broken; the message names the target and the fix."""
+
+
+#: A target name or case id that cannot be a folder name (issue 13: a target named ``..`` made the
+#: harness work in, and delete, folders outside its session root).
+ERR_TARGET_NAME = ("target {name!r}: the name {problem}; the harness makes a folder of it, so give a plain name "
+                   "(letters, digits, '-', '_', '.'), e.g. name='my_trainer'")
+ERR_CASE_ID = ("target {name!r}: case id {case_id!r} {problem}; the harness makes a folder of it, so give the case "
+               "a plain id (letters, digits, '-', '_', '.'), e.g. {{'id': 'shuffle'}}")
+ERR_STEPS = ("target {name!r}: steps={steps!r} is not a number of steps; give the steps of an uninterrupted run "
+             "(an int of at least 1, e.g. steps=12) or a function of the case that returns them")
+ERR_CASES = "target {name!r}: reading its cases raised {error}; fix the cases= given to resume_target"
+#: A function the target declared raised while the matrix was built (one failing item for the target).
+ERR_RAISED = "target {name!r}: {function}(case {case_id!r}) raised {error}; fix the function given as {function}="
+ERR_STEPS_RETURNED = ("target {name!r}: steps(case {case_id!r}) returned {value!r}; it must return the steps of an "
+                      "uninterrupted run of the case, an int of at least 1")
+
+
+def name_problem(text: str) -> str | None:
+    """Why ``text`` cannot name a folder of its own (None: it can)."""
+    if text in ("", ".", ".."):
+        return "is empty" if not text else f"is {text!r}"
+    if "/" in text or "\\" in text:
+        return "contains a path separator"
+    if "\0" in text:
+        return "contains a NUL character"
+    return None
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message (at file:line)`` of an exception raised by a target's own code."""
+    where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    at = f" (at {where[0].filename}:{where[0].lineno})" if where else ""
+    return f"{type(exc).__name__}: {exc}{at}"
+
+
+def check_cases(name: str, cases: Sequence[Mapping[str, Any]]) -> None:
+    """Raise :class:`TargetError` if an explicit case ``id`` cannot name a folder. (Ids made of
+    ``key=value`` pairs always hold ``=``, and the layout replaces their separators.)"""
+    for case in cases:
+        if "id" in case:
+            problem = name_problem(str(case["id"]))
+            if problem:
+                raise TargetError(ERR_CASE_ID.format(name=name, case_id=str(case["id"]), problem=problem))
 
 
 @dataclass(frozen=True)
@@ -162,13 +206,22 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
             f"target {name!r}: {func.__qualname__} is not importable by name in a child process; "
             "define the target function at module level"
         )
+    problem = name_problem(str(name))
+    if problem:
+        raise TargetError(ERR_TARGET_NAME.format(name=name, problem=problem))
     steps = kw["steps"]
+    if isinstance(steps, bool) or (isinstance(steps, int) and steps < 1):
+        raise TargetError(ERR_STEPS.format(name=name, steps=steps))
     steps_fn = (lambda case, _n=int(steps): _n) if isinstance(steps, int) else steps
     if not callable(steps_fn):
-        raise TargetError(f"target {name!r}: steps must be an int or a function of the case")
-    cases = tuple(dict(c) for c in kw["cases"])
+        raise TargetError(ERR_STEPS.format(name=name, steps=steps))
+    try:
+        cases = tuple(dict(c) for c in kw["cases"])
+    except Exception as exc:
+        raise TargetError(ERR_CASES.format(name=name, error=describe_error(exc))) from exc
     if not cases:
         raise TargetError(f"target {name!r}: cases is empty; give at least one case dict (may be {{}})")
+    check_cases(name, cases)
     modes = tuple(kw["resume_modes"])
     bad = [m for m in modes if m not in RESUME_MODES]
     if bad:

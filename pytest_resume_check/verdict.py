@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from pytest_resume_check import events as ev
 from pytest_resume_check import results as rs
 from pytest_resume_check.categories import (  # noqa: F401  (re-exported: tests and users import them here)
     CRASHED,
@@ -65,6 +66,10 @@ MSG_EMPTY = ("PROTOCOL: the reference run reported no {kind} inputs; the target 
 MSG_SILENT_IO = ("SILENT_IO_ERROR: an injected {error} at file operation {op} of the save of step {step} did not "
                  "fail the run ({what}); the checkpoint may be incomplete and nobody knows")
 MSG_STEPS = "PROTOCOL: the target declares {declared} steps for this case but its reference run took {actual}"
+MSG_CALLS = "PROTOCOL: {who} {what}"
+#: Appended to a failing run's headline when its error is a full disk.
+DISK_FULL = "; the disk is full (No space left on device): free space there or point --basetemp at a bigger disk"
+DISK_FULL_MARKERS = ("No space left on device", "ENOSPC", "[Errno 28]")
 
 MAX_IDS = 10
 #: Categories found by comparing ledgers.
@@ -81,6 +86,9 @@ def resume_label(step: int | None, path: str | None) -> str:
 def judge_reference(first: RunRecord, second: RunRecord | None, declared_steps: int | None,
                     contract: Contract) -> list[Finding]:
     """Problems of the reference itself: it must finish, take the declared steps, and repeat."""
+    calls = _call_finding([first, second], lambda i: "the reference run")
+    if calls is not None:
+        return [calls]
     for rec in (first, second):
         if rec is not None and rec.outcome != rs.DONE:
             return [_process_finding(rec, "the reference run", resumed=False)]
@@ -111,6 +119,10 @@ def judge(reference: RunRecord, runs: Sequence[RunRecord], contract: Contract,
     the first resumed run must not start from anything older (STALE_RESUME).
     """
     verdict = Verdict()
+    calls = _call_finding(runs, lambda i: f"run {i + 1} of {len(runs)}")
+    if calls is not None:
+        verdict.findings.append(calls)
+        return verdict
     fault = runs[0].plan.faults if runs else None
     if fault is not None and fault.mode == ERROR and runs[0].outcome != rs.RAISED:
         verdict.findings.append(Finding(SILENT_IO_ERROR, MSG_SILENT_IO.format(
@@ -127,7 +139,10 @@ def judge(reference: RunRecord, runs: Sequence[RunRecord], contract: Contract,
     if runs and runs[-1].outcome not in rs.FINISHED:
         verdict.findings.append(Finding(PROTOCOL, MSG_PROTOCOL.format(detail="the last run was killed")))
         return verdict
-    verdict.findings.extend(judge_restored(runs, newest_complete))
+    restored = judge_restored(runs, newest_complete)
+    verdict.findings.extend(restored)
+    if any(f.category == PROTOCOL for f in restored):
+        return verdict  # cut at a step no run reached, the ledgers mean nothing
     for kind in contract.ledgers:
         ref = Ledger.from_events(reference.events, kind)
         try:
@@ -251,14 +266,25 @@ def _mark(keys: list[tuple[Any, Any]], flagged: list[bool], relabel: Counter, ma
 
 # -- helpers ---------------------------------------------------------------------------------------
 
+def _call_finding(runs: Sequence[RunRecord | None], who: Any) -> Finding | None:
+    """The first report call a run made out of order (``resumed`` twice, inputs after ``step_end``, a
+    step past the case's last): the ledgers of such a run mean nothing."""
+    for index, rec in enumerate(runs):
+        text = next((e.text for e in rec.events if e.kind == ev.PROTOCOL), None) if rec is not None else None
+        if text:
+            return Finding(PROTOCOL, MSG_CALLS.format(who=who(index), what=text))
+    return None
+
+
 def _process_finding(rec: RunRecord, who: str, resumed: bool, run: int = 0) -> Finding:
     if rec.outcome == rs.HUNG and not rec.events and rec.isolation == "forkserver":
         return Finding(HUNG, MSG_HUNG_AT_START.format(who=who, timeout=f"{rec.hang_timeout:g}"))
     if rec.outcome == rs.HUNG:
         return Finding(HUNG, MSG_HUNG.format(who=who, timeout=f"{rec.hang_timeout:g}", step=rec.last_step))
+    disk = DISK_FULL if any(m in (rec.error or "") for m in DISK_FULL_MARKERS) else ""
     if rec.outcome == rs.RAISED and resumed:
-        return Finding(RESUME_ERROR, MSG_RESUME_ERROR.format(run=run, error=_last_line(rec.error)))
-    return Finding(CRASHED, MSG_CRASHED.format(who=who, what=rec.describe()))
+        return Finding(RESUME_ERROR, MSG_RESUME_ERROR.format(run=run, error=_last_line(rec.error)) + disk)
+    return Finding(CRASHED, MSG_CRASHED.format(who=who, what=rec.describe()) + disk)
 
 
 def _last_line(text: str | None) -> str:

@@ -1,0 +1,298 @@
+"""Hostile input (issue 13): a bad option value or a broken target gets one clear error, and the rest of
+the session still runs.
+
+Each process test runs a tiny torch-free target, ``good``, beside the broken one and checks that its
+cells still ran and passed. Runs no torch, so it also runs where only pytest is installed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from multiprocessing import Pipe
+from multiprocessing.connection import wait
+from pathlib import Path
+
+import pytest
+
+from pytest_resume_check import layout, plugin, starter, targets
+from pytest_resume_check.layout import Layout, check_inside, remove_inside
+from pytest_resume_check.runner import MAX_HANG_TIMEOUT, hang_limit
+
+#: Two steps, a JSON checkpoint per step: three cells in quick mode with auto resume only.
+TRAINER = """
+import json
+
+from pytest_resume_check.run import RESUME_DISABLED, RESUME_PATH
+
+STEPS = 2
+
+
+def train(run):
+    start, folder = 0, None
+    if run.resume_mode == RESUME_PATH:
+        folder = run.resume_path
+    elif run.resume_mode != RESUME_DISABLED and (run.checkpoint_dir / "latest").exists():
+        folder = run.checkpoint_dir / (run.checkpoint_dir / "latest").read_text()
+    if folder is not None:
+        start = json.loads((folder / "state.json").read_text())["step"]
+    run.resumed(start, folder)
+    for step in range(start + 1, STEPS + 1):
+        run.consumed([step], step=step, epoch=0)
+        run.step_end(step)
+        if run.should_checkpoint(step):
+            saved = run.checkpoint_dir / f"step_{step}"
+            saved.mkdir(exist_ok=True)
+            (saved / "state.json").write_text(json.dumps({"step": step}))
+            (run.checkpoint_dir / "latest").write_text(saved.name)
+            run.checkpoint_published(step, saved)
+"""
+
+GOOD = """
+from pytest_resume_check import resume_target
+import trainer
+
+good = resume_target(trainer.train, name="good", steps=trainer.STEPS, resume_modes=["auto"])
+"""
+GOOD_CELLS = 3
+
+
+def some_target(run):  # module level: targets must be importable by name
+    pass
+
+
+@pytest.fixture
+def project(pytester, monkeypatch):
+    """A project with the ``good`` target, its session files under a temporary folder of its own (with
+    a short path: on Python 3.11 the fork server's socket lives there, and its path has a length limit)."""
+    tmp = tempfile.mkdtemp(prefix="rc-")
+    monkeypatch.setenv("TMPDIR", tmp)
+    pytester.makepyfile(trainer=TRAINER)
+    yield pytester
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_matrix(pytester, *targets_, args=()):
+    """The matrix of ``good`` and ``targets_`` (never the installed packages' targets)."""
+    chosen = [f"--resume-matrix-target={name}" for name in ("good", *targets_)]
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--resume-matrix", "--resume-matrix-seed=1",
+                                         *chosen, *args)
+
+
+# -- a preload module that fails to import ------------------------------------------------------------
+
+#: (module, its code, the error reported), one target each.
+BROKEN_PRELOADS = [
+    ("raising", 'raise RuntimeError("preload exploded")', "RuntimeError: preload exploded (at *raising.py:1)"),
+    ("exiting", "raise SystemExit(3)", "SystemExit: 3 (at *exiting.py:1)"),
+    # Kills the fork server outright: the starter finds the module by importing each one alone.
+    ("dying", "import os\nos._exit(7)", "importing it ended the interpreter with exit code 7"),
+]
+
+
+def test_a_preload_module_that_fails_fails_only_its_target_with_one_line_naming_it(project):
+    conftest = GOOD
+    for module, code, _ in BROKEN_PRELOADS:
+        project.makepyfile(**{module: code})
+        conftest += (f"{module} = resume_target(trainer.train, name='{module}', steps=trainer.STEPS, "
+                     f"resume_modes=['auto'], preload=['{module}'])\n")
+    project.makeconftest(conftest)
+    result = run_matrix(project, *(module for module, _, _ in BROKEN_PRELOADS))
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=GOOD_CELLS, failed=GOOD_CELLS * len(BROKEN_PRELOADS))
+    result.stdout.fnmatch_lines_random([starter.ERR_PRELOAD.format(target=module, module=module, error=error)
+                                        for module, _, error in BROKEN_PRELOADS])
+    assert "EOFError" not in result.stdout.str()
+
+
+# -- a target whose own functions raise ---------------------------------------------------------------
+
+BROKEN_FUNCTIONS = GOOD + """
+
+def no_steps(case):
+    raise ValueError("no steps today")
+
+
+def no_boundaries(case):
+    raise KeyError("epochs")
+
+
+bad_steps = resume_target(trainer.train, name="bad_steps", steps=no_steps)
+bad_boundaries = resume_target(trainer.train, name="bad_boundaries", steps=2, boundaries=no_boundaries)
+zero_steps = resume_target(trainer.train, name="zero_steps", steps=lambda case: 0)
+hooked = resume_target(trainer.train, name="hooked", steps=2)
+
+
+def pytest_resume_check_cases(config, target):
+    if target.name == "hooked":
+        raise RuntimeError("no cases for you")
+"""
+
+
+def test_a_target_whose_functions_raise_gets_one_failing_item_and_the_other_targets_run(project):
+    project.makeconftest(BROKEN_FUNCTIONS)
+    result = run_matrix(project, "bad_steps", "bad_boundaries", "zero_steps", "hooked")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED  # not INTERNAL_ERROR: the session went on
+    result.assert_outcomes(passed=GOOD_CELLS, failed=4)
+    raised = "{} (at *conftest.py:*)"
+    result.stdout.fnmatch_lines_random([
+        targets.ERR_RAISED.format(name="bad_steps", function="steps", case_id="default",
+                                  error=raised.format("ValueError: no steps today")),
+        targets.ERR_RAISED.format(name="bad_boundaries", function="boundaries", case_id="default",
+                                  error=raised.format("KeyError: 'epochs'")),
+        targets.ERR_STEPS_RETURNED.format(name="zero_steps", case_id="default", value=0),
+        plugin.ERR_CASES_HOOK.format(name="hooked", error=raised.format("RuntimeError: no cases for you")),
+    ])
+    assert "INTERNALERROR" not in result.stdout.str()
+
+
+# -- the hang limit -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", ["nan", "-1"])
+def test_a_hang_limit_that_is_not_a_number_of_seconds_is_refused(pytester, value):
+    # Refused before any run: in process is enough.
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--resume-matrix", f"{plugin.OPT_HANG}={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert plugin.ERR_HANG.format(opt=plugin.OPT_HANG, value=float(value)) in result.stderr.str()
+
+
+@pytest.mark.parametrize("value", ["inf", "1e7"])  # 0 is inf (see the unit tests below)
+def test_no_hang_limit_and_a_huge_one_run_the_matrix(project, value):
+    project.makeconftest(GOOD)
+    result = run_matrix(project, args=[f"{plugin.OPT_HANG}={value}"])
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.assert_outcomes(passed=GOOD_CELLS)
+
+
+@pytest.mark.parametrize(("seconds", "limit"), [(60, 60), (0, MAX_HANG_TIMEOUT), (math.inf, MAX_HANG_TIMEOUT),
+                                                (1e7, MAX_HANG_TIMEOUT)])
+def test_hang_limits_become_ones_the_process_layer_accepts(seconds, limit):
+    assert hang_limit(seconds) == limit
+
+
+@pytest.mark.parametrize("seconds", [math.nan, -1])
+def test_a_hang_limit_below_zero_or_nan_is_refused_by_the_engine_too(seconds):
+    with pytest.raises(ValueError, match="number of seconds"):
+        hang_limit(seconds)
+
+
+def test_the_longest_hang_limit_is_one_a_wait_for_events_accepts():
+    reader, writer = Pipe(duplex=False)
+    writer.send_bytes(b"event")
+    assert wait([reader], timeout=MAX_HANG_TIMEOUT)  # before issue 13, 1e7 s raised OverflowError here
+
+
+# -- declarations -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("steps", [0, -3, True])
+def test_a_number_of_steps_below_one_is_refused_at_declaration(steps):
+    with pytest.raises(targets.TargetError) as raised:
+        targets.resume_target(some_target, name="few", steps=steps)
+    assert str(raised.value) == targets.ERR_STEPS.format(name="few", steps=steps)
+
+
+@pytest.mark.parametrize(("name", "problem"), [
+    ("..", "is '..'"), (".", "is '.'"), ("up/../../x", "contains a path separator"),
+    ("a\\b", "contains a path separator"), ("a\0b", "contains a NUL character"),
+])
+def test_a_target_name_that_is_not_a_plain_folder_name_is_refused_at_declaration(name, problem):
+    with pytest.raises(targets.TargetError) as raised:
+        targets.resume_target(some_target, name=name, steps=2)
+    assert str(raised.value) == targets.ERR_TARGET_NAME.format(name=name, problem=problem)
+
+
+@pytest.mark.parametrize("case_id", ["..", "../escape", ""])
+def test_a_case_id_that_is_not_a_plain_folder_name_is_refused_at_declaration(case_id):
+    with pytest.raises(targets.TargetError, match="case id"):
+        targets.resume_target(some_target, name="cased", steps=2, cases=[{"id": case_id}])
+
+
+def test_cases_that_raise_while_read_are_refused_at_declaration_naming_the_target():
+    def cases():
+        yield {"id": "one"}
+        raise OSError("cases file is gone")
+
+    with pytest.raises(targets.TargetError, match=r"target 'cased': reading its cases raised OSError: cases file"):
+        targets.resume_target(some_target, name="cased", steps=2, cases=cases())
+
+
+DOTS = GOOD + """
+dots = good.with_options(name="..")  # past the declaration's checks
+sneaky = resume_target(trainer.train, name="sneaky", steps=2)
+
+
+def pytest_resume_check_cases(config, target):
+    if target.name == "sneaky":
+        return [{"id": ".."}]
+"""
+
+
+def test_names_that_would_leave_the_session_root_fail_their_target_and_delete_nothing_outside(project):
+    tmp = Path(os.environ["TMPDIR"])
+    canaries = [where / name for where in (tmp, project.path) for name in ("canary", "default/canary")]
+    for canary in canaries:
+        canary.parent.mkdir(exist_ok=True)
+        canary.write_text("still here")
+    project.makeconftest(DOTS)
+    result = run_matrix(project, "..", "sneaky")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=GOOD_CELLS, failed=2)
+    result.stdout.fnmatch_lines_random([
+        targets.ERR_TARGET_NAME.format(name="..", problem="is '..'"),
+        targets.ERR_CASE_ID.format(name="sneaky", case_id="..", problem="is '..'"),
+    ])
+    assert all(canary.read_text() == "still here" for canary in canaries)
+
+
+# -- deletions are proven to stay inside their root ---------------------------------------------------
+
+@pytest.mark.parametrize("inside", ["a", "a/b/c", "a/./b"])
+def test_a_path_spelled_below_the_root_is_inside(tmp_path, inside):
+    assert check_inside(tmp_path / inside, tmp_path) == tmp_path / inside
+
+
+@pytest.mark.parametrize("outside", ["", "..", "../sibling", "a/../..", "a/../b"])
+def test_a_path_that_climbs_or_is_the_root_is_refused(tmp_path, outside):
+    (tmp_path / "a").mkdir()
+    with pytest.raises(ValueError, match="refusing to delete"):
+        check_inside(tmp_path / outside, tmp_path)
+
+
+def test_a_symlink_out_of_the_root_is_refused_and_what_it_points_at_survives(tmp_path):
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "canary").write_text("still here")
+    (root / "link").symlink_to(elsewhere, target_is_directory=True)
+    for delete in (lambda: Layout(root).fresh(root / "link" / "cell"), lambda: Layout(root).remove(root / "link"),
+                   lambda: remove_inside(root / "link", root, ignore_errors=True)):
+        with pytest.raises(ValueError, match=layout.ERR_OUTSIDE.split(":")[0].format(path=".*")):
+            delete()
+    assert (elsewhere / "canary").read_text() == "still here"
+
+
+def test_fresh_and_remove_delete_inside_the_root(tmp_path):
+    folder = Layout(tmp_path).fresh(tmp_path / "t" / "case" / "cell")
+    (folder / "file").write_text("x")
+    assert list(Layout(tmp_path).fresh(folder).iterdir()) == []
+    Layout(tmp_path).remove(folder)
+    assert not folder.exists() and (tmp_path / "t" / "case").is_dir()
+
+
+# -- report files that cannot be written --------------------------------------------------------------
+
+def test_a_report_path_that_cannot_be_written_says_so_and_the_matrix_result_stands(project):
+    project.makeconftest(GOOD)
+    (project.path / "blocker").write_text("a file where a folder should be")
+    json_path, html_path = "blocker/sub/verdicts.json", "blocker/sub/report.html"
+    result = run_matrix(project, args=[f"{plugin.OPT_JSON}={json_path}", f"{plugin.OPT_HTML}={html_path}"])
+    assert result.ret == pytest.ExitCode.OK
+    result.assert_outcomes(passed=GOOD_CELLS)
+    result.stdout.fnmatch_lines([
+        plugin.ERR_REPORT_WRITE.format(kind="JSON", path=Path(json_path), reason="Not a directory",
+                                       opt=plugin.OPT_JSON),
+        plugin.ERR_REPORT_WRITE.format(kind="HTML", path=html_path, reason="Not a directory", opt=plugin.OPT_HTML),
+    ])
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()

@@ -1,0 +1,134 @@
+"""Nothing outlives a session: Ctrl-C in the middle of a matrix ends pytest promptly with every child,
+the fork server and its resource tracker gone, and processes a target detaches from its run (setsid,
+double fork) are found and killed after each run.
+
+Each session runs in its own process group with a canary in its environment; every process it starts
+inherits the canary, so a scan of ``/proc`` counts what is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+
+TRAINER = textwrap.dedent('''
+    import os, time
+    from pathlib import Path
+
+    STEPS = 6
+
+    def _detach_daemon():
+        """Double fork into a new session, as a daemonising helper (a metrics agent) does."""
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(600)
+            os._exit(0)
+
+    def train(run):
+        flag = os.environ.get("TRAINER_FLAG_DIR")
+        if flag:
+            Path(flag, f"started-{os.getpid()}").touch()
+        if run.case.get("daemon"):
+            _detach_daemon()
+        start = 0
+        latest = run.checkpoint_dir / "latest"
+        if run.resume_mode == "path":
+            start = int((run.resume_path / "step").read_text())
+        elif run.resume_mode == "auto" and latest.exists():
+            start = int(latest.read_text())
+        run.resumed(start, run.checkpoint_dir / f"s{start}" if start else None)
+        for step in range(start + 1, STEPS + 1):
+            run.consumed([step], step=step, epoch=0)
+            time.sleep(run.case.get("sleep", 0))
+            run.step_end(step)
+            if run.should_checkpoint(step):
+                folder = run.checkpoint_dir / f"s{step}"
+                folder.mkdir(exist_ok=True)
+                (folder / "weights.bin").write_bytes(b"\\0" * run.case.get("bytes", 10))
+                (folder / "step").write_text(str(step))
+                latest.write_text(str(step))
+                run.checkpoint_published(step, folder)
+''')
+
+
+def session(tmp_path: Path, cases: str, *args: str, canary: str, flags: Path | None = None) -> subprocess.Popen:
+    (tmp_path / "leftover_trainer.py").write_text(TRAINER)
+    (tmp_path / "conftest.py").write_text(
+        "import leftover_trainer\n"
+        "from pytest_resume_check import resume_target\n"
+        f"t = resume_target(leftover_trainer.train, name='leftover', steps=leftover_trainer.STEPS, cases={cases},"
+        " preload=('leftover_trainer',))\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nresume_matrix_targets = leftover\n")
+    env = {**os.environ, "LEFTOVER_CANARY": canary, "PYTHONPATH": str(tmp_path)}
+    if flags is not None:
+        env["TRAINER_FLAG_DIR"] = str(flags)
+    return subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
+                             "--resume-matrix", "-m", "resume_matrix", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def marked(canary: str) -> list[int]:
+    """Live processes (not zombies) whose environment carries the canary."""
+    needle = f"LEFTOVER_CANARY={canary}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if needle in Path(f"/proc/{name}/environ").read_bytes():
+                state = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[-1].split()[0]
+                if state != b"Z":
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def settle(canary: str, seconds: float = 5.0) -> list[int]:
+    """What is left once the kernel has delivered the last kills (polled, not a speed assertion)."""
+    deadline = time.monotonic() + seconds
+    while (left := marked(canary)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+@pytest.mark.parametrize("isolation", ["forkserver", "spawn"])
+def test_daemons_a_run_detaches_are_killed_with_the_run(tmp_path, isolation):
+    canary = uuid.uuid4().hex
+    proc = session(tmp_path, "[{'id': 'daemon', 'daemon': True}]", f"--resume-matrix-isolation={isolation}",
+                   "-k", "ckpt2] or ckpt3]", canary=canary)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    assert "3 passed" in out, out[-3000:]
+    assert settle(canary) == []
+
+
+def test_ctrl_c_mid_matrix_ends_pytest_and_leaves_no_process(tmp_path):
+    canary, flags = uuid.uuid4().hex, tmp_path / "flags"
+    flags.mkdir()
+    # Slow steps and 30 MB checkpoints: the interrupt lands while a run trains or while the harness
+    # copies a paused run's checkpoint directory.
+    proc = session(tmp_path, "[{'id': 'slow', 'sleep': 0.3, 'bytes': 30_000_000}]", canary=canary, flags=flags)
+    deadline = time.monotonic() + 300
+    while len(list(flags.iterdir())) < 4 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # wait until the matrix is under way: the references ran, cells run
+    assert proc.poll() is None, "the session ended before it could be interrupted"
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    out, _ = proc.communicate(timeout=120)  # a guard against a hang, not a speed claim
+    took = time.monotonic() - sent
+    print(f"pytest exited {took:.1f} s after Ctrl-C")
+    assert proc.returncode == 2, out[-3000:]  # pytest's "interrupted"
+    assert "KeyboardInterrupt" in out
+    assert settle(canary) == []
