@@ -43,6 +43,7 @@ TESTED_EXAMPLES = {
     "ini/pytest.ini": "test_ini_example_configures_the_matrix",
     "reports/html_from_json.py": "test_html_from_json_example_writes_the_report",
     "findings/torchdata_shared_generator.py": "test_torchdata_finding_script_shows_two_orders",
+    "findings/torchdata_sampler_state_after_load.py": "test_torchdata_sampler_finding_script_shows_the_replay",
 }
 #: Shell lines that install things: shown, not run here (.ci/run installs the same way).
 INSTALL = re.compile(r"^(python3 -m venv \S+|(\.venv/bin/)?pip install .+)$")
@@ -295,6 +296,15 @@ def test_torchdata_finding_script_shows_two_orders():
     shown = text_block_after("findings.md", "python docs/examples/findings/torchdata_shared_generator.py")
     assert done.stdout.splitlines() == shown
     assert done.returncode == 1, "the orders agree: torchdata fixed it; update docs/findings.md"
+
+
+@needs_torch
+def test_torchdata_sampler_finding_script_shows_the_replay():
+    script = "docs/examples/findings/torchdata_sampler_state_after_load.py"
+    done = subprocess.run([sys.executable, "-W", "ignore", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.splitlines() == text_block_after("findings.md", f"python {script}")
+    assert done.returncode == 1, "the twice-resumed loader continues right: torchdata fixed it; update docs/findings.md"
 
 
 @needs_verl
