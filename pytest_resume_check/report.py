@@ -51,7 +51,10 @@ def story(result: CellResult) -> str:
         text = f"run {i + 1}"
         if i:
             text += f" ({resume_label(rec.resumed_step, rec.resumed_path)})"
-        parts.append(f"{text}: {rec.describe()}")
+        text += f": {rec.describe()}"
+        if rec.leftovers:
+            text += f" ({rec.leftovers} process{'es' if rec.leftovers > 1 else ''} it detached killed after it)"
+        parts.append(text)
     return " -> ".join(parts)
 
 

@@ -8,7 +8,9 @@ inherits the canary, so a scan of ``/proc`` counts what is left.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -105,13 +107,18 @@ def settle(canary: str, seconds: float = 5.0) -> list[int]:
 
 @pytest.mark.parametrize("isolation", ["forkserver", "spawn"])
 def test_daemons_a_run_detaches_are_killed_with_the_run(tmp_path, isolation):
-    canary = uuid.uuid4().hex
+    canary, report = uuid.uuid4().hex, tmp_path / "verdicts.json"
     proc = session(tmp_path, "[{'id': 'daemon', 'daemon': True}]", f"--resume-matrix-isolation={isolation}",
-                   "-k", "ckpt2] or ckpt3]", canary=canary)
+                   "-k", "ckpt2] or ckpt3]", f"--resume-matrix-json={report}", canary=canary)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-3000:]
     assert "3 passed" in out, out[-3000:]
     assert settle(canary) == []
+    stories = [cell["story"] for cell in json.loads(report.read_text())["cells"]]
+    # The resumed runs' daemons (the first runs are shared, their daemons are swept with the shared run).
+    detached = re.compile(r"run 2 \(resume from s\d\): ran to the end \(\d+ process(es)? it detached killed after "
+                          r"it\)$")
+    assert all(detached.search(story) for story in stories), stories
 
 
 def test_ctrl_c_mid_matrix_ends_pytest_and_leaves_no_process(tmp_path):
