@@ -77,7 +77,14 @@ def session(tmp_path: Path, cases: str, *args: str, canary: str, flags: Path | N
         env["TRAINER_FLAG_DIR"] = str(flags)
     return subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
                              "--resume-matrix", "-m", "resume_matrix", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=_interruptible)
+
+
+def _interruptible() -> None:
+    """A background job inherits SIGINT ignored (a CI script run with ``&``); Python then installs no
+    KeyboardInterrupt handler. The session under test must see Ctrl-C as a terminal delivers it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def marked(canary: str) -> list[int]:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -96,8 +98,16 @@ def test_a_failing_cell_keeps_its_folder_and_its_cases_reference_and_nothing_els
 
 
 def test_short_sessions_never_delete_the_folder_of_a_live_one(tmp_path):
-    shared = tmp_path / "tmp"  # one $TMPDIR, so every session's basetemp is pytest-of-<user>/pytest-<N> in it
-    shared.mkdir()
+    # One $TMPDIR, so every session's basetemp is pytest-of-<user>/pytest-<N> in it. Short: the fork
+    # server's socket lives there too, and a Unix socket path has at most 107 bytes.
+    shared = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
+    try:
+        _short_sessions_beside_a_long_one(tmp_path, shared)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def _short_sessions_beside_a_long_one(tmp_path: Path, shared: Path) -> None:
     env = {"TMPDIR": str(shared)}
     gate = tmp_path / "go"
     slow = pytest_run(project(tmp_path / "slow", f"[{{'id': 'held', 'gate': {str(gate)!r}}}]"), "-k", "ckpt2]",
