@@ -427,7 +427,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         from pytest_resume_check import starter
 
         starter.stop_server()
-        session.config.stash[ENGINE_KEY].layout.tidy()
+        try:
+            session.config.stash[ENGINE_KEY].layout.tidy()
+        except OSError:  # the folder went away under the session: nothing left to tidy
+            pass
 
 
 @pytest.hookimpl(wrapper=True)
