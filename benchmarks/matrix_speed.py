@@ -7,7 +7,7 @@
 2. Wall time of the default quick matrix of agentlightning_async through pytest, with the fork server;
    the same matrix with spawn is timed on its first --spawn-cells cells and extrapolated (labelled so).
 3. Trainer steps executed for N = 10, 20, 40 kill points (a run of N steps, killed after every step),
-   with the shortcuts (shared first runs, early stop by state digest) and without them.
+   with the shortcuts (shared first runs, early stop by state) and without them.
 4. Harness overhead per trainer step: fit() with the observer off vs reporting every event through a
    real pipe to a reader.
 """

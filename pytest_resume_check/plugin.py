@@ -37,7 +37,7 @@ HELP_HANG = ("seconds without an event before a run counts as HUNG and is killed
              "longer limits are cut to about 23 days)")
 HELP_JSON = "write every cell's verdict and ledgers to this JSON file"
 HELP_EXHAUSTIVE = ("run every cell from scratch to the end: no shared first runs, no early stop of resumed "
-                   "runs whose state digest equals the reference's (slower; a check on those shortcuts)")
+                   "runs whose reported state equals the reference's (slower; a check on those shortcuts)")
 HELP_HTML = "write a self-contained HTML report (heatmaps, timelines of failing cells) to this file"
 HELP_ISOLATION = "how children start for every target: 'forkserver' (preloaded) or 'spawn'"
 
