@@ -107,11 +107,10 @@ class Layout:
         """Delete a folder of this session (a passed cell's files); it must lie inside the root."""
         remove_inside(path, self.root, ignore_errors=True)
 
-    def tidy(self) -> int:
+    def tidy(self) -> None:
         """End of a session: delete what only served its own runs (shared first runs with their
-        snapshots, recorded saves) and the references of cases that kept no failing cell; return the
-        bytes left. A failing cell's folder holds its own checkpoints and logs and stays, with its
-        case's reference beside it."""
+        snapshots, recorded saves) and the references of cases that kept no failing cell. A failing
+        cell's folder holds its own checkpoints and logs and stays, with its case's reference beside it."""
         for case in (c for t in self._folders(self.root) for c in self._folders(t)):
             kept_cells = False
             for folder in self._folders(case):
@@ -124,7 +123,6 @@ class Layout:
         for target in self._folders(self.root):
             if not any(target.iterdir()):
                 self.remove(target)
-        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file() and not p.is_symlink())
 
     @staticmethod
     def _folders(path: Path) -> list[Path]:

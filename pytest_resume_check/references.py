@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from pytest_resume_check.layout import REPEAT_OUT, STATE_VALUES, Layout
@@ -25,7 +26,7 @@ class Reference:
     #: Tolerance mode: the folder of the reference's state values, which resumed runs compare with.
     values_dir: str | None = None
 
-    @property
+    @cached_property
     def converge(self) -> dict[int, dict[str, str]]:
         """The reference's component digests by step, where a resumed run may stop early (empty if the
         target reports no state, or compares it under a tolerance: close is not equal, so no early stop)."""

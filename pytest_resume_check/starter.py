@@ -156,15 +156,8 @@ def _ensure_server(ctx: Any) -> None:
     # not inherit it.
     ctx.set_forkserver_preload(["pytest_resume_check._preload_begin", "pytest_resume_check._preload_end"])
     work = {"import": [m for m in _preload if m not in _fatal], "call": _warmups, "path": _sys_path()}
-    saved = os.environ.get(WARMUP_ENV)
-    os.environ[WARMUP_ENV] = json.dumps(work)
-    try:
+    with _environment(WARMUP_ENV, json.dumps(work)):
         multiprocessing.forkserver.ensure_running()
-    finally:
-        if saved is None:
-            os.environ.pop(WARMUP_ENV, None)
-        else:
-            os.environ[WARMUP_ENV] = saved
     _server_started = wanted
     _learn_failures(ctx, work["import"])
 

@@ -14,64 +14,17 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from project_trainer import write_project
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
 
-TRAINER = textwrap.dedent('''
-    import os, time
-    from pathlib import Path
-
-    STEPS = 6
-
-    def _detach_daemon():
-        """Double fork into a new session, as a daemonising helper (a metrics agent) does."""
-        if os.fork() == 0:
-            os.setsid()
-            if os.fork() == 0:
-                time.sleep(600)
-            os._exit(0)
-
-    def train(run):
-        flag = os.environ.get("TRAINER_FLAG_DIR")
-        if flag:
-            Path(flag, f"started-{os.getpid()}").touch()
-        if run.case.get("daemon"):
-            _detach_daemon()
-        start = 0
-        latest = run.checkpoint_dir / "latest"
-        if run.resume_mode == "path":
-            start = int((run.resume_path / "step").read_text())
-        elif run.resume_mode == "auto" and latest.exists():
-            start = int(latest.read_text())
-        run.resumed(start, run.checkpoint_dir / f"s{start}" if start else None)
-        for step in range(start + 1, STEPS + 1):
-            run.consumed([step], step=step, epoch=0)
-            time.sleep(run.case.get("sleep", 0))
-            run.step_end(step)
-            if run.should_checkpoint(step):
-                folder = run.checkpoint_dir / f"s{step}"
-                folder.mkdir(exist_ok=True)
-                (folder / "weights.bin").write_bytes(b"\\0" * run.case.get("bytes", 10))
-                (folder / "step").write_text(str(step))
-                latest.write_text(str(step))
-                run.checkpoint_published(step, folder)
-''')
-
-
 def session(tmp_path: Path, cases: str, *args: str, canary: str, flags: Path | None = None) -> subprocess.Popen:
-    (tmp_path / "leftover_trainer.py").write_text(TRAINER)
-    (tmp_path / "conftest.py").write_text(
-        "import leftover_trainer\n"
-        "from pytest_resume_check import resume_target\n"
-        f"t = resume_target(leftover_trainer.train, name='leftover', steps=leftover_trainer.STEPS, cases={cases},"
-        " preload=('leftover_trainer',))\n")
-    (tmp_path / "pytest.ini").write_text("[pytest]\nresume_matrix_targets = leftover\n")
+    write_project(tmp_path, "leftover", cases)
     env = {**os.environ, "LEFTOVER_CANARY": canary, "PYTHONPATH": str(tmp_path)}
     if flags is not None:
         env["TRAINER_FLAG_DIR"] = str(flags)

@@ -10,53 +10,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
-TRAINER = textwrap.dedent('''
-    import os
-    import time
-
-    STEPS = 6
-
-    def train(run):
-        gate = run.case.get("gate")
-        while gate and not os.path.exists(gate):  # held until the test lets it go on
-            time.sleep(0.05)
-        latest = run.checkpoint_dir / "latest"
-        start = 0
-        if run.resume_mode == "path":
-            start = int((run.resume_path / "step").read_text())
-        elif run.resume_mode == "auto" and latest.exists():
-            start = int(latest.read_text())
-        run.resumed(start, run.checkpoint_dir / f"s{start}" if start else None)
-        skip = start + 1 if start and run.case.get("skip") else None  # planted: one input lost
-        for step in range(start + 1, STEPS + 1):
-            if step != skip:
-                run.consumed([step], step=step, epoch=0)
-            time.sleep(run.case.get("sleep", 0))
-            run.step_end(step)
-            if run.should_checkpoint(step):
-                folder = run.checkpoint_dir / f"s{step}"
-                folder.mkdir(exist_ok=True)
-                (folder / "weights.bin").write_bytes(b"w" * 100_000)
-                (folder / "step").write_text(str(step))
-                latest.write_text(str(step))
-                run.checkpoint_published(step, folder)
-''')
+from project_trainer import write_project
 
 
 def project(path: Path, cases: str) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "files_trainer.py").write_text(TRAINER)
-    (path / "conftest.py").write_text(
-        "import files_trainer\n"
-        "from pytest_resume_check import resume_target\n"
-        f"t = resume_target(files_trainer.train, name='files', steps=files_trainer.STEPS, cases={cases},"
-        " preload=('files_trainer',))\n")
-    (path / "pytest.ini").write_text("[pytest]\nresume_matrix_targets = files\n")
-    return path
+    return write_project(path, "files", cases)
 
 
 def pytest_run(path: Path, *args: str, env: dict[str, str] | None = None, wait: bool = True):

@@ -1,0 +1,68 @@
+"""A torch-free trainer for tests that run a whole pytest session in a project of their own:
+:func:`write_project` copies this file into the project with a conftest declaring it as a target.
+
+Case keys: ``sleep`` seconds per step; ``bytes`` per checkpoint; ``daemon``: each run double-forks a
+daemon into a new session; ``skip``: a resume loses its first input (a planted bug); ``gate``: a path the
+run waits for before it starts. ``TRAINER_FLAG_DIR`` in the environment: each run leaves a file there
+when it starts.
+"""
+
+import os
+import time
+from pathlib import Path
+
+STEPS = 6
+
+
+def train(run):
+    flag = os.environ.get("TRAINER_FLAG_DIR")
+    if flag:
+        Path(flag, f"started-{os.getpid()}").touch()
+    gate = run.case.get("gate")
+    while gate and not os.path.exists(gate):  # held until the test lets it go on
+        time.sleep(0.05)
+    if run.case.get("daemon"):
+        _detach_daemon()
+    start = 0
+    latest = run.checkpoint_dir / "latest"
+    if run.resume_mode == "path":
+        start = int((run.resume_path / "step").read_text())
+    elif run.resume_mode == "auto" and latest.exists():
+        start = int(latest.read_text())
+    run.resumed(start, run.checkpoint_dir / f"s{start}" if start else None)
+    skip = start + 1 if start and run.case.get("skip") else None
+    for step in range(start + 1, STEPS + 1):
+        if step != skip:
+            run.consumed([step], step=step, epoch=0)
+        time.sleep(run.case.get("sleep", 0))
+        run.step_end(step)
+        if run.should_checkpoint(step):
+            folder = run.checkpoint_dir / f"s{step}"
+            folder.mkdir(exist_ok=True)
+            (folder / "weights.bin").write_bytes(b"\0" * run.case.get("bytes", 10))
+            (folder / "step").write_text(str(step))
+            latest.write_text(str(step))
+            run.checkpoint_published(step, folder)
+
+
+def _detach_daemon():
+    """Double fork into a new session, as a daemonising helper (a metrics agent) does."""
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(600)
+        os._exit(0)
+
+
+def write_project(path, target, cases):
+    """A project in ``path`` whose only resume-check target, ``target``, is this trainer with ``cases``
+    (the source text of a list of case dicts)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "project_trainer.py").write_text(Path(__file__).read_text())
+    (path / "conftest.py").write_text(
+        "import project_trainer\n"
+        "from pytest_resume_check import resume_target\n"
+        f"t = resume_target(project_trainer.train, name={target!r}, steps=project_trainer.STEPS, cases={cases},"
+        " preload=('project_trainer',))\n")
+    (path / "pytest.ini").write_text(f"[pytest]\nresume_matrix_targets = {target}\n")
+    return path
