@@ -65,7 +65,7 @@ TABLE: tuple[Category, ...] = (
     Category(REORDERED, "R", "#9467bd", True, "reordered",
              "The same inputs per epoch in another order (ordered contracts only).", True),
     Category(EPOCH, "E", "#b5a800", False, "epoch",
-             "The same inputs labelled with another epoch.", True),
+             "The reference's inputs in their places (step and position), labelled with another epoch.", True),
     Category(STALE_RESUME, "S", "#1f77b4", True, "stale resume",
              "A resumed run started fresh or restored an older checkpoint than the newest one it was "
              "entitled to: saved training is done again.", True),
@@ -100,6 +100,24 @@ def status(cell: Mapping[str, Any]) -> str:
         return PASSED
     categories = cell.get("categories") or [PROTOCOL]
     return categories[0] if categories[0] in BY_NAME else PROTOCOL
+
+
+def fails(cell: Mapping[str, Any]) -> bool:
+    """Whether a cell in its JSON form fails the session (its status's row says so): an unexpected
+    failure, or an expected failure that passed (``XPASS``, strict as pytest counts it)."""
+    return BY_NAME[status(cell)].fails
+
+
+#: The headline of a cell that passed although the target declared it an expected failure.
+MSG_XPASS = ("XPASS: declared as an expected failure ({reason}) but passed: the bug is fixed, remove the "
+             "declaration from the target's expected_failures")
+
+
+def headline(cell: Mapping[str, Any]) -> str:
+    """What a summary line says of a cell: its verdict's headline, or why an ``XPASS`` cell fails."""
+    if status(cell) == XPASS:
+        return MSG_XPASS.format(reason=cell["xfail_reason"])
+    return str(cell.get("headline") or "")
 
 
 def mark(name: str) -> str:

@@ -18,6 +18,8 @@ CHECKPOINT = "checkpoint"
 RESUMED = "resumed"
 KILL_READY = "kill_ready"
 LOG = "log"
+#: How a ``run.log`` line starts in the run's log file (where it also goes, beside stdout and stderr).
+LOG_PREFIX = "[run.log] "
 ERROR = "error"
 DONE = "done"
 STATE = "state"  # extra: the trainer's state after a step by component (see RunContext.state)

@@ -80,8 +80,8 @@ def render(results: Sequence[Mapping[str, Any]], seed: int | None = None) -> str
     cells = sorted(results, key=summary.cell_name)
     # Unexpected failures first (those fail the build), then target by target in heatmap order.
     targets = {t: i for i, t in enumerate(dict.fromkeys(c["target"] for c in cells))}
-    failing = sorted((c for c in cells if not c["passed"]), key=lambda c: (
-        bool(c.get("xfail_reason")), targets[c["target"]], _is_crash(c), c["case_id"], c["resume_mode"],
+    failing = sorted((c for c in cells if not c["passed"] or categories.fails(c)), key=lambda c: (
+        not categories.fails(c), targets[c["target"]], _is_crash(c), c["case_id"], c["resume_mode"],
         _kill_key(c)))
     listed = failing[:MAX_LISTED]
     with_timeline = listed[:MAX_TIMELINES]
@@ -243,14 +243,15 @@ def _script_json(data: Any) -> str:
 # -- HTML parts ---------------------------------------------------------------------------------------
 
 def _header(cells: Sequence[Mapping[str, Any]], failing: Sequence[Mapping[str, Any]], seed: int | None) -> str:
-    unexpected = sum(1 for c in failing if not c.get("xfail_reason"))
+    unexpected = sum(1 for c in failing if categories.fails(c))  # an XPASS fails, as pytest counts it
     fixed = sum(1 for c in cells if categories.status(c) == categories.XPASS)
-    facts = [f"{len(cells)} cells", f"{unexpected} failing", f"{len(failing) - unexpected} expected failures"]
+    expected = sum(1 for c in cells if categories.status(c) == categories.XFAIL)
+    facts = [f"{len(cells)} cells", f"{unexpected} failing", f"{expected} expected failures"]
     if fixed:
-        facts.append(f"{fixed} {categories.BY_NAME[categories.XPASS].label}")
+        facts.append(f"of the failing, {fixed} {categories.BY_NAME[categories.XPASS].label}")
     if seed is not None:
         facts.append(f"seed {seed} (rerun with --resume-matrix-seed={seed})")
-    verdict_text = "FAILED" if unexpected or fixed else "PASSED"
+    verdict_text = "FAILED" if unexpected else "PASSED"
     return (f'<header><h1>{escape(TITLE)} <span class="verdict v-{verdict_text}">{verdict_text}</span></h1>'
             f'<p class="meta">{escape(" · ".join(facts))}</p>'
             '<nav><a href="#summary">Summary</a> <a href="#heatmaps">Heatmaps</a> '
@@ -362,7 +363,7 @@ def _heat_table(kind: str, title: str, row_heads: Sequence[str], rows: Mapping[t
 def _heat_cell(cell: Mapping[str, Any], anchors: Mapping[str, str]) -> str:
     st = categories.status(cell)
     name = summary.cell_name(cell)
-    text = name + ": " + ("passed" if st == categories.PASSED else cell.get("headline", ""))
+    text = name + ": " + ("passed" if st == categories.PASSED else categories.headline(cell))
     if cell.get("xfail_reason"):
         text += f" (expected: {cell['xfail_reason']})"
     mark = escape(categories.mark(st))
@@ -400,7 +401,7 @@ def _failures(listed: Sequence[Mapping[str, Any]], total: int, drawn: int, ancho
     for cell in listed[drawn:]:
         name = summary.cell_name(cell)
         rest.append(f'<tr id="{anchors[name]}"><td><code>{escape(name)}</code></td>'
-                    f"<td>{escape(cell.get('headline', ''))}</td><td><code>{escape(_rerun(cell, seed))}</code>"
+                    f"<td>{escape(categories.headline(cell))}</td><td><code>{escape(_rerun(cell, seed))}</code>"
                     "</td></tr>")
     if rest:
         out.append(f"<h3>{len(rest)} more failing cells (no timeline)</h3><div class=\"scroll\"><table "
@@ -421,11 +422,11 @@ def _failure(cell: Mapping[str, Any], anchor: str, index: int, is_open: bool, se
     if cell.get("xfail_reason"):
         expected = f'<p class="expected">expected failure: {escape(str(cell["xfail_reason"]))}</p>'
     story = f'<p class="runs">{escape(str(cell["story"]))}</p>' if cell.get("story") else ""
-    search = escape(f"{name} {cell.get('headline', '')}".lower())
+    search = escape(f"{name} {categories.headline(cell)}".lower())
     return (f'<details class="failure" id="{anchor}" data-t="{index}" data-search="{search}"'
             f'{" open" if is_open else ""}><summary><span class="sw s-{escape(st)}">'
             f"{escape(categories.mark(st))}</span> <code>{escape(name)}</code> {cats}"
-            f'<span class="headline">{escape(cell.get("headline", ""))}</span></summary>'
+            f'<span class="headline">{escape(categories.headline(cell))}</span></summary>'
             f'<div class="body">{expected}{story}'
             f'<p class="rerun">rerun: <code>{escape(_rerun(cell, seed))}</code></p>'
             f'<div class="timeline" data-t="{index}"><p class="note">opening this cell draws its timeline '

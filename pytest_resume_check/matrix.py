@@ -130,7 +130,9 @@ def kill_points(steps: int, boundaries: Sequence[int], mode: str, rng: random.Ra
     """(resume mode, kills) for one case.
 
     Auto resume gets every selected step killed right after its checkpoint, an unsaved-steps kill
-    (including one before any checkpoint) and a double kill. Explicit-path resume gets a few of each.
+    (including one before any checkpoint) and a double kill. Explicit-path resume gets the first and
+    middle steps and each epoch boundary, an unsaved step after each boundary (every step in ``full``)
+    and a double kill.
     """
     selected = kill_steps(steps, boundaries, mode, rng, buffered)
     points: list[tuple[str, tuple[KillSpec, ...]]] = []
@@ -140,10 +142,12 @@ def kill_points(steps: int, boundaries: Sequence[int], mode: str, rng: random.Ra
         points += [(RESUME_AUTO, (KillSpec(k, 1 if k else 2),)) for k in sorted(set(unsaved)) if k + 2 <= steps]
         points += [(RESUME_AUTO, kills) for kills in _double_kills(steps, mode)]
     if RESUME_PATH in resume_modes:
-        mid = max(1, steps // 2)
-        points += [(RESUME_PATH, (KillSpec(k),)) for k in sorted({1, mid}) if k <= steps]
-        if mode == FULL:
-            points += [(RESUME_PATH, (KillSpec(k, 1),)) for k in range(1, steps - 1)]
+        # Epoch boundaries in both modes: that is where loaders go wrong, whichever way a resume finds
+        # its checkpoint (issue 19: a path-only target with a boundary bug passed every quick cell).
+        edges = {b for b in boundaries if 1 <= b <= steps}
+        points += [(RESUME_PATH, (KillSpec(k),)) for k in sorted({1, max(1, steps // 2)} | edges) if k <= steps]
+        unsaved = range(1, steps - 1) if mode == FULL else sorted(b for b in edges if b < steps - 1)
+        points += [(RESUME_PATH, (KillSpec(k, 1),)) for k in unsaved]
         points += [(RESUME_PATH, kills) for kills in _double_kills(steps, QUICK)]
     return points
 

@@ -455,14 +455,14 @@ class _ResultCollector:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    from pytest_resume_check import summary
+    from pytest_resume_check import categories, summary
 
     results = sorted(config.stash[RESULTS_KEY], key=summary.cell_name)
     settings = config.stash[SETTINGS_KEY]
     if not results or hasattr(config, "workerinput"):
         return
-    failed = [r for r in results if not r["passed"] and not r.get("xfail_reason")]
-    expected = [r for r in results if r.get("xfail_reason")]
+    failed = [r for r in results if categories.fails(r)]  # an XPASS fails, as pytest counts it
+    expected = [r for r in results if categories.status(r) == categories.XFAIL]
     tr = terminalreporter
     tr.write_sep("=", f"resume matrix: {len(results)} cells, {len(failed)} failing, "
                       f"{len(expected)} expected failures, seed {settings.seed}")

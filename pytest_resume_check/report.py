@@ -4,19 +4,29 @@ where the files are, and the command that reruns exactly this cell."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pytest_resume_check.categories import status
+from pytest_resume_check.events import LOG_PREFIX
 from pytest_resume_check.ledger import Ledger
-from pytest_resume_check.results import CellResult
+from pytest_resume_check.results import CONVERGED, DONE, KILLED, CellResult
 from pytest_resume_check.verdict import entry_marks, resume_label
 
 #: The story of a cell whose reference failed (no interrupted run was made).
 NO_RUNS = "no interrupted run (the reference itself failed)"
 EXCERPT_BEFORE = 4
 EXCERPT_AFTER = 6
+#: A run's log in a failure report: its last lines (``run.log`` lines, the child's stdout and stderr).
+LOG_LINES = 6
+#: In the JSON report: at most this many last lines of each run's log.
+LOG_LINES_JSON = 20
+#: Of a log, only its last bytes are read, and each line is cut to this many characters.
+LOG_TAIL_BYTES = 16384
+LOG_LINE_CHARS = 240
 
 
 def excerpt(reference: Ledger, composite: Ledger, position: int | None) -> list[str]:
@@ -58,6 +68,39 @@ def story(result: CellResult) -> str:
     return " -> ".join(parts)
 
 
+def log_tail(path: str | Path | None, lines: int, without: str | None = None, only: str | None = None) -> list[str]:
+    """The last ``lines`` non-empty lines of a run's log file (none if it is missing or empty), each cut
+    to a readable length; ``without``: text to leave out (a traceback the report already shows); ``only``:
+    just the lines that start with it."""
+    if not path:
+        return []
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    if without and without.strip() and without.strip() in text:
+        text = text.replace(without.strip(), "")
+    kept = [ln.rstrip() for ln in text.splitlines() if ln.strip() and (only is None or ln.startswith(only))][-lines:]
+    return [ln if len(ln) <= LOG_LINE_CHARS else ln[:LOG_LINE_CHARS - 3] + "..." for ln in kept]
+
+
+def _log_lines(result: CellResult, shown_error: str | None) -> list[str]:
+    """Each run's last ``run.log`` lines, under the run they belong to; of a run that did not end as
+    planned (it raised, crashed or hung), its last output lines of any kind."""
+    out = []
+    for i, rec in enumerate(result.runs):
+        as_planned = rec.outcome in (DONE, KILLED, CONVERGED)
+        tail = log_tail(rec.plan.log_path, LOG_LINES, shown_error if rec.error == shown_error else None,
+                        only=LOG_PREFIX if as_planned else None)
+        if tail:
+            out.append(f"  log of run {i + 1} (last lines of {rec.plan.log_path}):")
+            out += ["    " + ln for ln in tail]
+    return out
+
+
 def failure_text(result: CellResult, rerun: str | None = None) -> str:
     """The whole failure report of one cell."""
     v = result.verdict
@@ -68,11 +111,14 @@ def failure_text(result: CellResult, rerun: str | None = None) -> str:
         lines.append(f"  runs: {story(result)}")
     contract = result.cell.target.contract.describe()
     lines.append(f"  target: {result.cell.target.name} (contract: {contract}); case {result.cell.case_id}")
+    shown_error = None
     for rec in result.runs:
         if rec.error and rec.outcome != "done":
             lines.append("  error of the failing run (last lines):")
             lines += ["    " + ln for ln in rec.error.strip().splitlines()[-6:]]
+            shown_error = rec.error
             break
+    lines += _log_lines(result, shown_error)
     if result.workdir is not None:
         lines.append(f"  kept: {result.workdir} (checkpoints, run*.log)")
     lines.append(f"  seed: {result.seed}" if result.seed is not None else "")
@@ -105,7 +151,8 @@ def cell_json(result: CellResult) -> dict[str, Any]:
         "composite": composite,
         "marks": {"reference": ref_marks, "composite": comp_marks},
         "story": story(result) if result.runs else NO_RUNS,
-        "runs": [{"outcome": r.outcome, "exitcode": r.exitcode, "seconds": round(r.seconds, 3)}
+        "runs": [{"outcome": r.outcome, "exitcode": r.exitcode, "seconds": round(r.seconds, 3),
+                  "log_file": r.plan.log_path, "log_tail": log_tail(r.plan.log_path, LOG_LINES_JSON)}
                  for r in result.runs],
     }
     cell["status"] = status(cell)

@@ -182,7 +182,17 @@ class RunContext:
         self.state(step, {DIGEST_COMPONENT: str(digest)})
 
     def log(self, text: str) -> None:
-        """Send a line to the parent's log of this run."""
+        """Write a line to this run's log file (``run<i>.log``, beside the child's stdout and stderr), which a
+        failing cell's report quotes; it also travels to the parent as an event."""
+        line = f"{ev.LOG_PREFIX}{text}"
+        try:  # one write in append mode: whole lines, also from several threads
+            fd = os.open(self.plan.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, (line.rstrip("\n") + "\n").encode("utf-8", "replace"))
+            finally:
+                os.close(fd)
+        except OSError:  # a full disk or a vanished folder: the event below still carries it
+            pass
         self._sink.send(ev.Event(ev.LOG, text=str(text)))
 
     def _check_open(self, call: str, step: int) -> None:

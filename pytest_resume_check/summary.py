@@ -106,10 +106,11 @@ def _chunks(kills: list[str], room: int) -> Iterable[list[str]]:
 
 def smallest_failures(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per failing (target, case, resume mode): the smallest failing kill point (fewest kills, then
-    earliest kill), i.e. the simplest reproduction of that case's failure."""
+    earliest kill), i.e. the simplest reproduction of that case's failure. An expected failure that
+    passed fails too (``XPASS``)."""
     out: dict[tuple[str, str, str], dict[str, Any]] = {}
     for c in cells:
-        if c["passed"] or c.get("xfail_reason"):
+        if not categories.fails(c):
             continue
         key = (c["target"], c["case_id"], c["resume_mode"])
         kills = kills_of(c)
@@ -133,11 +134,11 @@ def session_lines(results: Sequence[dict[str, Any]], width: int = 100, more_hint
     if smallest:
         lines += ["", "smallest failing kill point of each failing case:"]
         for r in smallest:
-            lines += [f"  {cell_name(r)}: {r['headline']}", f"    rerun: {r['rerun']}"]
-    failed = [r for r in results if not r["passed"] and not r.get("xfail_reason")]
+            lines += [f"  {cell_name(r)}: {categories.headline(r)}", f"    rerun: {r['rerun']}"]
+    failed = [r for r in results if categories.fails(r)]
     if failed:
         lines += ["", "failing cells:"]
-        lines += [f"  {cell_name(r)}: {r['headline']}" for r in failed[:listed]]
+        lines += [f"  {cell_name(r)}: {categories.headline(r)}" for r in failed[:listed]]
         if len(failed) > listed:
             lines.append(f"  ... and {len(failed) - listed} more (see {more_hint})")
     return lines

@@ -171,43 +171,93 @@ def judge(reference: RunRecord, runs: Sequence[RunRecord], contract: Contract,
 
 def compare(ref: Ledger, comp: Ledger, ordered: bool, kind: str = "consumed",
             labels: Sequence[str] = (), resumed_from: Sequence[int] = ()) -> list[Finding]:
-    """Findings of one ledger against its reference (empty when they agree under the contract)."""
-    ref_left = Counter((e.id, e.epoch) for e in ref)
-    comp_left = Counter((e.id, e.epoch) for e in comp)
-    common = ref_left & comp_left
-    ref_left -= common
-    comp_left -= common
-    # Leftovers that match by id alone were taken, but labelled with another epoch.
-    by_id_ref = Counter(i for i, _ in ref_left.elements())
-    by_id_comp = Counter(i for i, _ in comp_left.elements())
-    relabelled = by_id_ref & by_id_comp
-    lost_ids = by_id_ref - relabelled
-    dup_ids = by_id_comp - relabelled
-    pos = _first_difference(_keys(ref), _keys(comp))
+    """Findings of one ledger against its reference (empty when they agree under the contract).
+
+    Entries are matched by (id, epoch). What is left over is an epoch *label* difference only where the
+    same id stands in the same place (step and position within it) with another epoch, and more of its
+    epoch's leftovers do so than not. Everything else left over is LOST (reference entries) or
+    DUPLICATED (composite entries beyond the reference's count: the later occurrences, so the resume
+    named is the one that took them again). A resumed run that replays an epoch from another place
+    reads as inputs taken twice and inputs never taken, not as a wrong epoch counter (issue 19); one
+    that trains on exactly the reference's inputs under another epoch number reads as EPOCH.
+    """
+    ref_keys, comp_keys = _keys(ref), _keys(comp)
+    missing, extra, pairs = _leftovers(ref_keys, comp_keys, _slots(ref), _slots(comp))
+    missing, extra, pairs = _by_chance(ref_keys, comp_keys, missing, extra, pairs)
+    pos = _first_difference(ref_keys, comp_keys)
     findings = []
-    where = _where(ref, comp, pos, labels, resumed_from)
-    if lost_ids:
-        entries = _pick(ref, lost_ids, ref_left)
-        findings.append(_id_finding(LOST, MSG_LOST, entries, _where_step(entries[0].step, labels, resumed_from),
+    lost = [ref[i] for i in missing]
+    if lost:
+        findings.append(_id_finding(LOST, MSG_LOST, lost, _where_step(lost[0].step, labels, resumed_from),
                                     kind, pos))
-    if dup_ids:
-        entries = _pick(comp, dup_ids, comp_left)
-        findings.append(_id_finding(DUPLICATED, MSG_DUPLICATED, entries,
-                                    _where_step(entries[0].step, labels, resumed_from), kind, pos))
-    if relabelled:
-        ids = sorted(relabelled, key=ref.ids.index)
-        ref_ep = {i: e for i, e in ref_left if i in relabelled}
-        comp_ep = {i: e for i, e in comp_left if i in relabelled}
-        detail = ", ".join(f"{i}: epoch {comp_ep[i]} instead of {ref_ep[i]}" for i in ids[:3])
-        first = min(e.step for e in ref if e.id in relabelled)
+    duplicated = [comp[j] for j in extra]
+    if duplicated:
+        findings.append(_id_finding(DUPLICATED, MSG_DUPLICATED, duplicated, _where_run(duplicated[0].run, labels),
+                                    kind, pos))
+    if pairs:
+        ids = list(dict.fromkeys(ref[i].id for i, _ in pairs))
+        detail = ", ".join(f"{ref[i].id}: epoch {comp[j].epoch} instead of {ref[i].epoch}" for i, j in pairs[:3])
         findings.append(Finding(EPOCH, MSG_EPOCH.format(
-            n=sum(relabelled.values()), s=_s(sum(relabelled.values())), where=where,
-            ids=_id_list(ids), detail=detail), kind, tuple(ids), pos, first))
+            n=len(pairs), s=_s(len(pairs)), where=_where_run(comp[pairs[0][1]].run, labels),
+            ids=_id_list(ids), detail=detail), kind, tuple(ids), pos, min(ref[i].step for i, _ in pairs)))
     if not findings and ordered and pos is not None:
+        where = _where_run(comp[pos].run, labels) if pos < len(comp) else _where_run(len(labels), labels)
         findings.append(Finding(REORDERED, MSG_REORDERED.format(
             where=where, pos=pos, detail=_pair_detail(ref, comp, pos)), kind, position=pos,
             step=(ref[pos] if pos < len(ref) else comp[pos]).step))
     return findings
+
+
+def _by_chance(ref_keys: Sequence[tuple[Any, Any]], comp_keys: Sequence[tuple[Any, Any]], missing: list[int],
+               extra: list[int], pairs: list[tuple[int, int]]) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """Missing, extra and label pairs, with the pairs that are chance moved back to missing and extra.
+
+    Pairs are grouped by (reference epoch, composite epoch). In a group where at least as many entries
+    stayed unpaired as paired, the data itself differs (a shuffled replay puts an id back in its place now
+    and then): all of it reads as LOST and DUPLICATED, not as a few wrong labels."""
+    groups: dict[tuple[Any, Any], list[tuple[int, int]]] = {}
+    for i, j in pairs:
+        groups.setdefault((ref_keys[i][1], comp_keys[j][1]), []).append((i, j))
+    chance = set()
+    for (a, b), group in groups.items():
+        unpaired = max(sum(1 for i in missing if ref_keys[i][1] == a), sum(1 for j in extra if comp_keys[j][1] == b))
+        if unpaired >= len(group):
+            chance.update(group)
+    if not chance:
+        return missing, extra, pairs
+    return (sorted([*missing, *(i for i, _ in chance)]), sorted([*extra, *(j for _, j in chance)]),
+            [p for p in pairs if p not in chance])
+
+
+def _slots(ledger: Sequence[Any]) -> list[tuple[Any, int, int]]:
+    """For each entry (an :class:`Entry` or a JSON row ``[id, step, epoch, run]``): its id, its step and
+    its position among the entries of that step."""
+    seen: Counter = Counter()
+    out = []
+    for entry in ledger:
+        ident, step = (entry.id, entry.step) if isinstance(entry, Entry) else (_key(entry[0]), entry[1])
+        out.append((ident, step, seen[step]))
+        seen[step] += 1
+    return out
+
+
+def _leftovers(ref_keys: Sequence[tuple[Any, Any]], comp_keys: Sequence[tuple[Any, Any]],
+               ref_slots: Sequence[tuple[Any, int, int]], comp_slots: Sequence[tuple[Any, int, int]],
+               ) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """Indices of reference entries without a match, of composite entries beyond the reference's count,
+    and the (reference, composite) index pairs among them that differ only in their epoch label."""
+    ref_missing = [i for i, flag in enumerate(_beyond(ref_keys, Counter(comp_keys))) if flag]
+    comp_extra = [j for j, flag in enumerate(_beyond(comp_keys, Counter(ref_keys))) if flag]
+    free = {comp_slots[j]: j for j in comp_extra}
+    pairs = []
+    for i in ref_missing:
+        j = free.get(ref_slots[i])
+        if j is not None and comp_keys[j][1] != ref_keys[i][1]:
+            pairs.append((i, j))
+            del free[ref_slots[i]]
+    paired_ref, paired_comp = {i for i, _ in pairs}, {j for _, j in pairs}
+    return ([i for i in ref_missing if i not in paired_ref], [j for j in comp_extra if j not in paired_comp],
+            pairs)
 
 
 #: Marks of one ledger entry (:func:`entry_marks`): matched, or why not.
@@ -217,24 +267,27 @@ MARK_OK, MARK_LOST, MARK_DUPLICATED, MARK_REORDERED, MARK_EPOCH = ".", "L", "D",
 def entry_marks(reference: Sequence[Sequence[Any]], composite: Sequence[Sequence[Any]]) -> tuple[str, str]:
     """Marks for each entry of both ledgers (rows ``[id, step, epoch, run]``), one character each.
 
-    Entries are matched by (id, epoch) as the verdict does. A reference entry without a match is
-    ``LOST``; a composite entry beyond the reference's count is ``DUPLICATED``; unmatched pairs that
-    agree on the id differ only in their epoch label (``EPOCH``). When nothing is missing or extra,
-    composite entries that stand where the reference has another input are ``REORDERED``.
+    Entries are matched as :func:`compare` matches them: a reference entry without a match is ``LOST``;
+    a composite entry beyond the reference's count is ``DUPLICATED``; an unmatched pair with the same id
+    in the same place but another epoch is ``EPOCH``. When nothing is missing or extra, composite
+    entries that stand where the reference has another input are ``REORDERED``.
     """
     ref_keys = [(_key(r[0]), r[2]) for r in reference]
     comp_keys = [(_key(r[0]), r[2]) for r in composite]
-    ref_missing = _beyond(ref_keys, Counter(comp_keys))
-    comp_extra = _beyond(comp_keys, Counter(ref_keys))
-    relabel = (Counter(k[0] for k, m in zip(ref_keys, ref_missing) if m)
-               & Counter(k[0] for k, x in zip(comp_keys, comp_extra) if x))
-    ref_marks = _mark(ref_keys, ref_missing, Counter(relabel), MARK_LOST)
-    comp_marks = _mark(comp_keys, comp_extra, Counter(relabel), MARK_DUPLICATED)
-    if ref_marks.strip(MARK_OK) or comp_marks.strip(MARK_OK):
-        return ref_marks, comp_marks
+    missing, extra, pairs = _leftovers(ref_keys, comp_keys, _slots(reference), _slots(composite))
+    missing, extra, pairs = _by_chance(ref_keys, comp_keys, missing, extra, pairs)
+    ref_marks, comp_marks = [MARK_OK] * len(ref_keys), [MARK_OK] * len(comp_keys)
+    for i in missing:
+        ref_marks[i] = MARK_LOST
+    for j in extra:
+        comp_marks[j] = MARK_DUPLICATED
+    for i, j in pairs:
+        ref_marks[i] = comp_marks[j] = MARK_EPOCH
+    if missing or extra or pairs:
+        return "".join(ref_marks), "".join(comp_marks)
     order = "".join(MARK_REORDERED if i >= len(ref_keys) or k != ref_keys[i] else MARK_OK
                     for i, k in enumerate(comp_keys))
-    return ref_marks, order
+    return "".join(ref_marks), order
 
 
 def _key(value: Any) -> Any:
@@ -249,19 +302,6 @@ def _beyond(keys: list[tuple[Any, Any]], available: Counter) -> list[bool]:
         seen[k] += 1
         out.append(seen[k] > available[k])
     return out
-
-
-def _mark(keys: list[tuple[Any, Any]], flagged: list[bool], relabel: Counter, mark: str) -> str:
-    out = []
-    for (ident, _), flag in zip(keys, flagged):
-        if not flag:
-            out.append(MARK_OK)
-        elif relabel[ident] > 0:
-            relabel[ident] -= 1
-            out.append(MARK_EPOCH)
-        else:
-            out.append(mark)
-    return "".join(out)
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -303,14 +343,11 @@ def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _where(ref: Ledger, comp: Ledger, pos: int | None, labels: Sequence[str],
-           resumed_from: Sequence[int]) -> str:
-    """The resume the divergence follows: the last one at or before the diverging step."""
+def _where_run(run: int, labels: Sequence[str]) -> str:
+    """The label of the resume that started run ``run`` (0 is the first run: its first resume)."""
     if not labels:
         return "the run"
-    if pos is None:
-        return labels[0]
-    return _where_step((ref[pos] if pos < len(ref) else comp[pos]).step, labels, resumed_from)
+    return labels[min(max(run, 1), len(labels)) - 1]
 
 
 def _where_step(step: int, labels: Sequence[str], resumed_from: Sequence[int]) -> str:
@@ -322,19 +359,6 @@ def _where_step(step: int, labels: Sequence[str], resumed_from: Sequence[int]) -
         if at < step:
             chosen = label
     return chosen
-
-
-def _pick(ledger: Ledger, wanted: Counter, leftover: Counter) -> list[Entry]:
-    """Entries of ``ledger`` that account for ``wanted`` ids, preferring unmatched (id, epoch) pairs."""
-    need = Counter(wanted)
-    spare = Counter(leftover)
-    out = []
-    for e in ledger:
-        if need[e.id] > 0 and spare[(e.id, e.epoch)] > 0:
-            need[e.id] -= 1
-            spare[(e.id, e.epoch)] -= 1
-            out.append(e)
-    return out
 
 
 def _id_finding(category: str, template: str, entries: list[Entry], where: str, kind: str,

@@ -38,6 +38,7 @@ INCLUDED_LANGUAGES = {"python", "yaml", "ini", "toml"}
 #: Example files the pages include, each run by a test below.
 TESTED_EXAMPLES = {
     "planted/conftest.py": "test_report_page_quotes_real_verdicts_of_the_planted_example",
+    "planted/conftest.py:known-bug": "test_the_declared_known_bug_fails_exactly_where_declared",
     "ci/conftest.py": "test_cases_hook_example_adds_worker_cases_in_ci_only",
     "ci/resume-matrix.yml": "test_ci_workflow_runs_its_matrix_command_on_the_example_project",
     "ini/pytest.ini": "test_ini_example_configures_the_matrix",
@@ -123,7 +124,9 @@ def test_code_on_the_pages_is_included_from_tested_files():
             included.add(match.group(1))
     assert included <= set(TESTED_EXAMPLES), f"included but not run by a test: {included - set(TESTED_EXAMPLES)}"
     for path, test in TESTED_EXAMPLES.items():
-        assert (EXAMPLES / path).is_file(), path
+        file, _, section = path.partition(":")  # a section of a file: --8<-- [start:name] ... [end:name]
+        assert (EXAMPLES / file).is_file(), path
+        assert not section or f"--8<-- [start:{section}]" in (EXAMPLES / file).read_text(), path
         assert test in globals(), f"{path} names a test that does not exist: {test}"
 
 
@@ -296,6 +299,24 @@ def test_torchdata_finding_script_shows_two_orders():
     shown = text_block_after("findings.md", "python docs/examples/findings/torchdata_shared_generator.py")
     assert done.stdout.splitlines() == shown
     assert done.returncode == 1, "the orders agree: torchdata fixed it; update docs/findings.md"
+
+
+@needs_torch
+def test_the_declared_known_bug_fails_exactly_where_declared(tmp_path):
+    """writing-a-target.md's expected_failures example (issue 19: the old one, torchdata #1437, passes on
+    torchdata 0.11 and so failed as XPASS when copied). Its cells fail as declared, the rest pass."""
+    report = tmp_path / "known.json"
+    done = run_pytest(("--resume-matrix=full", "-m", "resume_matrix", "--resume-matrix-seed=1234", "-p",
+                       "no:cacheprovider", "--resume-matrix-target=torchdata_sampler",
+                       f"--resume-matrix-json={report}"), PLANTED)
+    assert done.returncode == 0, done.stdout[-3000:]
+    cells = json.loads(report.read_text())["cells"]
+    expected = sorted((c["case_id"], c["kill"]) for c in cells if c["xfail_reason"])
+    assert expected == [(case, kill) for case in ("b4-take2", "b4-take2-shuffle")
+                        for kill in ("ckpt1,ckpt2+1", "ckpt3,ckpt4+1", "ckpt5,ckpt6+1")]
+    assert all(not c["passed"] for c in cells if c["xfail_reason"])  # XFAIL, none XPASS
+    assert all(c["passed"] for c in cells if not c["xfail_reason"])
+    assert f"{len(cells) - 6} passed, 6 xfailed" in done.stdout
 
 
 @needs_torch

@@ -69,7 +69,10 @@ def test_a_resumed_run_that_never_reports_its_checkpoint_is_a_protocol_error():
         pytest.param(stream([(1, 0, 0, 1), (2, 0, 2), (3, 1, 0, 1), (4, 1, 2, 3)]), [vd.LOST], id="lost"),
         pytest.param(stream([(1, 0, 0, 1), (2, 0, 2, 3, 3), (3, 1, 0, 1), (4, 1, 2, 3)]), [vd.DUPLICATED],
                      id="duplicated"),
-        pytest.param(stream([(1, 0, 0, 1), (2, 0, 2, 3), (3, 0, 0, 1), (4, 0, 2, 3)]), [vd.EPOCH], id="epoch"),
+        pytest.param(stream([(1, 0, 0, 1), (2, 0, 2, 3), (3, 1, 0, 1), (4, 2, 2, 3)]), [vd.EPOCH], id="epoch"),
+        # The reference's inputs in the reference's places, under another epoch number: only the label differs.
+        pytest.param(stream([(1, 0, 0, 1), (2, 0, 2, 3), (3, 0, 0, 1), (4, 0, 2, 3)]), [vd.EPOCH],
+                     id="epoch-counter"),
         pytest.param(stream([(1, 0, 0, 1), (2, 0, 3, 2), (3, 1, 0, 1), (4, 1, 2, 3)]), [vd.REORDERED],
                      id="reordered"),
         pytest.param(stream([(1, 0, 0, 1), (2, 0, 0, 1), (3, 1, 0, 1), (4, 1, 2, 3)]),
@@ -153,3 +156,41 @@ def test_entry_marks_mark_each_entry_as_the_verdict_counts_it(composite, ref_mar
     assert vd.entry_marks(reference, composite) == (ref_marks, comp_marks)
     marks = {vd.MARK_OK, vd.MARK_LOST, vd.MARK_DUPLICATED, vd.MARK_REORDERED, vd.MARK_EPOCH}
     assert marks >= set(ref_marks + comp_marks)
+
+
+def test_an_epoch_replayed_from_its_start_reads_as_lost_and_duplicated_not_as_labels():
+    """Issue 19: resumed one step into epoch 1, the run replays epoch 0 from its start under label 0 and so
+    never reaches the end of epoch 1. Matching ids alone called it 'EPOCH labels differ'; the inputs
+    themselves differ (other ids stand in those places), and the headline says so."""
+    reference = [*[(s, 0, *range(4 * s - 4, 4 * s)) for s in (1, 2, 3)],
+                 *[(s, 1, *range(4 * s - 16, 4 * s - 12)) for s in (4, 5, 6)]]
+    first = stream(reference[:4])
+    second = [resumed(4, "/ckpt/step_4"), *stream([(5, 0, 0, 1, 2, 3), (6, 0, 4, 5, 6, 7)])]
+    comp, resumed_from = compose([first, second])
+    findings = vd.compare(ledger(stream(reference)), comp, True, labels=["resume from step_4"],
+                          resumed_from=resumed_from)
+    assert [f.category for f in findings] == [vd.LOST, vd.DUPLICATED]
+    assert findings[0].headline == "LOST 8 inputs after resume from step_4: ids 4, 5, 6, 7, 8, 9, 10, 11 (epoch 1)"
+    assert findings[1].headline == "DUPLICATED 8 inputs after resume from step_4: ids 0, 1, 2, 3, 4, 5, 6, 7 (epoch 0)"
+
+
+def test_a_shuffled_replay_that_puts_an_id_back_in_its_place_is_not_an_epoch_label():
+    reference = stream([(1, 0, 0, 1, 2, 3), (2, 1, 2, 0, 3, 1)])
+    comp = stream([(1, 0, 0, 1, 2, 3), (2, 0, 1, 0, 3, 2)])  # epoch 0 again; ids 0 and 3 land where epoch 1 has them
+    assert [f.category for f in vd.compare(ledger(reference), ledger(comp), True)] == [vd.LOST, vd.DUPLICATED]
+    rows = lambda events: ledger(events).to_json()  # noqa: E731
+    assert vd.entry_marks(rows(reference), rows(comp)) == ("....LLLL", "....DDDD")
+
+
+def test_a_double_kill_names_the_resume_that_took_inputs_again():
+    """Issue 19: the second resume re-takes id 4, which the first resumed run took (correctly) at step 4.
+    The headline names the second resume, whose run diverges, not the first."""
+    first = stream([(1, 0, 1), (2, 0, 2)])
+    second = [resumed(1, "/ckpt/step_1"), *stream([(2, 0, 2), (3, 0, 3), (4, 0, 4), (5, 0, 5)])]
+    third = [resumed(4, "/ckpt/step_4"), *stream([(5, 0, 4, 5), (6, 0, 6)])]
+    comp, resumed_from = compose([first, second, third])
+    reference = stream([(s, 0, s) for s in range(1, 7)])
+    findings = vd.compare(ledger(reference), comp, True, labels=["resume from step_1", "resume from step_4"],
+                          resumed_from=resumed_from)
+    assert [f.headline for f in findings] == ["DUPLICATED 1 input after resume from step_4: ids 4 (epoch 0)"]
+    assert findings[0].step == 5  # where it was taken again

@@ -41,11 +41,14 @@ NON_ATOMIC_SAVE = "non_atomic_save"  # state.pt and latest written in place, no 
 SWALLOW_SAVE_ERRORS = "swallow_save_errors"  # an OSError while saving is ignored -> SILENT_IO_ERROR
 OLDEST_CHECKPOINT = "oldest_checkpoint"  # auto resume takes the oldest step folder -> STALE_RESUME
 NO_OPTIMIZER = "no_optimizer"  # the optimizer's momentum is not restored -> STATE_DIVERGED
+#: loader.state_dict() taken when the checkpoint is written: right after a resume, before the next batch,
+#: torchdata 0.11 reads it as the start of the epoch (docs/findings.md) -> DUPLICATED on a second resume
+LOADER_STATE_AT_SAVE = "loader_state_at_save"
 CRASH = "crash"  # exits by itself at step 2 -> CRASHED
 HANG = "hang"  # stops sending events at step 2 -> HUNG
 BUGS = (DROP_BUFFER, BUFFER_AND_REREAD, RESTART_AT_EPOCH_BOUNDARY, FRESH_SHUFFLE, EPOCH_RESET,
-        SHARED_GENERATOR, NON_ATOMIC_SAVE, SWALLOW_SAVE_ERRORS, OLDEST_CHECKPOINT, NO_OPTIMIZER, RAISE_ON_RESUME,
-        CRASH, HANG)
+        SHARED_GENERATOR, NON_ATOMIC_SAVE, SWALLOW_SAVE_ERRORS, OLDEST_CHECKPOINT, NO_OPTIMIZER, LOADER_STATE_AT_SAVE,
+        RAISE_ON_RESUME, CRASH, HANG)
 
 DEFAULT_CASE = {"n": 12, "batch": 4, "take": 4, "epochs": 2, "shuffle": False, "workers": 0}
 
@@ -217,6 +220,8 @@ def train(run: RunContext, bug: str | None = None) -> None:
         run.step_end(step)
         if run.should_checkpoint(step):
             loader_state = state_before_last_batch if bug == BUFFER_AND_REREAD else position
+            if bug == LOADER_STATE_AT_SAVE:
+                loader_state = loader.state_dict()
             kept = [] if bug == DROP_BUFFER else buffer
             path = _save(run.checkpoint_dir, step, bug, {
                 "model": model.state_dict(),
@@ -339,6 +344,10 @@ def loop_oldest_checkpoint(run: RunContext) -> None:
 
 def loop_no_optimizer(run: RunContext) -> None:
     train(run, NO_OPTIMIZER)
+
+
+def loop_loader_state_at_save(run: RunContext) -> None:
+    train(run, LOADER_STATE_AT_SAVE)
 
 
 def loop_raise_on_resume(run: RunContext) -> None:
