@@ -1,6 +1,7 @@
 """What the fork server does after its own modules are imported: become the subreaper of its children,
-import its targets' modules (recording any that raise), run their warm-up functions, give back its
-output and freeze its heap for the garbage collector.
+import its targets' modules (recording any that raise), set torch to one intra-op thread, run their
+warm-up functions (recording any that raise or leave threads running), give back its output and
+freeze its heap for the garbage collector.
 
 Defining only: :mod:`._preload_end`, the last entry of the fork server's preload list, calls
 :func:`finish`; :func:`send_failures` runs in a child forked from the server. Nothing here runs in any
@@ -28,6 +29,13 @@ WARMUP_ENV = "PYTEST_RESUME_CHECK_WARMUP"
 #: child start fails with a bare EOFError (issue 13); imported here, one broken module costs only the
 #: targets that name it.
 FAILED: dict[str, str] = {}
+#: Warm-ups (``module:function``) that raised or could not be found: spec -> ``Type: message``. They
+#: cost only speed (each run then pays what the warm-up would have paid), so they are warnings.
+WARMUP_FAILED: dict[str, str] = {}
+#: Warm-ups after which more threads ran in the server than before: spec -> how many more. A process
+#: forked while other threads run inherits their locks but not the threads, and torch's thread pool
+#: then hangs every forked run (issue 14), so the targets naming such a warm-up are refused.
+WARMUP_THREADS: dict[str, int] = {}
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -37,6 +45,7 @@ def finish() -> None:
     work = json.loads(os.environ.pop(WARMUP_ENV, "") or "{}")
     try:
         _import(work.get("path", []), work.get("import", []))
+        _single_threaded_torch()
         _call(work.get("call", []))
     finally:
         _restore_output()
@@ -69,9 +78,31 @@ def _restore_output() -> None:
         os.dup2(begin.SAVED_STDERR, 2)
 
 
+def _single_threaded_torch() -> None:
+    """torch starts its intra-op thread pool at the first parallel operation (a warm-up's training step)
+    and a child forked after that hangs in its first one. With one intra-op thread no pool is started;
+    the children inherit the setting (a trainer may call ``torch.set_num_threads`` itself)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads"):
+        try:
+            torch.set_num_threads(1)
+        except Exception:  # a half-imported torch: its import error is recorded already
+            pass
+
+
+def _thread_count() -> int:
+    """Threads of this process as the kernel sees them (also those of C libraries)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        import threading
+
+        return threading.active_count()
+
+
 def send_failures(conn: Any) -> None:
-    """In a child forked from the server: send the server's :data:`FAILED` to the starter."""
-    conn.send(dict(FAILED))
+    """In a child forked from the server: send the server's failed imports and warm-ups to the starter."""
+    conn.send({"import": dict(FAILED), "warmup": dict(WARMUP_FAILED), "threads": dict(WARMUP_THREADS)})
     conn.close()
 
 
@@ -88,7 +119,11 @@ def _import(path: list[str], modules: list[str]) -> None:
 def _call(specs: list[str]) -> None:
     for spec in specs:
         module_name, _, func = spec.partition(":")
+        before = _thread_count()
         try:
             getattr(importlib.import_module(module_name), func)()
-        except (Exception, SystemExit):  # a failed warm-up only costs speed; each child still works
-            pass
+        except (Exception, SystemExit) as exc:  # only costs speed; each child still works
+            WARMUP_FAILED[spec] = describe_error(exc)
+        extra = _thread_count() - before
+        if extra > 0:
+            WARMUP_THREADS[spec] = extra

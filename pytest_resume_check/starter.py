@@ -6,7 +6,8 @@ interpreter per run, for trainers that are not fork-safe.
 
 A preload module that fails to import costs only the targets that name it: :func:`check_preload`
 raises a :class:`~.targets.TargetError` naming the module and its exception for those, and the
-server goes on serving the others (issue 13).
+server goes on serving the others (issue 13). So does a warm-up that leaves threads running in the
+server (forked runs would hang); a warm-up that raises costs only speed and is a warning, once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -40,12 +42,34 @@ _server_started: tuple[str, ...] = ()  # the preload the running fork server was
 _failed: dict[str, str] = {}
 #: Of those, modules whose import killed the server outright; they stay out of its preload list.
 _fatal: dict[str, str] = {}
+#: Warm-ups that raised in the fork server (spec -> error), and those that left threads running in it
+#: (spec -> how many); see :mod:`._server_setup`.
+_warmup_failed: dict[str, str] = {}
+_warmup_threads: dict[str, int] = {}
+#: Warm-up failures already warned about in this process (one warning each per session).
+_warned: set[str] = set()
 
 ERR_PRELOAD = ("target {target!r}: preload module {module!r} failed to import in the fork server: {error}; fix the "
                "module, or remove it from the target's preload=")
 ERR_SERVER_DIED = ("the fork server died while importing the preload modules {modules} or calling the warm-ups "
                    "{warmups}, and no module fails when imported alone; run with --resume-matrix-isolation=spawn "
                    "to do without the fork server")
+ERR_WARMUP_THREADS = ("target {target!r}: the warm-up {spec!r} left {n} more thread{s} running in the fork server; "
+                      "a run forked from it inherits their locks but not the threads, and hangs (torch's thread pool "
+                      "does). Make the warm-up start no thread (no loader workers or thread pools; torch runs it with "
+                      "one intra-op thread already), or remove it from the target's preload=")
+WARN_WARMUP = ("resume-check: target {target!r}: the warm-up {spec!r} failed in the fork server: {error}. Its runs "
+               "still work, but each pays what the warm-up would have paid (often several times slower). {fix}")
+FIX_WARMUP_IMPORT = ("The fork server imports with this session's sys.path: put the folder that holds {module!r} on it "
+                     "(pytest's pythonpath ini option, or a conftest.py beside the module), or name the module by "
+                     "its importable dotted path")
+FIX_WARMUP_RAISED = "Fix the warm-up (it is called with no arguments), or remove it from the target's preload="
+
+
+class ResumeCheckWarning(UserWarning):
+    """Something that makes a matrix slower or less thorough without making it wrong."""
+
+
 #: Imports one module in a fresh interpreter with the starter's sys.path: ``-c _IMPORT_ALONE path module``.
 #: Ends with 0 also when the import raises (the server survives that): only a dying interpreter fails.
 _IMPORT_ALONE = ("import importlib, json, sys\nsys.path[:] = json.loads(sys.argv[1])\n"
@@ -184,7 +208,9 @@ def _learn_failures(ctx: Any, modules: list[str]) -> None:
     finally:
         reader.close()
     if failed is not None:
-        _failed = {**_fatal, **failed}
+        _failed = {**_fatal, **failed["import"]}
+        _warmup_failed.update(failed["warmup"])
+        _warmup_threads.update(failed["threads"])
         return
     fatal = {m: error for m in modules if (error := _import_alone(m))}
     if not fatal:
@@ -220,6 +246,20 @@ def check_preload(target: str, entries: Any, isolation: str) -> None:
     for entry in entries:
         if entry in _failed:
             raise TargetError(ERR_PRELOAD.format(target=target, module=entry, error=_failed[entry]))
+        if entry in _warmup_threads:
+            n = _warmup_threads[entry]
+            raise TargetError(ERR_WARMUP_THREADS.format(target=target, spec=entry, n=n, s="" if n == 1 else "s"))
+        if entry in _warmup_failed and entry not in _warned:
+            _warned.add(entry)
+            warnings.warn(warmup_warning(target, entry, _warmup_failed[entry]), ResumeCheckWarning, stacklevel=2)
+
+
+def warmup_warning(target: str, spec: str, error: str) -> str:
+    """The warning for a warm-up that raised: what it raised and what to do about it."""
+    module = spec.partition(":")[0]
+    missing = error.startswith("ModuleNotFoundError") and repr(module.split(".")[0]) in error
+    fix = FIX_WARMUP_IMPORT.format(module=module) if missing else FIX_WARMUP_RAISED
+    return WARN_WARMUP.format(target=target, spec=spec, error=error, fix=fix)
 
 
 def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER) -> Child:

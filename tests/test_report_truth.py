@@ -41,9 +41,21 @@ logging_bug = target(helpers.logging_drop_buffer, "logging_bug", [TAKE2], resume
 # Declares an expected failure for a cell that passes: an XPASS.
 stale_xfail = target(loop.correct_loop, "stale_xfail", [TAKE2], resume_modes=("auto",),
                      expected_failures=[(lambda cell: cell.kill_id == "ckpt2", "a bug fixed long ago")])
+# A warm-up whose module the fork server cannot import (a typo, or a folder not on sys.path).
+missing_helper = target(loop.correct_loop, "missing_helper", [TAKE2], resume_modes=("auto",),
+                        preload=(*PRELOAD, "helpres:warm_up"))
+# A warm-up that trains one step with a matrix big enough for torch's thread pool.
+threaded_torch = target(loop.correct_loop, "threaded_torch", [TAKE2], resume_modes=("auto",),
+                        preload=(*PRELOAD, "helpers:torch_step"))
+# A warm-up that leaves a thread of its own running.
+leaves_thread = target(loop.correct_loop, "leaves_thread", [TAKE2], resume_modes=("auto",),
+                       preload=(*PRELOAD, "helpers:start_thread"))
 '''
 
 HELPERS = '''
+import threading
+import time
+
 from pytest_resume_check.builtin import loop
 
 LINE = "helpers: resuming, buffer as saved"
@@ -55,6 +67,17 @@ def logging_drop_buffer(run):
     print("helpers: stdout of the trainer", flush=True)
     loop.train(run, loop.DROP_BUFFER)
 
+
+def torch_step():
+    import torch
+
+    a = torch.randn(512, 512)
+    model = torch.nn.Linear(512, 1)
+    model(a @ a).pow(2).mean().backward()
+
+
+def start_thread():
+    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
 '''
 
 
@@ -118,3 +141,27 @@ def test_an_expected_failure_that_passes_counts_as_failing_with_its_rerun_line(p
                      r"ago\) but passed.*\n    rerun: pytest .*--resume-matrix-cell=stale_xfail\[take2-auto-ckpt2\]",
                      smallest), out[-3000:]
 
+
+def test_a_warm_up_the_fork_server_cannot_import_is_named_with_the_fix(project):
+    """Item 7: a warm-up module the fork server could not import made every run slower without a word."""
+    code, out = matrix(project, "missing_helper", "-k", "ckpt1]")
+    assert code == 0, out[-3000:]
+    assert ("ResumeCheckWarning: resume-check: target 'missing_helper': the warm-up 'helpres:warm_up' failed in the "
+            "fork server: ModuleNotFoundError: No module named 'helpres'") in out, out[-3000:]
+    assert "put the folder that holds 'helpres' on it" in out
+
+
+def test_a_warm_up_that_trains_a_torch_step_leaves_forked_runs_working(project):
+    """Issue 14, item 11: a warm-up running one training step started torch's thread pool in the fork
+    server and every forked run hung. The server runs warm-ups with one intra-op thread."""
+    code, out = matrix(project, "threaded_torch", "-k", "ckpt1] or ckpt2]", "--resume-matrix-hang-timeout=30")
+    assert code == 0, out[-3000:]
+    assert "HUNG" not in out and "ResumeCheckWarning" not in out
+
+
+def test_a_warm_up_that_leaves_a_thread_running_is_refused_by_name(project):
+    code, out = matrix(project, "leaves_thread", "-k", "ckpt1]")
+    assert code == 1, out[-3000:]
+    assert ("target 'leaves_thread': the warm-up 'helpers:start_thread' left 1 more thread running in the fork "
+            "server") in out, out[-3000:]
+    assert "HUNG" not in out
