@@ -12,6 +12,7 @@ supervised runs), :class:`~.layout.Layout` (folders), :class:`~.references.Refer
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,10 @@ class Engine:
     """Runs cells of targets under ``root``. References are computed once per (target, case)."""
 
     def __init__(self, root: Path, seed: int, hang_timeout: float = DEFAULT_HANG_TIMEOUT,
-                 isolation: str | None = None, check_determinism: bool = True, share: bool = True):
+                 isolation: str | None = None, check_determinism: bool = True, share: bool = True,
+                 hang_forced: bool = False):
         self.layout = Layout(root)
-        self.runner = Runner(seed, hang_timeout, isolation)
+        self.runner = Runner(seed, hang_timeout, isolation, hang_forced)
         self.references = References(self.runner, self.layout, check_determinism)
         self.shared = SharedFirstRuns(self.runner, self.layout) if share else None
 
@@ -89,13 +91,16 @@ class Engine:
 
     def run_cell(self, cell: Cell) -> CellResult:
         """Reference (cached), interrupted runs, verdict."""
+        started = time.monotonic()
+        made = self.references.made(cell.target, cell.case)
         ref = self.reference(cell.target, cell.case)
+        paid = 0.0 if made else time.monotonic() - started
         workdir = self.layout.fresh(self.layout.cell(cell.target.name, cell.case_id, cell.resume_mode, cell.kill_id))
         if ref.findings:
-            return CellResult(cell, Verdict(findings=list(ref.findings)), ref.record, [], workdir, self.seed)
+            return CellResult(cell, Verdict(findings=list(ref.findings)), ref.record, [], workdir, self.seed, paid)
         first = self.shared.first_run(cell, workdir) if self.shared is not None else None
         converge = ref.converge if self.shared is not None else None
         runs = run_interrupted(self.runner, cell.target, cell.case, cell.kills, cell.resume_mode, workdir,
                                cell.prior_checkpoints, first, converge, ref.values_dir)
         verdict = judge(ref.record, runs, cell.target.contract, newest_complete(cell, runs))
-        return CellResult(cell, verdict, ref.record, runs, workdir, self.seed)
+        return CellResult(cell, verdict, ref.record, runs, workdir, self.seed, paid)

@@ -57,10 +57,11 @@ class FaultPlan:
 
     @property
     def label(self) -> str:
-        """``@4``, ``@4:power``, ``@4:enospc+`` ... (the kill id after ``save{step}``)."""
+        """``op4``, ``op4:power``, ``op4:enospc+`` ... (the kill id after ``save{step}``; characters that
+        pytest's ``-k`` can spell)."""
         if self.mode == TORN:
-            return f"@{self.op}:torn:{self.file}"
-        return f"@{self.op}:{self.kind}" if self.kind != CRASH else f"@{self.op}"
+            return f"op{self.op}:torn:{self.file}"
+        return f"op{self.op}:{self.kind}" if self.kind != CRASH else f"op{self.op}"
 
     @property
     def kind(self) -> str:
@@ -84,8 +85,9 @@ class FaultPlan:
 
 
 def parse_label(step: int, text: str) -> FaultPlan:
-    """Inverse of :attr:`FaultPlan.label` (without file and total)."""
-    op, _, kind = text.lstrip("@").partition(":")
+    """Inverse of :attr:`FaultPlan.label` (without file and total); the old ``@4`` spelling too."""
+    text = text[2:] if text.startswith("op") else text.lstrip("@")
+    op, _, kind = text.partition(":")
     if kind.startswith("torn:"):
         return FaultPlan(step, TORN, int(op), file=kind[len("torn:"):])
     if kind in ("", "power", "record"):

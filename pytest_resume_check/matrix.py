@@ -9,6 +9,7 @@ beside it, and a seeded random sample of the rest.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -29,13 +30,20 @@ QUICK_BUFFERED_SAMPLE = 4
 QUICK_EVERY_STEP_UP_TO = 12
 
 
+#: Characters of a cell id that pytest's ``-k`` can spell (its identifier grammar); ids are made of these.
+K_SPELLABLE = re.compile(r"[^\w:+\-.\[\]\\/]")
+#: Between the kills of a cell killed twice: ``ckpt1_ckpt7+1``.
+KILL_SEPARATOR = "_"
+
+
 def case_id(case: Mapping[str, Any]) -> str:
-    """Readable id of a case: its ``id`` key, or ``key=value`` pairs joined by commas."""
+    """Readable id of a case: its ``id`` key, or ``keyvalue`` pairs joined by ``-`` (``epochs2-shuffle1``),
+    with any character ``-k`` cannot spell made ``_``."""
     if "id" in case:
         return str(case["id"])
     if not case:
         return "default"
-    return ",".join(f"{k}={_short(v)}" for k, v in case.items())
+    return K_SPELLABLE.sub("_", "-".join(f"{k}{_short(v)}" for k, v in case.items()))
 
 
 def _short(v: Any) -> str:
@@ -46,24 +54,27 @@ def _short(v: Any) -> str:
 
 def kill_id(kills: Sequence[KillSpec]) -> str:
     """``ckpt3`` (killed right after checkpoint 3), ``ckpt3+1`` (one unsaved step later),
-    ``ckpt2,ckpt5`` (killed twice)."""
-    return ",".join(
+    ``ckpt2_ckpt5`` (killed twice), ``save3op4:power`` (a fault in the save of step 3)."""
+    return KILL_SEPARATOR.join(
         f"save{k.checkpoint_step}{k.fault.label}" if k.fault is not None
         else f"ckpt{k.checkpoint_step}" + (f"+{k.extra_steps}" if k.extra_steps else "") for k in kills
     )
 
 
 def parse_kill_id(text: str) -> tuple[KillSpec, ...]:
-    """Inverse of :func:`kill_id`; raises ValueError with the expected form."""
+    """Inverse of :func:`kill_id` (also of the old spellings ``ckpt1,ckpt7+1`` and ``save3@4``); raises
+    ValueError with the expected form."""
     kills = []
-    for part in text.split(",") if not text.startswith("save") else [text]:
+    parts = [text] if text.startswith("save") else text.replace(",", KILL_SEPARATOR).split(KILL_SEPARATOR)
+    for part in parts:
         part = part.strip()
-        if part.startswith("save") and "@" in part:
-            step, _, label = part[4:].partition("@")
+        if part.startswith("save") and ("@" in part or "op" in part):
+            step, label = re.match(r"save(\d+)(.*)$", part).groups()
             kills.append(KillSpec(int(step), 0, faults.parse_label(int(step), label)))
             continue
         if not part.startswith("ckpt"):
-            raise ValueError(f"kill point {text!r}: each part must look like ckpt3 or ckpt3+1")
+            raise ValueError(f"kill point {text!r}: each part must look like ckpt3 or ckpt3+1, joined by "
+                             f"{KILL_SEPARATOR!r}")
         step, _, extra = part[4:].partition("+")
         kills.append(KillSpec(int(step), int(extra or 0)))
     return tuple(kills)

@@ -6,7 +6,9 @@ or the ``resume_check`` fixture is used.
 
 from __future__ import annotations
 
+import argparse
 import math
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ import pytest
 from pytest_resume_check.fixtures import ResumeCheck, resume_check  # noqa: F401
 
 OPT_MATRIX = "--resume-matrix"
+OPT_MODE = "--resume-matrix-mode"
 OPT_SEED = "--resume-matrix-seed"
 OPT_TARGET = "--resume-matrix-target"
 OPT_CELL = "--resume-matrix-cell"
@@ -28,8 +31,9 @@ OPT_ISOLATION = "--resume-matrix-isolation"
 OPT_EXHAUSTIVE = "--resume-matrix-exhaustive"
 OPT_HTML = "--resume-matrix-html"
 
-HELP_MATRIX = ("run every resume-check target across the kill/resume matrix: 'quick' (default, "
-               "boundary-aware sample of kill points) or 'full' (every step)")
+HELP_MATRIX = "run this project's resume-check targets across the kill/resume matrix"
+HELP_MODE = ("which kill points: 'quick' (default, a boundary-aware sample) or 'full' (every step); implies "
+             f"{OPT_MATRIX}")
 HELP_SEED = "seed for shuffles and kill-point sampling: an integer, or 'last' to reuse the previous seed"
 HELP_TARGET = "only run this target (repeatable)"
 HELP_CELL = "run only this matrix cell, e.g. 'builtin_loop[b4-take2-e2-shuffle-auto-ckpt3]'"
@@ -52,11 +56,21 @@ DEFAULT_HANG_TIMEOUT = 60.0
 ERR_MODE = "{opt}={value!r} is not a matrix mode; use one of: quick, full (e.g. {opt}=quick)"
 ERR_SEED = "{opt}={value!r} is not a seed; give an integer (e.g. {opt}=1234) or 'last'"
 ERR_SEED_LAST = "{opt}=last: no previous seed is cached in this project; run once without it first"
+ERR_SEED_NO_CACHE = ("{opt}=last: pytest's cache is disabled (-p no:cacheprovider), so no previous seed can be read; "
+                     "give the seed itself (the header of the earlier run printed it: {opt}=N)")
+#: The old spelling of the mode, ``--resume-matrix=full``: still accepted, with this note.
+DEPRECATED_MODE = ("{old} is deprecated: use {new} (a bare {opt} can no longer swallow the path after it); "
+                   "the old spelling still works for now")
+ERR_NO_PROJECT_TARGETS = ("{opt}: this project declares no resume-check target (resume_target(...) in a "
+                          "conftest.py); targets shipped by installed packages run only when named: {known}. "
+                          "Declare one (see 'Writing a target' in the docs) or name one with "
+                          "--resume-matrix-target=NAME")
 ERR_HANG = "{opt}={value!r} must be a positive number of seconds (e.g. {opt}=60), or 0 or inf for no limit"
 ERR_ISOLATION = "{opt}={value!r} is not an isolation; use 'forkserver' or 'spawn'"
 ERR_NO_TARGET = ("{opt}: no resume-check target named {names}; known targets: {known}. Declare targets with "
                  "pytest_resume_check.resume_target in a conftest.py or an entry point")
-ERR_NO_CELL = "{opt}={value!r}: no such cell in this matrix (mode {mode}, seed {seed}); check mode and seed"
+ERR_NO_CELL = ("{opt} {value!r}: no such cell in this matrix (mode {mode}, seed {seed}); check the mode and seed "
+               "the cell came from (its rerun line has both)")
 ERR_CASES_HOOK = ("target {name!r}: the pytest_resume_check_cases hook raised {error}; fix the conftest or plugin "
                   "that implements it")
 ERR_BROKEN = ("target {name!r}: building its matrix cells raised {error}; check what its steps, boundaries and "
@@ -87,11 +101,20 @@ RESULTS_KEY = pytest.StashKey[list]()
 ROOT_KEY = pytest.StashKey[Path]()
 RESULT_KEY = pytest.StashKey[Any]()
 CELLS_KEY = pytest.StashKey[list]()
+#: Targets whose crash cells ``--co`` did not list: recording their save runs the trainer.
+UNRECORDED_KEY = pytest.StashKey[list]()
+NOT_RECORDED = ("resume-check: {names}: crash-consistency cells not listed; how many there are depends on the "
+                "file operations of the save, which only running the trainer can record (--collect-only runs "
+                "nothing)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("resume-check", "pytest-resume-check: kill, resume and compare training runs")
-    group.addoption(OPT_MATRIX, nargs="?", const="quick", default=None, dest="resume_matrix", help=HELP_MATRIX)
+    group.addoption(OPT_MATRIX, action="store_true", default=False, dest="resume_matrix", help=HELP_MATRIX)
+    group.addoption(OPT_MODE, default=None, dest="resume_matrix_mode", help=HELP_MODE)
+    for mode in MATRIX_MODES:  # the old spelling: argparse matches these whole strings before splitting at "="
+        group.addoption(f"{OPT_MATRIX}={mode}", action="store_const", const=mode, dest="resume_matrix_old_mode",
+                        default=None, help=argparse.SUPPRESS)
     group.addoption(OPT_SEED, default=None, dest="resume_matrix_seed", help=HELP_SEED)
     group.addoption(OPT_TARGET, action="append", default=[], dest="resume_matrix_target", help=HELP_TARGET)
     group.addoption(OPT_CELL, default=None, dest="resume_matrix_cell", help=HELP_CELL)
@@ -124,10 +147,23 @@ def _setting(config: pytest.Config, name: str) -> Any:
     return value or None
 
 
-def _settings(config: pytest.Config) -> Settings:
-    mode = _setting(config, "resume_matrix")
+def _mode(config: pytest.Config) -> str | None:
+    """The matrix mode, or None when the matrix is off. On: ``--resume-matrix``, ``--resume-matrix-mode``,
+    the old ``--resume-matrix=MODE``, a pasted cell node id, or the ``resume_matrix`` ini value."""
+    mode = config.getoption("resume_matrix_mode") or config.getoption("resume_matrix_old_mode")
+    on = bool(mode or config.getoption("resume_matrix") or config.stash.get(NODE_IDS_KEY, ()))
+    ini = config.getini("resume_matrix") or None
+    if ini is not None and ini not in MATRIX_MODES:
+        raise pytest.UsageError(ERR_MODE.format(opt="ini resume_matrix", value=ini))
     if mode is not None and mode not in MATRIX_MODES:
-        raise pytest.UsageError(ERR_MODE.format(opt=OPT_MATRIX, value=mode))
+        raise pytest.UsageError(ERR_MODE.format(opt=OPT_MODE, value=mode))
+    if mode is None and (on or ini):
+        mode = ini or MATRIX_MODES[0]
+    return mode
+
+
+def _settings(config: pytest.Config) -> Settings:
+    mode = _mode(config)
     hang = _setting(config, "resume_matrix_hang_timeout") or DEFAULT_HANG_TIMEOUT
     try:
         hang = float(hang)
@@ -158,10 +194,16 @@ def _seed(config: pytest.Config) -> int:
     raw = _setting(config, "resume_matrix_seed")
     cache = getattr(config, "cache", None)
     if raw == "last":
-        seed = cache.get(CACHE_SEED, None) if cache is not None else None
+        if cache is None:
+            raise pytest.UsageError(ERR_SEED_NO_CACHE.format(opt=OPT_SEED))
+        seed = cache.get(CACHE_SEED, None)
         if seed is None:
             raise pytest.UsageError(ERR_SEED_LAST.format(opt=OPT_SEED))
         return int(seed)
+    if raw is None and cache is not None and _rerunning_failures(config):
+        seed = cache.get(CACHE_SEED, None)  # --lf / --ff: the cells that failed exist only with their seed
+        if seed is not None:
+            return int(seed)
     if raw is None:
         return Random().randrange(10**6)
     try:
@@ -170,17 +212,44 @@ def _seed(config: pytest.Config) -> int:
         raise pytest.UsageError(ERR_SEED.format(opt=OPT_SEED, value=raw)) from None
 
 
+def _rerunning_failures(config: pytest.Config) -> bool:
+    return any(config.getoption(name, False) for name in ("lf", "failedfirst"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{MARKER}: a cell of the resume matrix (pytest-resume-check)")
+    _take_node_ids(config)
     settings = _settings(config)
+    old = config.getoption("resume_matrix_old_mode")
+    if old and not hasattr(config, "workerinput"):
+        config.issue_config_time_warning(pytest.PytestDeprecationWarning(DEPRECATED_MODE.format(
+            old=f"{OPT_MATRIX}={old}", new=f"{OPT_MATRIX} {OPT_MODE}={old}", opt=OPT_MATRIX)), stacklevel=2)
     config.stash[SETTINGS_KEY] = settings
     config.stash[TARGETS_KEY] = []
     config.stash[RESULTS_KEY] = []
     if settings.mode and getattr(config, "cache", None) is not None and not hasattr(config, "workerinput"):
         config.cache.set(CACHE_SEED, settings.seed)
-    config.pluginmanager.register(_ResultCollector(config.stash[RESULTS_KEY]), "resume_check_results")
+    config.pluginmanager.register(_ResultCollector(config, config.stash[RESULTS_KEY]), "resume_check_results")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistSeed(settings.seed), "resume_check_xdist")
+
+
+#: Node ids of matrix cells given as arguments (``resume-matrix::t[case-auto-ckpt1]``, pasted from a
+#: ``FAILED`` line): taken out of the paths pytest collects, and selected after the matrix is built.
+NODE_IDS_KEY = pytest.StashKey[tuple]()
+NODE_PREFIX = "resume-matrix::"
+
+
+def _take_node_ids(config: pytest.Config) -> None:
+    """Move cell node ids out of ``config.args`` (pytest would look for a file named ``resume-matrix``).
+    With only such ids given, nothing else is collected."""
+    ids = tuple(a for a in config.args if a.startswith(NODE_PREFIX))
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is not None:  # an xdist worker: the controller took them out and passes them on
+        ids = tuple(worker_input.get("resume_matrix_node_ids", ())) or ids
+    config.stash[NODE_IDS_KEY] = ids
+    if ids:
+        config.args[:] = [a for a in config.args if not a.startswith(NODE_PREFIX)]
 
 
 class _XdistSeed:
@@ -191,6 +260,39 @@ class _XdistSeed:
 
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput["resume_matrix_seed"] = self.seed
+        node.workerinput["resume_matrix_node_ids"] = list(node.config.stash.get(NODE_IDS_KEY, ()))
+
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        """With the matrix on and xdist's default distribution, the cells of one case and resume mode go
+        to one worker: they share a first run and a reference, which every worker that runs one of them
+        would otherwise make again (issue 14). A case's two modes may go to two workers (its reference is
+        then made twice), which keeps a one-case target parallel. Other tests are spread one by one, as
+        ``load`` does."""
+        if not config.stash[SETTINGS_KEY].mode or config.getoption("dist") != "load":
+            return None
+        from xdist.scheduler import LoadScopeScheduling
+
+        class ByCaseAndMode(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return case_group(nodeid)
+
+        return ByCaseAndMode(config, log)
+
+
+#: A matrix cell's node id up to its resume mode: ``resume-matrix::target[case-auto`` of
+#: ``...[case-auto-ckpt3]``.
+_CASE_OF_CELL = re.compile(r"^(resume-matrix::[^\[]*\[.*?-(?:auto|path))-(?:ckpt|save)")
+
+
+def case_group(nodeid: str) -> str:
+    """The xdist work unit of a test: a matrix cell's (target, case, resume mode), any other test alone."""
+    match = _CASE_OF_CELL.match(nodeid)
+    return match.group(1) if match else nodeid
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    names = config.stash.get(UNRECORDED_KEY, [])
+    return [NOT_RECORDED.format(names=", ".join(names))] if names else []
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -212,25 +314,49 @@ def _conftest_targets(config: pytest.Config) -> list[Any]:
 
 
 def _discover(config: pytest.Config) -> list[Any]:
+    """The targets of this session: the project's own (declared in the conftest.py files pytest loaded),
+    or, when named (``--resume-matrix-target``, ini ``resume_matrix_targets``), those names among the
+    project's and the installed packages' (entry points). A package's targets never join a project's
+    matrix unasked (issue 14: an empty folder ran this package's self-test cells)."""
     from pytest_resume_check.targets import TargetError, entry_point_targets
 
     try:
-        targets = _conftest_targets(config) + entry_point_targets()
+        project = _unique(_conftest_targets(config))
+        installed = _unique(entry_point_targets())
     except TargetError as exc:
         raise pytest.UsageError(str(exc)) from None
+    everything = {**installed, **project}
+    wanted = config.stash[SETTINGS_KEY].targets or _targets_of_named_cells(config)
+    if wanted:
+        missing = [w for w in wanted if w not in everything]
+        if missing:
+            raise pytest.UsageError(ERR_NO_TARGET.format(opt=OPT_TARGET, names=", ".join(missing),
+                                                         known=", ".join(sorted(everything)) or "none"))
+        targets = [everything[w] for w in dict.fromkeys(wanted)]
+    else:
+        targets = list(project.values())
+    config.hook.pytest_resume_check_targets(config=config, targets=targets)
+    if not targets:
+        raise pytest.UsageError(ERR_NO_PROJECT_TARGETS.format(opt=OPT_MATRIX, known=", ".join(sorted(installed))
+                                                              or "none installed"))
+    return targets
+
+
+def _targets_of_named_cells(config: pytest.Config) -> tuple[str, ...]:
+    """The targets of the cells named by ``--resume-matrix-cell`` or a pasted node id: naming a cell names
+    its target, so a rerun line works also where that target is an installed package's."""
+    settings = config.stash[SETTINGS_KEY]
+    names = [settings.cell] if settings.cell else []
+    names += [n[len(NODE_PREFIX):] for n in config.stash.get(NODE_IDS_KEY, ())]
+    return tuple(dict.fromkeys(n.partition("[")[0] for n in names))
+
+
+def _unique(targets: list[Any]) -> dict[str, Any]:
+    """Targets by name; the first of a name wins."""
     unique: dict[str, Any] = {}
     for t in targets:
         unique.setdefault(t.name, t)
-    targets = list(unique.values())
-    config.hook.pytest_resume_check_targets(config=config, targets=targets)
-    wanted = config.stash[SETTINGS_KEY].targets
-    if wanted:
-        missing = [w for w in wanted if w not in unique]
-        if missing:
-            raise pytest.UsageError(ERR_NO_TARGET.format(opt=OPT_TARGET, names=", ".join(missing),
-                                                         known=", ".join(sorted(unique)) or "none"))
-        targets = [t for t in targets if t.name in wanted]
-    return targets
+    return unique
 
 
 class ResumeMatrix(pytest.Collector):
@@ -252,17 +378,25 @@ class ResumeMatrix(pytest.Collector):
             except Exception as exc:  # one failing item for a broken target; the others still run (issue 13)
                 message = str(exc) if isinstance(exc, TargetError) else ERR_BROKEN.format(
                     name=target.name, error=describe_error(exc))
-                items.append(BrokenTarget.from_parent(self, name=f"{target.name}[matrix]", message=message))
+                items.append(BrokenTarget.from_parent(self, message=message, **self._named(f"{target.name}[matrix]")))
                 continue
-            if target.crash_save:
+            if target.crash_save and self.config.option.collectonly:
+                self.config.stash.setdefault(UNRECORDED_KEY, []).append(target.name)
+            elif target.crash_save:
                 try:
                     cells += self._crash_cells(target, settings)
                 except Exception as exc:  # a target whose save cannot even be recorded
-                    items.append(BrokenTarget.from_parent(self, name=f"{target.name}[record-save]",
-                                                          message=str(exc)))
+                    items.append(BrokenTarget.from_parent(self, message=str(exc),
+                                                          **self._named(f"{target.name}[record-save]")))
             for cell in cells:
-                items.append(ResumeCell.from_parent(self, name=f"{target.name}[{cell.id}]", cell=cell))
+                items.append(ResumeCell.from_parent(self, cell=cell, **self._named(f"{target.name}[{cell.id}]")))
         return items
+
+    def _named(self, name: str) -> dict[str, str]:
+        """An item's name with its node id spelled out: pytest 9 builds a child's structured id with the
+        ``[...]`` inside the name, while the ``--lf`` cache parses it as parameters, so cells never matched
+        the failures it recorded (issue 14)."""
+        return {"name": name, "nodeid": f"{self.nodeid}::{name}"}
 
     def _checked(self, target: Any) -> Any:
         """``target`` with the cases a ``pytest_resume_check_cases`` hook answers instead, if one does;
@@ -382,13 +516,18 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     config.stash[CELLS_KEY] = [item.cell for item in cells if isinstance(item, ResumeCell)]
     # Report the cells as collected, so "collected N items" and the deselected counts include them.
     config.hook.pytest_collectreport(report=pytest.CollectReport(node.nodeid, "passed", None, cells))
-    if settings.cell:
-        chosen = [c for c in cells if c.name == settings.cell]
-        if not chosen:
-            raise pytest.UsageError(ERR_NO_CELL.format(opt=OPT_CELL, value=settings.cell, mode=settings.mode,
-                                                       seed=settings.seed))
-        config.hook.pytest_deselected(items=list(items) + [c for c in cells if c not in chosen])
-        items[:] = chosen
+    names = [settings.cell] if settings.cell else []
+    names += [n[len(NODE_PREFIX):] for n in config.stash.get(NODE_IDS_KEY, ())]
+    if names:  # exactly these cells (and, for pasted node ids, the tests of any paths given with them)
+        by_name = {c.name: c for c in cells}
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise pytest.UsageError(ERR_NO_CELL.format(opt=OPT_CELL if settings.cell else "node id",
+                                                       value=missing[0], mode=settings.mode, seed=settings.seed))
+        chosen = [by_name[n] for n in dict.fromkeys(names)]
+        others = [] if config.stash.get(NODE_IDS_KEY, ()) else list(items)
+        config.hook.pytest_deselected(items=others + [c for c in cells if c not in chosen])
+        items[:] = [i for i in items if i not in others] + chosen
         return
     items.extend(cells)
 
@@ -414,7 +553,8 @@ def _engine(config: pytest.Config) -> Any:
         from pytest_resume_check.engine import Engine
 
         s = config.stash[SETTINGS_KEY]
-        engine = Engine(_session_root(config), s.seed, s.hang_timeout, s.isolation, share=not s.exhaustive)
+        engine = Engine(_session_root(config), s.seed, s.hang_timeout, s.isolation, share=not s.exhaustive,
+                        hang_forced=config.getoption("resume_matrix_hang_timeout") is not None)
         engine.register(config.stash.get(CELLS_KEY, []))
         config.stash[ENGINE_KEY] = engine
     return config.stash[ENGINE_KEY]
@@ -439,19 +579,48 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if isinstance(item, ResumeCell) and call.when == "call" and hasattr(item, "cell_json"):
         # Carried on the report, so an xdist controller receives it with the report.
         rep.resume_check_cell = item.cell_json
+        paid = item.stash[RESULT_KEY].reference_seconds
+        if paid:
+            rep.user_properties.append(("reference_seconds", round(paid, 3)))
     return rep
 
 
-class _ResultCollector:
-    """Gathers each cell's JSON from the reports (in the controller too, when xdist runs the cells)."""
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> Any:
+    """With ``-v``, a passing cell that made its case's reference runs says how long they took: that time
+    counts toward its own duration (and a pytest-timeout limit), not the others'. (A failing cell keeps
+    pytest's plain ``FAILED``, so its line still starts with the node id to paste.)"""
+    paid = dict(report.user_properties).get("reference_seconds") if report.when == "call" else None
+    if not paid or not report.passed or hasattr(report, "wasxfail") or not report.nodeid.startswith(NODE_PREFIX):
+        return None
+    return report.outcome, ".", f"PASSED (reference runs {paid:.1f} s)"
 
-    def __init__(self, results: list[dict[str, Any]]):
+
+class _ResultCollector:
+    """Gathers each cell's JSON from the reports (in the controller too, when xdist runs the cells), and
+    gives each cell its junit ``classname``."""
+
+    def __init__(self, config: pytest.Config, results: list[dict[str, Any]]):
+        self.config = config
         self.results = results
 
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         cell = getattr(report, "resume_check_cell", None)
         if cell is not None:
             self.results.append(cell)
+        if report.nodeid.startswith(NODE_PREFIX):
+            self._junit_classname(report)
+
+    def _junit_classname(self, report: pytest.TestReport) -> None:
+        """``resume-matrix.<target>``, so CI views group the cells by target (from the node id alone it
+        is ``resume-matrix`` for all). Set before junitxml records the report; it keeps such attributes."""
+        from _pytest import junitxml
+
+        key = getattr(junitxml, "xml_key", None)
+        xml = self.config.stash.get(key, None) if key is not None else None
+        target = dict(report.user_properties).get("target")
+        if xml is not None and target:
+            xml.node_reporter(report).add_attribute("classname", f"resume-matrix.{target}")
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

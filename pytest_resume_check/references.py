@@ -42,6 +42,10 @@ class References:
         self.check_determinism = check_determinism
         self._cache: dict[tuple[str, str], Reference] = {}
 
+    def made(self, target: Target, case: Mapping[str, Any]) -> bool:
+        """Whether the reference of this case is made already (in this process)."""
+        return (target.name, case_id(case)) in self._cache
+
     def get(self, target: Target, case: Mapping[str, Any]) -> Reference:
         key = (target.name, case_id(case))
         if key not in self._cache:

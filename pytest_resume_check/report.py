@@ -12,6 +12,7 @@ from typing import Any
 
 from pytest_resume_check.categories import status
 from pytest_resume_check.events import LOG_PREFIX
+from pytest_resume_check.layout import REFERENCE
 from pytest_resume_check.ledger import Ledger
 from pytest_resume_check.results import CONVERGED, DONE, KILLED, CellResult
 from pytest_resume_check.verdict import entry_marks, resume_label
@@ -120,7 +121,8 @@ def failure_text(result: CellResult, rerun: str | None = None) -> str:
             break
     lines += _log_lines(result, shown_error)
     if result.workdir is not None:
-        lines.append(f"  kept: {result.workdir} (checkpoints, run*.log)")
+        lines.append(f"  kept: {result.workdir} (checkpoints, run*.log, restored-run*: what each resume restored) "
+                     f"and {result.workdir.parent / REFERENCE} (the uninterrupted runs)")
     lines.append(f"  seed: {result.seed}" if result.seed is not None else "")
     if rerun:
         lines.append(f"  rerun: {rerun}")
@@ -161,14 +163,21 @@ def cell_json(result: CellResult) -> dict[str, Any]:
 
 def rerun_command(cell_name: str, mode: str | None, seed: int | None, args: Sequence[str] = (),
                   options: Sequence[str] = ()) -> str:
-    """The shell command that reruns exactly one cell: ``pytest [args] --resume-matrix=MODE
-    --resume-matrix-seed=SEED --resume-matrix-cell=NAME [options]``."""
-    parts = ["pytest", *args, f"--resume-matrix={mode}" if mode else "--resume-matrix"]
+    """The shell command that reruns exactly one cell: ``pytest [args] --resume-matrix [--resume-matrix-mode=full]
+    --resume-matrix-seed=SEED --resume-matrix-cell=NAME [options]`` (``quick``, the default mode, unsaid)."""
+    parts = ["pytest", *args, "--resume-matrix"]
+    if mode and mode != "quick":
+        parts.append(f"--resume-matrix-mode={mode}")
     if seed is not None:
         parts.append(f"--resume-matrix-seed={seed}")
     parts += [f"--resume-matrix-cell={cell_name}", *options]
     return " ".join(shlex.quote(str(p)) for p in parts)
 
 
+#: Version of the JSON report's layout; raised when a key changes meaning or goes away (new keys may
+#: come without it). 1: the cells of issue 19 (``findings``, ``state_diverged``, ``runs[].log_tail``).
+JSON_FORMAT = 1
+
+
 def dump_json(results: Sequence[dict[str, Any]], seed: int) -> str:
-    return json.dumps({"seed": seed, "cells": list(results)}, indent=1, sort_keys=True)
+    return json.dumps({"format": JSON_FORMAT, "seed": seed, "cells": list(results)}, indent=1, sort_keys=True)

@@ -182,6 +182,9 @@ class CellResult:
     runs: list[RunRecord] = field(default_factory=list)
     workdir: Path | None = None
     seed: int | None = None
+    #: Seconds this cell spent on its case's reference runs (the first cell of a case in a process pays
+    #: for them; the others find them made).
+    reference_seconds: float = 0.0
 
     @property
     def passed(self) -> bool:

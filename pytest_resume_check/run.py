@@ -10,6 +10,7 @@ supervisor's SIGKILL arrives.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -50,6 +51,32 @@ class EventSink(Protocol):
     """Where the context writes events (the child's end of the event channel)."""
 
     def send(self, event: ev.Event) -> None: ...
+
+
+#: In a cell's folder: what resumed run ``i`` restored, kept as the report's evidence (``restored-run1``).
+RESTORED = "restored-"
+
+
+def keep_restored(source: Path, log_path: Path) -> None:
+    """Keep what a resumed run restored beside its log (``restored-run1/`` for ``run1.log``), as hard links:
+    a trainer that keeps only its last N checkpoints may delete it later in the run, and a failing cell's
+    report must still show it. Costs no copy of the data; anything that cannot be linked is skipped."""
+    dest = log_path.parent / (RESTORED + log_path.stem)
+    try:
+        if source.is_dir():
+            shutil.copytree(source, dest, symlinks=True, copy_function=_link, dirs_exist_ok=True)
+        elif source.is_file():
+            dest.mkdir(exist_ok=True)
+            _link(str(source), str(dest / source.name))
+    except OSError:  # evidence only: never the run's problem
+        pass
+
+
+def _link(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links not allowed: no evidence rather than a copy
+        pass
 
 
 class RunContext:
@@ -108,6 +135,8 @@ class RunContext:
         if self._resumed_step is not None:
             self._violation(f"called run.resumed({int(step)}) a second time (it first said step {self._resumed_step})")
         self._resumed_step = int(step)
+        if path and self.plan.is_resume:
+            keep_restored(Path(path), Path(self.plan.log_path))
         self._sink.send(ev.Event(ev.RESUMED, step=int(step), path=str(path) if path else None))
 
     def consumed(self, ids: Iterable[Any], *, step: int, epoch: int) -> None:

@@ -32,9 +32,12 @@ def hang_limit(seconds: float) -> float:
 class Runner:
     """Makes the plan of each run and runs it; counts runs and trainer steps (for benchmarks)."""
 
-    def __init__(self, seed: int, hang_timeout: float = DEFAULT_HANG_TIMEOUT, isolation: str | None = None):
+    def __init__(self, seed: int, hang_timeout: float = DEFAULT_HANG_TIMEOUT, isolation: str | None = None,
+                 hang_forced: bool = False):
         self.seed = seed
         self.hang_timeout = hang_limit(hang_timeout)
+        #: The session's limit was given on the command line: it wins over the targets' own.
+        self.hang_forced = hang_forced
         self.isolation = isolation
         self.steps_executed = 0
         self.runs_started = 0
@@ -66,10 +69,17 @@ class Runner:
         """One supervised child run."""
         isolation = self.isolation or target.isolation
         starter.check_preload(target.name, target.preload, isolation)  # adds it to the server's preload
-        record = sv.supervise(plan, isolation=isolation, hang_timeout=self.hang_timeout, on_pause=on_pause)
+        record = sv.supervise(plan, isolation=isolation, hang_timeout=self.hang_limit_of(target), on_pause=on_pause)
         self.runs_started += 1
         self.steps_executed += record.steps_run
         return record
+
+
+    def hang_limit_of(self, target: Target) -> float:
+        """The hang limit of ``target``'s runs: its own, unless the command line set the session's."""
+        if target.hang_timeout is None or self.hang_forced:
+            return self.hang_timeout
+        return hang_limit(target.hang_timeout)
 
 
 #: A run may take this many times its case's steps before it is stopped as a runaway.

@@ -45,8 +45,16 @@ def crash_row(cell: dict[str, Any]) -> str:
     return "kill" if fault.kind == "crash" else fault.kind
 
 
+#: Crash-grid rows in this order (a kill, then the disk damage kinds, then the I/O errors); others after.
+CRASH_ROWS = ("kill", "power", "torn", "enospc", "enospc+", "eio", "eio+")
+
+
+def _crash_row_order(row: str) -> tuple[int, str]:
+    return (CRASH_ROWS.index(row) if row in CRASH_ROWS else len(CRASH_ROWS), row)
+
+
 def _short(kill: str) -> str:
-    return kill.replace("ckpt", "")
+    return kill.replace("ckpt", "").replace("_", ",")  # a column label: 1,7+1 reads as "then"
 
 
 def grid(cells: Sequence[dict[str, Any]], width: int = 100) -> list[str]:
@@ -70,7 +78,7 @@ def grid(cells: Sequence[dict[str, Any]], width: int = 100) -> list[str]:
             lines.append(f"{target}: {len(crash)} crash-consistency cells of the save of step {step} "
                          f"(case {crash[0]['case_id']}), columns are file operations")
             rows = {}
-            for c in crash:
+            for c in sorted(crash, key=lambda c: _crash_row_order(crash_row(c))):  # the same rows on every run
                 rows.setdefault(crash_row(c), {})[str(kills_of(c)[0].fault.op)] = c
             ops = sorted({op for row in rows.values() for op in row}, key=int)
             lines += _table(rows, ops, width)

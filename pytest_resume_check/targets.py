@@ -141,6 +141,9 @@ class Target:
     #: (rtol, atol): compare reported state values under this tolerance instead of exact digests
     #: (None: exact, the default; see ``RunContext.state``).
     state_tolerance: tuple[float, float] | None = None
+    #: Seconds without an event before a run of this target counts as HUNG (None: the session's
+    #: setting; ``--resume-matrix-hang-timeout`` on the command line overrides this).
+    hang_timeout: float | None = None
 
     @property
     def ref(self) -> tuple[str, str, str]:
@@ -172,6 +175,7 @@ def resume_target(
     description: str = "",
     crash_save: tuple[int, int] | None = None,
     state_tolerance: tuple[float, float] | None = None,
+    hang_timeout: float | None = None,
 ) -> Any:
     """Declare a target; usable as ``@resume_target(steps=...)`` or ``resume_target(fn, steps=...)``."""
 
@@ -191,6 +195,7 @@ def resume_target(
             description=description or (func.__doc__ or "").strip().split("\n")[0],
             crash_save=crash_save,
             state_tolerance=state_tolerance,
+            hang_timeout=hang_timeout,
         )
 
     return build(fn) if fn is not None else build
@@ -243,7 +248,22 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         description=kw["description"],
         crash_save=tuple(kw["crash_save"]) if kw.get("crash_save") else None,
         state_tolerance=_tolerance(name, kw.get("state_tolerance")),
+        hang_timeout=_hang_timeout(name, kw.get("hang_timeout")),
     )
+
+
+def _hang_timeout(name: str, value: Any) -> float | None:
+    """``hang_timeout`` as seconds >= 0 (0 or inf: no limit), or None."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if isinstance(value, bool) or not seconds >= 0:  # also refuses nan
+        raise TargetError(f"target {name!r}: hang_timeout={value!r} is not a number of seconds >= 0; give e.g. "
+                          "hang_timeout=300 (0 or float('inf'): no limit), or leave it out for the session's")
+    return seconds
 
 
 def _tolerance(name: str, value: Any) -> tuple[float, float] | None:

@@ -118,7 +118,8 @@ def test_power_loss_report_names_the_files_that_were_not_durable(engine, correct
     assert "not durable: step_2/state.pt.tmp" in result.runs[0].describe()
 
 
-@pytest.mark.parametrize("label", ["@4", "@4:power", "@4:enospc", "@4:eio+", "@4:torn:latest"])
+@pytest.mark.parametrize("label", ["op4", "op4:power", "op4:enospc", "op4:eio+", "op4:torn:latest"])
 def test_fault_labels_round_trip_through_cell_ids(label):
     (kill,) = mx.parse_kill_id(f"save2{label}")
     assert mx.kill_id((kill,)) == f"save2{label}"
+    assert mx.parse_kill_id(f"save2{label.replace('op', '@')}") == (kill,)  # the old spelling still reads

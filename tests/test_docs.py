@@ -160,13 +160,16 @@ def test_matrix_page_lists_every_option_and_no_other():
 @pytest.mark.parametrize(("page", "cwd", "line"), PYTEST_COMMAND_CASES)
 def test_every_pytest_command_on_the_pages_collects(page, cwd, line, tmp_path):
     """Collecting checks the options, the target names and the cell ids; running is left to the tests
-    below (and to the matrix's own tests). Commands for the project root run in an empty folder, where
-    the installed targets are found the same way."""
+    below (and to the matrix's own tests). Commands for the project root run in this repository's root,
+    whose tests/conftest.py declares the bundled targets (elsewhere they run only when named)."""
     args = shlex.split(line)[1:]
     if HTML_OPTION in line and not html_option_wired():
         pytest.skip(NO_HTML_OPTION)
     args = [a for i, a in enumerate(args) if a != "-n" and (i == 0 or args[i - 1] != "-n")]  # xdist only spreads
-    folder = ROOT / cwd if cwd != "." else tmp_path
+    folder = ROOT / cwd
+    # Reports a command writes go to tmp_path, never into the repository.
+    args = [re.sub(r"^(--junitxml|--resume-matrix-json|--resume-matrix-html)=(?!/)", rf"\1={tmp_path}/", a)
+            for a in args]
     extra = [a for a in ("--co", "-q") if a not in args]
     done = run_pytest([*args, *extra, "-p", "no:cacheprovider"], folder, timeout=300)
     assert done.returncode == 0, f"{page}: {line}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
@@ -306,14 +309,14 @@ def test_the_declared_known_bug_fails_exactly_where_declared(tmp_path):
     """writing-a-target.md's expected_failures example (issue 19: the old one, torchdata #1437, passes on
     torchdata 0.11 and so failed as XPASS when copied). Its cells fail as declared, the rest pass."""
     report = tmp_path / "known.json"
-    done = run_pytest(("--resume-matrix=full", "-m", "resume_matrix", "--resume-matrix-seed=1234", "-p",
-                       "no:cacheprovider", "--resume-matrix-target=torchdata_sampler",
-                       f"--resume-matrix-json={report}"), PLANTED)
+    done = run_pytest(("--resume-matrix", "--resume-matrix-mode=full", "-m", "resume_matrix",
+                       "--resume-matrix-seed=1234", "-p", "no:cacheprovider",
+                       "--resume-matrix-target=torchdata_sampler", f"--resume-matrix-json={report}"), PLANTED)
     assert done.returncode == 0, done.stdout[-3000:]
     cells = json.loads(report.read_text())["cells"]
     expected = sorted((c["case_id"], c["kill"]) for c in cells if c["xfail_reason"])
     assert expected == [(case, kill) for case in ("b4-take2", "b4-take2-shuffle")
-                        for kill in ("ckpt1,ckpt2+1", "ckpt3,ckpt4+1", "ckpt5,ckpt6+1")]
+                        for kill in ("ckpt1_ckpt2+1", "ckpt3_ckpt4+1", "ckpt5_ckpt6+1")]
     assert all(not c["passed"] for c in cells if c["xfail_reason"])  # XFAIL, none XPASS
     assert all(c["passed"] for c in cells if not c["xfail_reason"])
     assert f"{len(cells) - 6} passed, 6 xfailed" in done.stdout
@@ -344,3 +347,24 @@ def test_verl_finding_reproduces_with_its_documented_command(pytester):
     page = (DOCS / "ci.md").read_text()
     for prop in re.findall(r"<property [^>]*/>", page):
         assert prop in xml, prop
+
+
+@needs_verl
+def test_quickstart_figures_come_from_the_command_it_shows(tmp_path):
+    """docs/quickstart.md's counts (cells, expected failures, the outcome line, the verl_stock_sync grid)
+    are what its command prints in this repository (issue 14: the page said 197 cells while the same
+    command ran 426). Its timings are not checked: they depend on the machine."""
+    command = "pytest --resume-matrix -m resume_matrix -n auto"
+    assert f"```bash\n{command}\n```" in (DOCS / "quickstart.md").read_text()
+    shown = text_block_after("quickstart.md", command)
+    done = run_pytest(("--resume-matrix", "-m", "resume_matrix", "-n", "2", "--resume-matrix-seed=1234", "-p",
+                       "no:cacheprovider", f"--basetemp={tmp_path / 'bt'}"), ROOT, timeout=1200, env={"COLUMNS": "80"})
+    assert done.returncode == 0, done.stdout[-3000:]
+    real = [line.rstrip() for line in done.stdout.splitlines()]
+    summary_line = next(line for line in shown if "resume matrix:" in line)
+    assert summary_line in real
+    grid = shown[shown.index(next(ln for ln in shown if ln.startswith("verl_stock_sync:"))):][:6]
+    at = real.index(grid[0])
+    assert real[at:at + 6] == grid
+    outcome = re.search(r"(\d+ passed, \d+ xfailed)", shown[-1]).group(1)
+    assert outcome in real[-1]

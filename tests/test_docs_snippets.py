@@ -118,8 +118,8 @@ def resumes_exactly_after_sigkills(block: str, tmp_path: Path) -> None:
     copy_project(tmp_path)
     seed = "--resume-matrix-seed=1234"
     shuffled = [cell for cell in matrix_cells(tmp_path, seed) if cell.startswith("e2-shuffle-auto-")]
-    cell = max(shuffled, key=lambda c: (c.count(","), c))
-    assert "," in cell and "+" in cell, shuffled
+    cell = max(shuffled, key=lambda c: (c.count("_ckpt"), c))
+    assert "_ckpt" in cell and "+" in cell, shuffled
     done = run([*PYTEST, "--resume-matrix", seed, f"--resume-matrix-cell=regression[{cell}]"], tmp_path)
     succeeded(done)
     assert [m.groups() for m in MATRIX_SUMMARY.finditer(done.stdout)] == [("1", "0")], done.stdout[-3000:]
@@ -242,9 +242,24 @@ class Promise:
     check: Callable[[str, Path], None]
 
 
+def declares_the_known_bug(block: str, tmp_path: Path) -> None:
+    """planted/conftest.py:known-bug: the declaration names "exactly these three cells of the full
+    matrix" per case (tests/test_docs.py runs them and sees them fail as declared)."""
+    import runpy
+
+    from pytest_resume_check import matrix
+
+    target = runpy.run_path(str(EXAMPLES / "planted" / "conftest.py"))["torchdata_sampler"]
+    declared = [c for c in matrix.cells(target, matrix.FULL, seed=1234) if c.xfail_reason]
+    assert sorted({c.kill_id for c in declared}) == ["ckpt1_ckpt2+1", "ckpt3_ckpt4+1", "ckpt5_ckpt6+1"]
+    assert len(declared) == 3 * len(target.cases)
+
+
 TORCH = ("torch", "torchdata")
 VERL = ("torch", "torchdata", "verl")
 PROMISES = (
+    Promise(lambda block, quoted: block.strip() == '--8<-- "planted/conftest.py:known-bug"', (),
+            declares_the_known_bug),
     Promise(lambda block, quoted: quoted == "downstream/conftest.py", TORCH,
             turns_every_case_mode_and_kill_point_into_a_test_item),
     Promise(lambda block, quoted: quoted == "downstream/trainer.py", TORCH, resumes_exactly_after_sigkills),

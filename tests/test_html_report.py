@@ -375,7 +375,7 @@ def test_crash_consistency_cells_get_their_own_heatmap():
                        page)[0]
     assert re.findall(r"<td class=\"([^\"]+)\"", power) == ["s-PASSED", "none", "s-STALE_RESUME", "none", "none",
                                                             "s-PASSED"]
-    assert re.search(r'<td class="s-STALE_RESUME" title="t\[c-auto-save3@2:power\]: STALE_RESUME: planted">'
+    assert re.search(r'<td class="s-STALE_RESUME" title="t\[c-auto-save3op2:power\]: STALE_RESUME: planted">'
                      r'<a href="#cell-\d+">S</a>', page)
 
 

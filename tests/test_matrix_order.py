@@ -58,4 +58,4 @@ def test_verdicts_are_the_same_in_collection_order_and_reversed(pytester, seed):
     # Not vacuous: both targets ran, crash cells included, and stock verl's known failures showed.
     assert {name.split("[")[0] for name in a} == {"builtin_loop", "verl_stock_sync"}
     assert any(status == "XFAIL" for status, _, _ in a.values())
-    assert sum("save2@" in name for name in a) > 20
+    assert sum("save2op" in name for name in a) > 20

@@ -84,5 +84,5 @@ def test_grid_marks_each_category_and_expected_failures():
 def test_smallest_failure_prefers_one_kill_and_the_earliest_step():
     base = {"target": "t", "case_id": "c", "resume_mode": "auto", "passed": False, "categories": ["LOST"],
             "xfail_reason": None}
-    cells = [with_kills({**base, "kill": k}) for k in ("ckpt1,ckpt5+1", "ckpt4", "ckpt0+2", "ckpt3")]
+    cells = [with_kills({**base, "kill": k}) for k in ("ckpt1_ckpt5+1", "ckpt4", "ckpt0+2", "ckpt3")]
     assert [c["kill"] for c in summary.smallest_failures(cells)] == ["ckpt0+2"]

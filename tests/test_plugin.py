@@ -31,7 +31,7 @@ def test_loading_the_plugin_imports_neither_torch_nor_the_engine(pytester):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--resume-matrix=fast"], plugin.ERR_MODE.format(opt=plugin.OPT_MATRIX, value="fast")),
+        (["--resume-matrix-mode=fast"], plugin.ERR_MODE.format(opt=plugin.OPT_MODE, value="fast")),
         (["--resume-matrix", "--resume-matrix-seed=abc"], plugin.ERR_SEED.format(opt=plugin.OPT_SEED, value="abc")),
         (["--resume-matrix", "--resume-matrix-hang-timeout=-1"],
          plugin.ERR_HANG.format(opt=plugin.OPT_HANG, value=-1.0)),

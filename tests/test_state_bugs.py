@@ -81,14 +81,14 @@ EXTRAS = {
     "auto-ckpt0+2": ((KillSpec(0, 2),), ()),
     "auto-ckpt3+1": ((KillSpec(3, 1),), ()),
     "auto-ckpt4+1": ((KillSpec(4, 1),), (2,)),
-    "auto-ckpt2,ckpt5": ((KillSpec(2), KillSpec(5)), ()),
+    "auto-ckpt2_ckpt5": ((KillSpec(2), KillSpec(5)), ()),
     "path-ckpt5": ((KillSpec(5),), (3,)),  # step_3 and step_5 on disk, step_5 named
-    "path-ckpt2,ckpt5": ((KillSpec(2), KillSpec(5)), ()),
+    "path-ckpt2_ckpt5": ((KillSpec(2), KillSpec(5)), ()),
 }
 #: The control and the checkpoint-choice bugs get every extra cell (the resume modes differ for them);
 #: the state bugs, which restore the same folder in both modes, a few.
 ALL_EXTRAS = tuple(EXTRAS)
-STATE_EXTRAS = ("auto-ckpt3+1", "auto-ckpt2,ckpt5", "path-ckpt5")
+STATE_EXTRAS = ("auto-ckpt3+1", "auto-ckpt2_ckpt5", "path-ckpt5")
 
 
 def make_cell(fn, case, cell_id, kills, prior=()):
@@ -189,7 +189,7 @@ def test_a_trainer_that_never_finds_its_checkpoint_is_a_stale_resume_wherever_on
         "auto-ckpt0+2": PASSED,  # nothing was published: a fresh start is right
         "auto-ckpt3+1": stale(2, 0, 3),
         "auto-ckpt4+1": stale(2, 0, 4),
-        "auto-ckpt2,ckpt5": stale(2, 0, 2),  # the first resume already started over
+        "auto-ckpt2_ckpt5": stale(2, 0, 2),  # the first resume already started over
         **PATH_PASSES,
     }
     assert results["auto-ckpt8"].verdict.headline == (
@@ -205,10 +205,10 @@ def test_a_trainer_that_takes_the_older_kept_checkpoint_is_a_stale_resume_once_t
         "auto-ckpt0+2": PASSED,
         "auto-ckpt3+1": PASSED,  # only step_3 on disk
         "auto-ckpt4+1": stale(2, 2, 4),  # step_2 and step_4 on disk
-        "auto-ckpt2,ckpt5": stale(3, 2, 5),  # the second resume finds step_2 and step_5
+        "auto-ckpt2_ckpt5": stale(3, 2, 5),  # the second resume finds step_2 and step_5
         **PATH_PASSES,
     }
-    assert results["auto-ckpt2,ckpt5"].verdict.headline == (
+    assert results["auto-ckpt2_ckpt5"].verdict.headline == (
         "STALE_RESUME: run 3 resumed from step_2 (step 2) but step_5 was published before the kill: "
         "3 steps of training lost")
 
@@ -259,7 +259,7 @@ def test_gradients_lost_in_an_open_window_are_named_grad_accum_until_the_window_
 #: Cells where each state bug passes (ckpt1: before the first update, or ckpt8: nothing left to run)
 #: and where it fails (ckpt3: every bug; the double kill: lost_accum only at its second resume).
 ORACLE_CELLS = [("auto-ckpt1", (KillSpec(1),)), ("auto-ckpt3", (KillSpec(3),)), ("auto-ckpt8", (KillSpec(8),)),
-                ("auto-ckpt2,ckpt5", (KillSpec(2), KillSpec(5)))]
+                ("auto-ckpt2_ckpt5", (KillSpec(2), KillSpec(5)))]
 
 
 def final_weights_equal(result):
@@ -292,7 +292,7 @@ def test_a_stale_resume_redoes_the_lost_work_so_the_final_weights_still_match(or
     for fn, cell_id, kills, prior, lost in [
         (trainer.never_resumes, "auto-ckpt3", (KillSpec(3),), (), 3),
         (trainer.older_checkpoint, "auto-ckpt3", (KillSpec(3),), (1, 2), 1),
-        (trainer.older_checkpoint, "auto-ckpt2,ckpt5", (KillSpec(2), KillSpec(5)), (), 3),
+        (trainer.older_checkpoint, "auto-ckpt2_ckpt5", (KillSpec(2), KillSpec(5)), (), 3),
     ]:
         result = oracle.run_cell(make_cell(fn, DEFAULT, cell_id, kills, prior))
         assert result.verdict.categories == [vd.STALE_RESUME], result.verdict.headline
