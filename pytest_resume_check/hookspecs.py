@@ -14,7 +14,8 @@ def pytest_resume_check_cases(config: pytest.Config, target: Any) -> Any:
 
 
 def pytest_resume_check_targets(config: pytest.Config, targets: list[Any]) -> None:
-    """Called with the list of discovered targets; add or remove entries in place."""
+    """Called with the targets this session runs (the project's own, or the ones named with
+    ``--resume-matrix-target`` / ``resume_matrix_targets``); add or remove entries in place."""
 
 
 def pytest_resume_check_cell_result(config: pytest.Config, result: Any) -> None:
