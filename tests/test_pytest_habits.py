@@ -98,7 +98,6 @@ def test_k_can_spell_every_cell_id_including_double_kills(tmp_path):
 
 def test_p_no_resume_check_the_name_in_the_header_disables_the_plugin(tmp_path):
     path = project(tmp_path / "p")
-    code, out = pytest_in(path, "--co", "-q", "-p", "no:cacheprovider")
     code, header = pytest_in(path, "--co", "-p", "no:cacheprovider")
     assert re.search(r"^plugins: .*\bresume-check-\d", header, re.M), header[:2000]
     code, out = pytest_in(path, "-p", "no:resume-check", "--resume-matrix")
