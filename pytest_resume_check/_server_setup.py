@@ -121,7 +121,9 @@ def _call(specs: list[str]) -> None:
         module_name, _, func = spec.partition(":")
         before = _thread_count()
         try:
-            getattr(importlib.import_module(module_name), func)()
+            function = getattr(importlib.import_module(module_name), func)
+            _single_threaded_torch()  # also when this warm-up's module was the first to import torch
+            function()
         except (Exception, SystemExit) as exc:  # only costs speed; each child still works
             WARMUP_FAILED[spec] = describe_error(exc)
         extra = _thread_count() - before

@@ -12,10 +12,10 @@ import pytest
 class ResumeCheck:
     """What the ``resume_check`` fixture gives a test: run a target, kill it, resume it, judge it."""
 
-    def __init__(self, root: Path, seed: int, hang_timeout: float):
+    def __init__(self, root: Path, seed: int, hang_timeout: float, hang_forced: bool = False):
         from pytest_resume_check.engine import Engine
 
-        self.engine = Engine(root, seed, hang_timeout)
+        self.engine = Engine(root, seed, hang_timeout, hang_forced=hang_forced)
 
     def kill_after_checkpoint(self, step: int, extra_steps: int = 0) -> Any:
         """Kill right after the checkpoint of ``step`` is published, or ``extra_steps`` later."""
@@ -52,4 +52,5 @@ def resume_check(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Res
     from pytest_resume_check.plugin import SETTINGS_KEY
 
     settings = request.config.stash[SETTINGS_KEY]
-    yield ResumeCheck(tmp_path / "resume-check", settings.seed, settings.hang_timeout)
+    forced = request.config.getoption("resume_matrix_hang_timeout") is not None
+    yield ResumeCheck(tmp_path / "resume-check", settings.seed, settings.hang_timeout, forced)

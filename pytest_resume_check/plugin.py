@@ -320,13 +320,16 @@ def _discover(config: pytest.Config) -> list[Any]:
     matrix unasked (issue 14: an empty folder ran this package's self-test cells)."""
     from pytest_resume_check.targets import TargetError, entry_point_targets
 
+    wanted = config.stash[SETTINGS_KEY].targets or _targets_of_named_cells(config)
     try:
         project = _unique(_conftest_targets(config))
-        installed = _unique(entry_point_targets())
+        # Installed packages' targets only when asked for: a broken or clashing package must not stop a
+        # project's own matrix.
+        needed = (not project) or any(w not in project for w in wanted)
+        installed = _unique(entry_point_targets()) if needed else {}
     except TargetError as exc:
         raise pytest.UsageError(str(exc)) from None
     everything = {**installed, **project}
-    wanted = config.stash[SETTINGS_KEY].targets or _targets_of_named_cells(config)
     if wanted:
         missing = [w for w in wanted if w not in everything]
         if missing:
@@ -500,7 +503,7 @@ def rerun_command(item: pytest.Item) -> str:
         options.append(f"{OPT_ISOLATION}={settings.isolation}")
     if settings.exhaustive:
         options.append(OPT_EXHAUSTIVE)
-    if settings.hang_timeout != DEFAULT_HANG_TIMEOUT:
+    if config.getoption("resume_matrix_hang_timeout") is not None:  # the ini (or a target) is read again
         options.append(f"{OPT_HANG}={settings.hang_timeout:g}")
     return report.rerun_command(item.name, settings.mode, settings.seed, args, options)
 

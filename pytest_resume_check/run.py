@@ -63,6 +63,8 @@ def keep_restored(source: Path, log_path: Path) -> None:
     report must still show it. Costs no copy of the data; anything that cannot be linked is skipped."""
     dest = log_path.parent / (RESTORED + log_path.stem)
     try:
+        if source.resolve() in dest.resolve().parents:  # "." or a folder holding the session: no copy of itself
+            return
         if source.is_dir():
             shutil.copytree(source, dest, symlinks=True, copy_function=_link, dirs_exist_ok=True)
         elif source.is_file():
@@ -213,11 +215,11 @@ class RunContext:
     def log(self, text: str) -> None:
         """Write a line to this run's log file (``run<i>.log``, beside the child's stdout and stderr), which a
         failing cell's report quotes; it also travels to the parent as an event."""
-        line = f"{ev.LOG_PREFIX}{text}"
+        lines = "".join(f"{ev.LOG_PREFIX}{line}\n" for line in str(text).rstrip("\n").split("\n"))
         try:  # one write in append mode: whole lines, also from several threads
             fd = os.open(self.plan.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                os.write(fd, (line.rstrip("\n") + "\n").encode("utf-8", "replace"))
+                os.write(fd, lines.encode("utf-8", "replace"))
             finally:
                 os.close(fd)
         except OSError:  # a full disk or a vanished folder: the event below still carries it

@@ -44,6 +44,8 @@ ERR_TARGET_NAME = ("target {name!r}: the name {problem}; the harness makes a fol
                    "(letters, digits, '-', '_', '.'), e.g. name='my_trainer'")
 ERR_CASE_ID = ("target {name!r}: case id {case_id!r} {problem}; the harness makes a folder of it, so give the case "
                "a plain id (letters, digits, '-', '_', '.'), e.g. {{'id': 'shuffle'}}")
+ERR_CASE_TWICE = ("target {name!r}: cases {first} and {second} both get the id {case_id!r}; they would share one "
+                  "reference and one folder. Give them distinct 'id' keys")
 ERR_STEPS = ("target {name!r}: steps={steps!r} is not a number of steps; give the steps of an uninterrupted run "
              "(an int of at least 1, e.g. steps=12) or a function of the case that returns them")
 ERR_CASES = "target {name!r}: reading its cases raised {error}; fix the cases= given to resume_target"
@@ -61,6 +63,8 @@ def name_problem(text: str) -> str | None:
         return "contains a path separator"
     if "\0" in text:
         return "contains a NUL character"
+    if "[" in text or "]" in text:
+        return "contains '[' or ']' (a cell is named target[case-mode-kill])"
     return None
 
 
@@ -72,13 +76,21 @@ def describe_error(exc: BaseException) -> str:
 
 
 def check_cases(name: str, cases: Sequence[Mapping[str, Any]]) -> None:
-    """Raise :class:`TargetError` if an explicit case ``id`` cannot name a folder. (Ids made of
-    ``key=value`` pairs always hold ``=``, and the layout replaces their separators.)"""
+    """Raise :class:`TargetError` if an explicit case ``id`` cannot name a folder, or two cases get one id
+    (they would share a reference and a folder, and one would be judged against the other's runs)."""
+    from pytest_resume_check.matrix import case_id
+
+    seen: dict[str, Mapping[str, Any]] = {}
     for case in cases:
         if "id" in case:
             problem = name_problem(str(case["id"]))
             if problem:
                 raise TargetError(ERR_CASE_ID.format(name=name, case_id=str(case["id"]), problem=problem))
+        ident = case_id(case)
+        if ident in seen:
+            raise TargetError(ERR_CASE_TWICE.format(name=name, case_id=ident, first=dict(seen[ident]),
+                                                    second=dict(case)))
+        seen[ident] = case
 
 
 @dataclass(frozen=True)

@@ -247,3 +247,10 @@ def test_the_crash_grid_rows_come_in_one_order_whatever_the_cell_order():
         assert summary.grid(cells) == expected
     rows = [line.split()[0] for line in expected[2:5]]
     assert rows == ["kill", "power", "eio"]
+
+
+def test_names_and_case_ids_that_would_make_cell_ids_ambiguous_are_refused():
+    with pytest.raises(TargetError, match=r"contains '\[' or '\]'"):
+        resume_target(_fn, name="loop[v2]", steps=1)
+    with pytest.raises(TargetError, match="both get the id 'n12'; they would share one reference"):
+        resume_target(_fn, steps=1, cases=[{"n": 12}, {"n1": 2}])
