@@ -245,28 +245,19 @@ def _leftovers(ref_keys: Sequence[tuple[Any, Any]], comp_keys: Sequence[tuple[An
                ref_slots: Sequence[tuple[Any, int, int]], comp_slots: Sequence[tuple[Any, int, int]],
                ) -> tuple[list[int], list[int], list[tuple[int, int]]]:
     """Indices of reference entries without a match, of composite entries beyond the reference's count,
-    and the (reference, composite) index pairs that differ only in their epoch label.
-
-    Entries in the same place (id, step, position in the step) are matched first: with the same epoch
-    they agree, with another they are a label pair. The rest is matched by (id, epoch) wherever it
-    stands; a counter that resets over three epochs would otherwise have its labels matched against a
-    later epoch's entries and read as LOST and DUPLICATED."""
-    comp_at = {slot: j for j, slot in enumerate(comp_slots)}
-    placed_ref, placed_comp, pairs = set(), set(), []
-    for i, slot in enumerate(ref_slots):
-        j = comp_at.get(slot)
-        if j is None:
-            continue
-        placed_ref.add(i)
-        placed_comp.add(j)
-        if comp_keys[j] != ref_keys[i]:
+    and the (reference, composite) index pairs among them that differ only in their epoch label."""
+    ref_missing = [i for i, flag in enumerate(_beyond(ref_keys, Counter(comp_keys))) if flag]
+    comp_extra = [j for j, flag in enumerate(_beyond(comp_keys, Counter(ref_keys))) if flag]
+    free = {comp_slots[j]: j for j in comp_extra}
+    pairs = []
+    for i in ref_missing:
+        j = free.get(ref_slots[i])
+        if j is not None and comp_keys[j][1] != ref_keys[i][1]:
             pairs.append((i, j))
-    rest_ref = [i for i in range(len(ref_keys)) if i not in placed_ref]
-    rest_comp = [j for j in range(len(comp_keys)) if j not in placed_comp]
-    ref_rest_keys, comp_rest_keys = [ref_keys[i] for i in rest_ref], [comp_keys[j] for j in rest_comp]
-    missing = [i for i, flag in zip(rest_ref, _beyond(ref_rest_keys, Counter(comp_rest_keys))) if flag]
-    extra = [j for j, flag in zip(rest_comp, _beyond(comp_rest_keys, Counter(ref_rest_keys))) if flag]
-    return missing, extra, pairs
+            del free[ref_slots[i]]
+    paired_ref, paired_comp = {i for i, _ in pairs}, {j for _, j in pairs}
+    return ([i for i in ref_missing if i not in paired_ref], [j for j in comp_extra if j not in paired_comp],
+            pairs)
 
 
 #: Marks of one ledger entry (:func:`entry_marks`): matched, or why not.

@@ -194,14 +194,3 @@ def test_a_double_kill_names_the_resume_that_took_inputs_again():
                           resumed_from=resumed_from)
     assert [f.headline for f in findings] == ["DUPLICATED 1 input after resume from step_4: ids 4 (epoch 0)"]
     assert findings[0].step == 5  # where it was taken again
-
-
-def test_an_epoch_counter_reset_over_three_epochs_is_epoch_not_lost():
-    """Review: matching (id, epoch) across the whole ledger first paired the resumed run's wrong labels
-    with a later epoch's entries elsewhere, so a reset counter over three epochs read as LOST and
-    DUPLICATED. Entries in the same place are matched first."""
-    reference = stream([(s, (s - 1) // 4, (s - 1) % 4) for s in range(1, 13)])
-    comp = stream([(s, max(0, (s - 1) // 4 - 1), (s - 1) % 4) for s in range(1, 13)])  # 0,0,1 not 0,1,2
-    assert [f.category for f in vd.compare(ledger(reference), ledger(comp), True)] == [vd.EPOCH]
-    rows = lambda events: ledger(events).to_json()  # noqa: E731
-    assert vd.entry_marks(rows(reference), rows(comp)) == ("....EEEEEEEE", "....EEEEEEEE")
