@@ -345,13 +345,17 @@ def _discover(config: pytest.Config) -> list[Any]:
     return targets
 
 
-def _targets_of_named_cells(config: pytest.Config) -> tuple[str, ...]:
-    """The targets of the cells named by ``--resume-matrix-cell`` or a pasted node id: naming a cell names
-    its target, so a rerun line works also where that target is an installed package's."""
+def _named_cells(config: pytest.Config) -> list[str]:
+    """Cell names given by ``--resume-matrix-cell`` or as pasted node ids."""
     settings = config.stash[SETTINGS_KEY]
     names = [settings.cell] if settings.cell else []
-    names += [n[len(NODE_PREFIX):] for n in config.stash.get(NODE_IDS_KEY, ())]
-    return tuple(dict.fromkeys(n.partition("[")[0] for n in names))
+    return names + [n[len(NODE_PREFIX):] for n in config.stash.get(NODE_IDS_KEY, ())]
+
+
+def _targets_of_named_cells(config: pytest.Config) -> tuple[str, ...]:
+    """The targets of the named cells: naming a cell names its target, so a rerun line works also where
+    that target is an installed package's."""
+    return tuple(dict.fromkeys(n.partition("[")[0] for n in _named_cells(config)))
 
 
 def _unique(targets: list[Any]) -> dict[str, Any]:
@@ -519,8 +523,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     config.stash[CELLS_KEY] = [item.cell for item in cells if isinstance(item, ResumeCell)]
     # Report the cells as collected, so "collected N items" and the deselected counts include them.
     config.hook.pytest_collectreport(report=pytest.CollectReport(node.nodeid, "passed", None, cells))
-    names = [settings.cell] if settings.cell else []
-    names += [n[len(NODE_PREFIX):] for n in config.stash.get(NODE_IDS_KEY, ())]
+    names = _named_cells(config)
     if names:  # exactly these cells (and, for pasted node ids, the tests of any paths given with them)
         by_name = {c.name: c for c in cells}
         missing = [n for n in names if n not in by_name]
