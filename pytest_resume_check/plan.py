@@ -66,6 +66,15 @@ class KillSpec:
 
 
 @dataclass(frozen=True)
+class CommandSpec:
+    """How a command target starts its program (see :mod:`pytest_resume_check.command`)."""
+
+    argv: tuple[str, ...]
+    cwd: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class RunPlan:
     """Everything a child needs to start one run (picklable, sent to the child)."""
 
@@ -101,3 +110,5 @@ class RunPlan:
     pause_steps: frozenset[int] = frozenset()
     #: File-operation faults during one save (see :mod:`pytest_resume_check.faults`).
     faults: FaultPlan | None = None
+    #: A command target's program (None: the target function is the trainer).
+    command: CommandSpec | None = None

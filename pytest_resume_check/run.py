@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_resume_check import events as ev
+from pytest_resume_check.client import plain_ids
 from pytest_resume_check.plan import (  # noqa: F401  (re-exported: targets import them from here)
     RESUME_AUTO,
     RESUME_DISABLED,
@@ -144,12 +145,12 @@ class RunContext:
     def consumed(self, ids: Iterable[Any], *, step: int, epoch: int) -> None:
         """Report inputs taken from the data pipeline for training in ``step``, in order."""
         self._check_open("consumed", step)
-        self._sink.send(ev.Event(ev.CONSUMED, step=int(step), epoch=int(epoch), ids=_plain_ids(ids)))
+        self._sink.send(ev.Event(ev.CONSUMED, step=int(step), epoch=int(epoch), ids=tuple(plain_ids(ids))))
 
     def trained(self, ids: Iterable[Any], *, step: int, epoch: int) -> None:
         """Report inputs used in the update of ``step`` (for trainers with a separate training stage)."""
         self._check_open("trained", step)
-        self._sink.send(ev.Event(ev.TRAINED, step=int(step), epoch=int(epoch), ids=_plain_ids(ids)))
+        self._sink.send(ev.Event(ev.TRAINED, step=int(step), epoch=int(epoch), ids=tuple(plain_ids(ids))))
 
     def step_end(self, step: int) -> None:
         """Report that ``step``'s update is done. The harness may kill the run here."""
@@ -235,6 +236,10 @@ class RunContext:
     def _violation(self, text: str) -> None:
         self._sink.send(ev.Event(ev.PROTOCOL, text=text))
 
+    def _send(self, event: ev.Event) -> None:
+        """Pass an event through as it is (a command target relays its program's file operations)."""
+        self._sink.send(event)
+
     def _check_converged(self, step: int, digests: Mapping[str, str]) -> None:
         """Stop the run once every component reported in this step equals the reference's."""
         if self._state_step != step:
@@ -268,15 +273,3 @@ class RunContext:
         self._sink.send(ev.Event(ev.KILL_READY, text=why, extra=extra or {}))
         while True:  # the supervisor's SIGKILL ends this process
             time.sleep(60)
-
-
-def _plain_ids(ids: Iterable[Any]) -> tuple[Any, ...]:
-    """Ids as JSON-friendly hashables: ints for integer-like values (tensors, numpy), else str."""
-    out = []
-    for i in ids:
-        if hasattr(i, "item"):
-            i = i.item()
-        if isinstance(i, bool) or not isinstance(i, (int, str)):
-            i = int(i) if isinstance(i, float) and i.is_integer() else str(i)
-        out.append(i)
-    return tuple(out)

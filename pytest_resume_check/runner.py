@@ -63,6 +63,7 @@ class Runner:
             faults=faults if faults is not None else (kill.fault if kill is not None else None),
             report_state=report_state, state_tolerance=target.state_tolerance, state_values_dir=state_values_dir,
             state_reference_dir=state_reference_dir, token=uuid.uuid4().hex, step_limit=_step_limit(target, case),
+            command=target.command,
         )
 
     def run(self, plan: RunPlan, target: Target, on_pause: Callable[[int], None] | None = None) -> RunRecord:

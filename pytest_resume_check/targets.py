@@ -24,6 +24,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from pytest_resume_check.plan import CommandSpec
 from pytest_resume_check.run import RESUME_AUTO, RESUME_MODES, RESUME_PATH, RunContext
 
 ENTRY_POINT_GROUP = "pytest_resume_check.targets"
@@ -156,6 +157,8 @@ class Target:
     #: Seconds without an event before a run of this target counts as HUNG (None: the session's
     #: setting; ``--resume-matrix-hang-timeout`` on the command line overrides this).
     hang_timeout: float | None = None
+    #: A command target's program (see :func:`command_target`); None for a target function.
+    command: CommandSpec | None = None
 
     @property
     def ref(self) -> tuple[str, str, str]:
@@ -261,7 +264,47 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         crash_save=tuple(kw["crash_save"]) if kw.get("crash_save") else None,
         state_tolerance=_tolerance(name, kw.get("state_tolerance")),
         hang_timeout=_hang_timeout(name, kw.get("hang_timeout")),
+        command=kw.get("command"),
     )
+
+
+def command_target(
+    argv: Sequence[str],
+    *,
+    name: str,
+    steps: int | Callable[[Mapping[str, Any]], int],
+    cwd: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    **options: Any,
+) -> Target:
+    """Declare a target that runs a program: ``resume_target.command(["{python}", "train.py", "--out",
+    "{checkpoint_dir}"], name="script", steps=12)``.
+
+    Each run starts ``argv`` with its placeholders filled (``{python}``, ``{checkpoint_dir}``,
+    ``{resume_mode}``, ``{resume_path}``, ``{seed}``, ``{is_resume}``, ``{case_id}``, ``{case[key]}``) in
+    ``cwd`` (relative to the folder of the file that declares the target; that folder by default) with
+    ``env`` added to the environment. The program reports through :mod:`pytest_resume_check.client` (or
+    its line protocol). Every other option is :func:`resume_target`'s; ``preload`` is rarely useful, as
+    the program is a fresh process.
+    """
+    import sys as _sys
+
+    from pytest_resume_check.command import command_spec, run_command
+
+    cases = options.pop("cases", ({},))
+    try:
+        cases = tuple(dict(c) for c in cases)
+    except Exception as exc:
+        raise TargetError(ERR_CASES.format(name=name, error=describe_error(exc))) from exc
+    declared_in = _sys._getframe(1).f_globals.get("__file__")
+    spec = command_spec(name, argv, cwd, env, cases, declared_in)
+    options.setdefault("description", f"the command {' '.join(spec.argv)}")
+    target: Target = resume_target(run_command, name=name, steps=steps, cases=cases, **options)
+    return target.with_options(command=spec)
+
+
+#: ``resume_target.command([...], ...)``: the same declaration for a program instead of a function.
+resume_target.command = command_target  # type: ignore[attr-defined]
 
 
 def _hang_timeout(name: str, value: Any) -> float | None:

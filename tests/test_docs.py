@@ -32,9 +32,10 @@ DOWNSTREAM = EXAMPLES / "downstream"
 
 #: The pages whose every block this module checks.
 CHECKED_PAGES = ("index.md", "quickstart.md", "matrix.md", "reading-a-report.md", "ci.md",
-                 "crash-consistency.md", "design.md", "findings.md")
+                 "crash-consistency.md", "design.md", "findings.md", "recipes/command.md")
 #: Languages that are code and must be included from a tested file, never written inline.
-INCLUDED_LANGUAGES = {"python", "yaml", "ini", "toml"}
+INCLUDED_LANGUAGES = {"python", "yaml", "ini", "toml", "shell"}
+COMMAND_TESTS = "test_command_targets.py"
 #: Example files the pages include, each run by a test below.
 TESTED_EXAMPLES = {
     "planted/conftest.py": "test_report_page_quotes_real_verdicts_of_the_planted_example",
@@ -45,6 +46,12 @@ TESTED_EXAMPLES = {
     "reports/html_from_json.py": "test_html_from_json_example_writes_the_report",
     "findings/torchdata_shared_generator.py": "test_torchdata_finding_script_shows_two_orders",
     "findings/torchdata_sampler_state_after_load.py": "test_torchdata_sampler_finding_script_shows_the_replay",
+    # Recipes: their projects run in the integration's own test file (file::test).
+    "recipes/command/conftest.py:glue": f"{COMMAND_TESTS}::test_recipe_project_passes_and_a_planted_bash_bug_is_caught",
+    "recipes/command/conftest.py:bash": f"{COMMAND_TESTS}::test_recipe_project_passes_and_a_planted_bash_bug_is_caught",
+    "recipes/command/train.sh": f"{COMMAND_TESTS}::test_recipe_project_passes_and_a_planted_bash_bug_is_caught",
+    # A page may include a file of the package itself (mkdocs.yml's snippet base paths: docs/examples, .).
+    "pytest_resume_check/builtin/train_script.py": f"{COMMAND_TESTS}::test_script_example_resumes_exactly",
 }
 #: Shell lines that install things: shown, not run here (.ci/run installs the same way).
 INSTALL = re.compile(r"^(python3 -m venv \S+|(\.venv/bin/)?pip install .+)$")
@@ -125,9 +132,12 @@ def test_code_on_the_pages_is_included_from_tested_files():
     assert included <= set(TESTED_EXAMPLES), f"included but not run by a test: {included - set(TESTED_EXAMPLES)}"
     for path, test in TESTED_EXAMPLES.items():
         file, _, section = path.partition(":")  # a section of a file: --8<-- [start:name] ... [end:name]
-        assert (EXAMPLES / file).is_file(), path
-        assert not section or f"--8<-- [start:{section}]" in (EXAMPLES / file).read_text(), path
-        assert test in globals(), f"{path} names a test that does not exist: {test}"
+        where = EXAMPLES / file if (EXAMPLES / file).is_file() else ROOT / file
+        assert where.is_file(), path
+        assert not section or f"--8<-- [start:{section}]" in where.read_text(), path
+        module, _, name = test.rpartition("::")
+        defined = f"\ndef {name}(" in (ROOT / "tests" / module).read_text() if module else name in globals()
+        assert defined, f"{path} names a test that does not exist: {test}"
 
 
 def test_shell_blocks_hold_only_commands_the_tests_run_or_installs():

@@ -28,11 +28,38 @@ builtin_loop = resume_target(
 )
 
 
+#: The training script of :mod:`pytest_resume_check.builtin.train_script`, run as a program (a fresh
+#: interpreter per run) that reports through :mod:`pytest_resume_check.client`.
+SCRIPT_ARGV = ("{python}", "-m", "pytest_resume_check.builtin.train_script", "--out", "{checkpoint_dir}",
+               "--resume", "{resume_mode}", "--resume-from", "{resume_path}", "--seed", "{seed}",
+               "--epochs", "{case[epochs]}", "--shuffle", "{case[shuffle]}")
+SCRIPT_CASES = ({"id": "e2", "epochs": 2, "shuffle": 0}, {"id": "e2-shuffle", "epochs": 2, "shuffle": 1})
+
+
+def script_steps(case: dict) -> int:
+    return 6 * int(case["epochs"])  # 24 inputs in batches of 4
+
+
+def script_boundaries(case: dict) -> list[int]:
+    return [6 * (e + 1) for e in range(int(case["epochs"]))]
+
+
+script_example = resume_target.command(
+    SCRIPT_ARGV,
+    name="script_example",
+    steps=script_steps,
+    boundaries=script_boundaries,
+    cases=SCRIPT_CASES,
+    description="a plain Python training script run as a command, reporting through pytest_resume_check.client",
+    crash_save=(2, 1),
+)
+
+
 def _has_torch() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("torch") is not None and importlib.util.find_spec("torchdata") is not None
 
 
-#: Only offered where torch and torchdata are installed.
-TARGETS = [builtin_loop] if _has_torch() else []
+#: The loop only where torch and torchdata are installed; the script needs nothing.
+TARGETS = [builtin_loop, script_example] if _has_torch() else [script_example]

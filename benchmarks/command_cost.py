@@ -1,0 +1,88 @@
+"""Cost per run of a command target against the same trainer as a forked Python target. Prints figures;
+asserts nothing.
+
+    python benchmarks/command_cost.py [--reps 15]
+
+The trainer is ``pytest_resume_check.builtin.train_script`` (plain Python, 12 steps, a checkpoint at step
+6). Three targets run it, each an uninterrupted supervised run through the engine's runner, interleaved
+in every repetition (order rotated):
+
+- ``forked``: a Python target that calls ``train_script.main(argv, run)`` with its ``RunContext``, in a
+  child forked from the preloaded fork server (what a Python target costs);
+- ``command``: ``script_example``'s command, a fresh interpreter per run (``python -m ...``) reporting
+  over the socket through ``pytest_resume_check.client``;
+- ``command+torch``: the same command with ``-c "import torch"`` first, i.e. a script that imports torch
+  (with --torch; torch must be installed).
+
+A command target is a fresh interpreter per run: its start-up (and every import the script makes) is
+paid by every run, where a forked target pays it once in the fork server. Figures are medians over the
+repetitions; the ratio is the median of per-repetition ratios to ``forked``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pytest_resume_check.builtin import train_script
+from pytest_resume_check.builtin.targets import script_example
+from pytest_resume_check.layout import Layout
+from pytest_resume_check.plan import CommandSpec
+from pytest_resume_check.runner import Runner
+from pytest_resume_check.targets import resume_target
+
+CASE = script_example.cases[0]
+
+
+def in_process(run) -> None:
+    """The script as a forked Python target: the same ``main``, reporting to the RunContext directly."""
+    argv = ["--out", str(run.checkpoint_dir), "--resume", run.resume_mode, "--seed", str(run.seed),
+            "--epochs", str(run.case["epochs"]), "--shuffle", str(run.case["shuffle"])]
+    train_script.main(argv, run)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--torch", action="store_true", help="also a command that imports torch")
+    args = parser.parse_args()
+    targets = {"forked": resume_target(in_process, name="forked", steps=12, preload=("pytest_resume_check.builtin."
+                                                                                     "train_script",)),
+               "command": script_example}
+    if args.torch:
+        spec = script_example.command
+        torch_argv = ("{python}", "-c", "import runpy, sys, torch; sys.argv[0] = 'train_script'; "
+                      "runpy.run_module('pytest_resume_check.builtin.train_script', run_name='__main__')") \
+            + spec.argv[3:]
+        targets["command+torch"] = script_example.with_options(
+            name="command_torch", command=CommandSpec(torch_argv, spec.cwd, spec.env))
+    root = Path(tempfile.mkdtemp(prefix="command-cost-"))
+    runner = Runner(seed=1, hang_timeout=120)
+    seconds: dict[str, list[float]] = {name: [] for name in targets}
+    names = list(targets)
+    for rep in range(args.reps + 1):  # repetition 0 warms the fork server up and is not counted
+        order = names[rep % len(names):] + names[:rep % len(names)]
+        for name in order:
+            target = targets[name]
+            workdir = Layout(root).fresh(root / f"{name}-{rep}")
+            plan = runner.plan(target, CASE, workdir, 0, checkpoint_steps=(6,))
+            start = time.perf_counter()
+            record = runner.run(plan, target)
+            took = time.perf_counter() - start
+            if record.outcome != "done":
+                sys.exit(f"{name}: the run ended {record.outcome}: {record.describe()}")
+            if rep:
+                seconds[name].append(took)
+    print(f"per uninterrupted run of 12 steps, median of {args.reps} (python {sys.version.split()[0]}):")
+    base = seconds["forked"]
+    for name, values in seconds.items():
+        ratio = statistics.median(v / b for v, b in zip(values, base))
+        print(f"  {name:14s} {statistics.median(values) * 1000:8.1f} ms   {ratio:5.2f}x forked")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Command targets: a program started per run, reporting through ``pytest_resume_check.client`` or the
+line protocol, is killed, resumed and judged like a Python target.
+
+The bundled ``script_example`` (a plain Python script, no torch) passes kills after a checkpoint, unsaved
+steps, an epoch boundary, a double kill and a crash inside its save (the client records the program's
+own file operations); its planted bugs fail for their reasons; the recipe project (the script and a
+bash trainer that speaks the protocol by hand) passes its matrix; a program that reports nothing,
+fails, garbles the protocol or leaves a process behind gets a clear verdict and nothing survives.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_resume_check import verdict as vd
+from pytest_resume_check.builtin.targets import script_example
+from pytest_resume_check.client import FD_ENV
+from pytest_resume_check.engine import Engine
+from pytest_resume_check.faults import CRASH, POWER, FaultPlan
+from pytest_resume_check.matrix import Cell
+from pytest_resume_check.plan import CommandSpec
+from pytest_resume_check.run import KillSpec
+from pytest_resume_check.targets import TargetError, resume_target
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "docs" / "examples" / "recipes" / "command"
+PROGRAMS = Path(__file__).resolve().parent / "command_programs.py"
+SHUFFLED = script_example.cases[1]
+STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    return Engine(tmp_path_factory.mktemp("command"), seed=7, hang_timeout=30)
+
+
+def planted(bug: str):
+    spec = script_example.command
+    return script_example.with_options(name=f"script_{bug}",
+                                       command=CommandSpec(spec.argv + ("--plant", bug), spec.cwd, spec.env))
+
+
+def program(mode: str, steps: int = 2):
+    return resume_target.command(["{python}", str(PROGRAMS), mode, "{checkpoint_dir}"], name=f"program_{mode}",
+                                 steps=steps)
+
+
+def judge(engine, target, case, *kills, mode="auto"):
+    return engine.run_cell(Cell(target, case, mode, tuple(kills), target.steps(case)))
+
+
+@pytest.mark.parametrize("mode", ["auto", "path"])
+@pytest.mark.parametrize("kills", [(KillSpec(2),), (KillSpec(3, 2),), (KillSpec(6),), (KillSpec(6, 1),),
+                                   (KillSpec(2), KillSpec(7, 1))], ids=["ckpt2", "ckpt3+2", "ckpt6", "ckpt6+1",
+                                                                       "ckpt2_ckpt7+1"])
+def test_script_example_resumes_exactly(engine, kills, mode):
+    result = judge(engine, script_example, SHUFFLED, *kills, mode=mode)
+    assert result.passed, result.verdict.headline
+    assert len(result.runs) == len(kills) + 1  # really killed and resumed, once per kill
+
+
+def test_loader_position_not_restored_is_duplicated(engine):
+    result = judge(engine, planted("loader"), SHUFFLED, KillSpec(2, 1))
+    assert result.verdict.categories == [vd.DUPLICATED]
+    assert result.verdict.headline.startswith("DUPLICATED 8 inputs after resume from step_2.json")
+    assert judge(engine, script_example, SHUFFLED, KillSpec(2, 1)).passed
+
+
+def test_optimizer_state_not_restored_is_state_diverged(engine):
+    result = judge(engine, planted("optimizer"), SHUFFLED, KillSpec(2, 1), mode="path")
+    assert result.verdict.categories == [vd.STATE_DIVERGED]
+    assert "momentum differs" in result.verdict.headline and "position agrees" in result.verdict.headline
+
+
+def test_the_client_records_the_programs_own_save_and_crash_cells_judge_it(engine):
+    case = script_example.cases[0]
+    ops = engine.record_ops(script_example, case, 2, 1)
+    kinds = [op.kind for op in ops]
+    assert kinds[0] == "open" and "fsync" in kinds and "replace" in kinds  # seen inside the program
+    replace = kinds.index("replace")
+    for fault in (FaultPlan(2, CRASH, replace, total=len(ops)), FaultPlan(2, POWER, len(ops), total=len(ops))):
+        result = judge(engine, script_example, case, KillSpec(2, 0, fault))
+        assert result.passed, (fault, result.verdict.headline)
+        assert result.runs[0].outcome == "killed"
+
+
+def test_client_outside_the_harness_does_nothing(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != FD_ENV}
+    done = subprocess.run([sys.executable, "-m", "pytest_resume_check.builtin.train_script", "--out", str(tmp_path),
+                           "--save-every", "6"], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("trained 12 steps")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_12.json", "step_6.json"]
+
+
+def test_client_imports_the_standard_library_only():
+    code = ("import sys, pytest_resume_check.client; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'pytest', '_pytest', 'torch', 'numpy'}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_a_program_that_reports_nothing_is_an_error_not_a_pass(engine):
+    result = judge(engine, program("silent"), {}, KillSpec(1))
+    assert result.verdict.categories == [vd.CRASHED]
+    assert "exited with code 0 without reporting anything" in result.verdict.headline
+    assert "client.connect()" in result.verdict.headline
+
+
+def test_a_failing_program_is_quoted_in_the_error(engine):
+    result = judge(engine, program("fails"), {}, KillSpec(1))
+    assert result.verdict.categories == [vd.CRASHED]
+    assert result.verdict.headline.endswith("exited with code 3")
+    assert "loading data from /nowhere" in result.reference.error
+
+
+def test_a_garbled_line_is_a_protocol_finding_and_the_program_is_told(engine):
+    result = judge(engine, program("garbled"), {}, KillSpec(1))
+    assert result.verdict.categories == [vd.PROTOCOL]
+    assert "run sent 'step 1 done', which is not a call of the protocol" in result.verdict.headline
+    assert "answer: {'ok': False, 'error':" in Path(result.reference.plan.log_path).read_text()
+
+
+def test_a_process_the_program_leaves_behind_is_gone_after_the_run(engine, tmp_path):
+    result = judge(engine, program("escapes"), {}, KillSpec(0, 1))
+    pid_file = Path(result.runs[0].plan.checkpoint_dir).parent / "sleeper.pid"
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.1)
+    assert not _alive(pid), "the program's own-session process survived the run"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("argv, cwd, words", [
+    ("python train.py", None, "give the command as a list of arguments"),
+    (["{python}", "train.py", "{out}"], None, "names {out}, which is not a placeholder"),
+    (["{python}", "{case[lr]}"], None, "reads case key 'lr', which case {} does not have"),
+    (["{python}", "train.py"], "no-such-folder", "is not a folder"),
+])
+def test_declaration_errors_name_the_fix(argv, cwd, words):
+    with pytest.raises(TargetError, match="command target 'bad'") as info:
+        resume_target.command(argv, name="bad", steps=2, cwd=cwd)
+    assert words in str(info.value)
+
+
+def test_recipe_project_passes_and_a_planted_bash_bug_is_caught(pytester):
+    for name in ("conftest.py", "train.sh"):
+        shutil.copy(RECIPE / name, pytester.path / name)
+    result = pytester.runpytest_subprocess("--resume-matrix", "-p", "no:cacheprovider", timeout=600)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*resume matrix: 80 cells, 0 failing, 0 expected failures, seed *"])
+    script = (pytester.path / "train.sh").read_text()
+    restore = 'read -r step epoch pos w < "$source"; fi'
+    assert restore in script
+    (pytester.path / "train.sh").write_text(script.replace(restore, restore + "\npos=0  # planted: epoch restarts"))
+    result = pytester.runpytest_subprocess("--resume-matrix", "--resume-matrix-target=bash_trainer",
+                                           "-p", "no:cacheprovider", timeout=600)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*bash_trainer[[]in-order-auto-ckpt2[]]: DUPLICATED 4 inputs after resume from "
+                                 "*step_2.ckpt: ids 0, 1, 2, 3 (epoch 0)*"])
