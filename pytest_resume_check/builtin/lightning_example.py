@@ -1,0 +1,243 @@
+"""A PyTorch Lightning trainer driven through :class:`pytest_resume_check.integrations.lightning.ResumeCheck`.
+
+The trainer is what a Lightning user writes: a ``LightningModule`` (a small MLP regressor, Adam and a
+per-step ``StepLR``) fitted on synthetic data from a torchdata ``StatefulDataLoader``, whose position
+Lightning saves in its checkpoints and restores on ``trainer.fit(..., ckpt_path=...)``. The callback
+reports the batches, ends a step on each optimizer step, checkpoints when the harness asks and reports
+the training state.
+
+Case keys: ``n`` inputs, ``batch`` size, ``epochs``, ``accumulate`` (``accumulate_grad_batches``),
+``shuffle``, ``workers`` (loader worker processes), ``keep_last`` (checkpoints kept), ``fix_epoch_end``
+(the trainer adds :class:`~pytest_resume_check.integrations.lightning.EpochEndResumeFix`, the opt-in
+workaround for the bug below).
+
+A Lightning bug shows in this example (docs/findings.md, "Lightning: a checkpoint at an epoch's last
+batch skips the next epoch"): resumed from a checkpoint written at the last batch of an epoch that is
+not the last, ``fit`` trains nothing in the next epoch. Those cells are declared expected failures,
+except in the case whose trainer carries the workaround.
+
+Planted bugs (module-level targets, not in ``TARGETS``): :func:`fit_plain_loader` trains from a plain
+``torch.utils.data.DataLoader``, whose position Lightning cannot save; :func:`fit_fresh_optimizer`
+drops the optimizer state when a checkpoint is loaded.
+
+Lightning, torch and torchdata are imported inside the functions: loading this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from pytest_resume_check.run import RESUME_DISABLED, RunContext, RunPlan
+from pytest_resume_check.targets import resume_target
+
+FEATURES = 4
+ID_KEY = "input_id"
+DEFAULT_CASE = {"n": 40, "batch": 8, "epochs": 2, "accumulate": 1, "shuffle": False, "workers": 0,
+                "keep_last": None, "fix_epoch_end": False}
+
+#: Planted bugs.
+PLAIN_LOADER = "plain_loader"  # torch.utils.data.DataLoader: no loader state in the checkpoint -> DUPLICATED/LOST
+FRESH_OPTIMIZER = "fresh_optimizer"  # the optimizer state is dropped on load -> STATE_DIVERGED
+BUGS = (PLAIN_LOADER, FRESH_OPTIMIZER)
+
+
+def params(case: Mapping[str, Any]) -> dict[str, Any]:
+    """The case with defaults filled in."""
+    return {**DEFAULT_CASE, **{k: v for k, v in case.items() if k != "id"}}
+
+
+def steps_per_epoch(case: Mapping[str, Any]) -> int:
+    """Optimizer steps per epoch: Lightning also steps on an epoch's last batch when accumulating."""
+    p = params(case)
+    return math.ceil(math.ceil(p["n"] / p["batch"]) / p["accumulate"])
+
+
+def total_steps(case: Mapping[str, Any]) -> int:
+    """Steps of an uninterrupted fit."""
+    return steps_per_epoch(case) * params(case)["epochs"]
+
+
+def epoch_boundaries(case: Mapping[str, Any]) -> list[int]:
+    """The steps that take an epoch's last batch."""
+    per_epoch = steps_per_epoch(case)
+    return [per_epoch * e for e in range(1, params(case)["epochs"] + 1)]
+
+
+class Synthetic:
+    """Map-style dataset: ``{"x", "y", "input_id"}`` rows of a fixed noisy linear function (module level,
+    so loader workers can use it)."""
+
+    def __init__(self, n: int):
+        import torch
+
+        g = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(n, FEATURES, generator=g)
+        self.y = self.x @ torch.tensor([1.0, -2.0, 0.5, 0.25]) + 0.1 * torch.randn(n, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return {"x": self.x[index], "y": self.y[index], ID_KEY: index}
+
+
+@functools.cache
+def regressor_class() -> type:
+    """The LightningModule (defined on first use, so that importing this module does not import Lightning)."""
+    import lightning.pytorch as L
+    import torch
+
+    class Regressor(L.LightningModule):
+        """A small MLP regressor trained with Adam and a per-step StepLR, as a Lightning user writes one."""
+
+        def __init__(self, lr: float = 0.02):
+            super().__init__()
+            self.lr = lr
+            self.net = torch.nn.Sequential(torch.nn.Linear(FEATURES, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+        def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> Any:
+            return torch.nn.functional.mse_loss(self.net(batch["x"]).squeeze(-1), batch["y"])
+
+        def configure_optimizers(self) -> Any:
+            optimizer = torch.optim.Adam(self.parameters(), lr=self.lr)
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.7)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    return Regressor
+
+
+@functools.cache
+def fresh_optimizer_class() -> type:
+    """Planted bug: the module drops the saved optimizer state, a habit copied from fine-tuning recipes
+    ("start the optimizer afresh on resume"). Lightning then restores nothing into the optimizer."""
+
+    class FreshOptimizerRegressor(regressor_class()):
+        def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            checkpoint["optimizer_states"] = []
+
+    return FreshOptimizerRegressor
+
+
+def make_loader(p: Mapping[str, Any], stateful: bool = True) -> Any:
+    """The training loader: torchdata's StatefulDataLoader (Lightning saves and restores its position),
+    or a plain DataLoader (it cannot)."""
+    from torch.utils.data import DataLoader
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    cls = StatefulDataLoader if stateful else DataLoader
+    return cls(Synthetic(p["n"]), batch_size=p["batch"], shuffle=bool(p["shuffle"]), num_workers=int(p["workers"]),
+               persistent_workers=False)
+
+
+def make_trainer(p: Mapping[str, Any], callbacks: list[Any]) -> Any:
+    """The Trainer: ``epochs`` epochs on the CPU, with what the harness does not need switched off."""
+    import lightning.pytorch as L
+
+    return L.Trainer(
+        max_epochs=p["epochs"],
+        accumulate_grad_batches=p["accumulate"],
+        callbacks=callbacks,
+        accelerator="cpu",
+        devices=1,
+        # Start-up costs and files nobody reads here.
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+
+
+def fit(run: RunContext, bug: str | None = None) -> None:
+    """Fit the regressor for ``epochs`` epochs, resuming as the run's resume mode says."""
+    import lightning.pytorch as L
+
+    from pytest_resume_check.integrations.lightning import EpochEndResumeFix, ResumeCheck
+
+    p = params(run.case)
+    L.seed_everything(run.seed, verbose=False)
+    model = (fresh_optimizer_class() if bug == FRESH_OPTIMIZER else regressor_class())()
+    loader = make_loader(p, stateful=bug != PLAIN_LOADER)
+    check = ResumeCheck(run, ids=lambda batch: batch[ID_KEY], keep_last=p["keep_last"])
+    trainer = make_trainer(p, [check, EpochEndResumeFix()] if p["fix_epoch_end"] else [check])
+    trainer.fit(model, train_dataloaders=loader, ckpt_path=check.ckpt_path())
+
+
+# One module-level function per variant: a child process imports its target by name.
+def fit_example(run: RunContext) -> None:
+    """Lightning Trainer.fit over a StatefulDataLoader, reported by the ResumeCheck callback."""
+    fit(run)
+
+
+def fit_plain_loader(run: RunContext) -> None:
+    """Planted bug: a plain DataLoader; resumed mid-epoch, Lightning restarts the epoch's data."""
+    fit(run, PLAIN_LOADER)
+
+
+def fit_fresh_optimizer(run: RunContext) -> None:
+    """Planted bug: the optimizer state is dropped when the checkpoint is loaded."""
+    fit(run, FRESH_OPTIMIZER)
+
+
+def warm_up() -> None:
+    """Fit two steps and save once (in the fork server), so that forked runs start with Lightning, Adam and
+    torch.save initialised."""
+    import tempfile
+
+    class _Discard:
+        def send(self, event: Any) -> None:
+            pass
+
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = RunPlan("warm-up", ("", "", ""), {"n": 4, "batch": 2, "epochs": 1}, 0, tmp, os.devnull,
+                       resume_mode=RESUME_DISABLED, checkpoint_steps=frozenset({1}))
+        fit(RunContext(plan, _Discard()))
+
+
+def after_last_batch_of_an_epoch(cell: Any) -> bool:
+    """A resume from a checkpoint written at the last batch of an epoch that is not the fit's last, by a
+    trainer without the workaround: Lightning 2.6 skips the next epoch."""
+    if params(cell.case)["fix_epoch_end"]:
+        return False
+    inner = set(epoch_boundaries(cell.case)[:-1])
+    return any(kill.checkpoint_step in inner for kill in cell.kills)
+
+
+LIGHTNING_EPOCH_SKIP = ("Lightning 2.6 bug: resumed from a checkpoint written at an epoch's last batch, fit skips the "
+                        "next epoch with a stateful loader (docs/findings.md: \"Lightning: a checkpoint at an epoch's "
+                        "last batch skips the next epoch\")")
+
+#: Two epochs of inputs in batches of 8. 40 inputs: five steps per epoch (three under accumulate_grad_batches=2:
+#: 2 + 2 + 1 batches, as Lightning steps on an epoch's last batch). The case with loader workers is the slow
+#: one: 24 inputs, three steps per epoch, and the trainer carries the epoch-end workaround.
+CASES = (
+    {"id": "e2-keep2", "keep_last": 2},
+    {"id": "e2-shuffle-accum2", "shuffle": True, "accumulate": 2},
+    {"id": "e2-shuffle-w2-fix", "n": 24, "shuffle": True, "workers": 2, "fix_epoch_end": True},
+)
+
+lightning_example = resume_target(
+    fit_example,
+    name="lightning_example",
+    steps=total_steps,
+    boundaries=epoch_boundaries,
+    cases=CASES,
+    contract="exactly_once_ordered",
+    preload=("torch", "torchdata.stateful_dataloader", "lightning.pytorch",
+             "pytest_resume_check.integrations.lightning", "pytest_resume_check.builtin.lightning_example:warm_up"),
+    expected_failures=[(after_last_batch_of_an_epoch, LIGHTNING_EPOCH_SKIP)],
+    description="PyTorch Lightning Trainer.fit over a StatefulDataLoader with the ResumeCheck callback",
+)
+
+
+def _has_lightning() -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in ("torch", "torchdata", "lightning"))
+
+
+#: Only offered where Lightning, torch and torchdata are installed.
+TARGETS = [lightning_example] if _has_lightning() else []
