@@ -1,0 +1,351 @@
+"""The Accelerate integration: ResumeCheck's own behaviour in one process (steps on optimizer steps,
+publication only of complete folders, the resumed step, the checkpoint numbering), the bundled example's
+cells run for real (forked, SIGKILLed, resumed), each planted bug and each finding failing for its reason,
+and the recipe project's matrix passing when run as a user runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("accelerate")
+
+import torch  # noqa: E402
+from accelerate import Accelerator  # noqa: E402
+from accelerate.state import AcceleratorState, GradientState  # noqa: E402
+from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration  # noqa: E402
+
+from pytest_resume_check import events as ev  # noqa: E402
+from pytest_resume_check import verdict as vd  # noqa: E402
+from pytest_resume_check.builtin import accelerate_example as ex  # noqa: E402
+from pytest_resume_check.engine import Engine  # noqa: E402
+from pytest_resume_check.integrations import accelerate as integration  # noqa: E402
+from pytest_resume_check.integrations.accelerate import MARKER, ResumeCheck  # noqa: E402
+from pytest_resume_check.matrix import Cell  # noqa: E402
+from pytest_resume_check.run import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, KillSpec, RunContext, RunPlan  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+RECIPE = EXAMPLES / "recipes" / "accelerate"
+FINDINGS = EXAMPLES / "findings"
+MATRIX_SUMMARY = "*resume matrix: 30 cells, 0 failing, 0 expected failures, seed *"
+GA2, W2, SKIP = (next(c for c in ex.CASES if c["id"] == name)
+                 for name in ("stateful-ga2-keep2", "stateful-shuffle-w2", "skip-shuffle-ga2-folders"))
+
+
+# -- in one process: a recording run context over a real Accelerator ------------------------------
+
+class Recorder:
+    """The events a RunContext sends; on each checkpoint, what its folder held at that moment."""
+
+    def __init__(self) -> None:
+        self.events: list[ev.Event] = []
+        self.published_with: dict[int, set[str]] = {}
+
+    def send(self, event: ev.Event) -> None:
+        self.events.append(event)
+        if event.kind == ev.CHECKPOINT:
+            self.published_with[event.step] = {p.name for p in Path(event.path).iterdir()}
+
+    def of(self, kind: str) -> list[ev.Event]:
+        return [e for e in self.events if e.kind == kind]
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Accelerate keeps process-wide singletons; each test builds its own Accelerator from scratch."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def context(tmp_path: Path, mode: str = RESUME_DISABLED, checkpoints=(), resume_path=None) -> tuple[RunContext,
+                                                                                                   Recorder]:
+    recorder = Recorder()
+    plan = RunPlan("t", ("", "", ""), {}, 0, str(tmp_path / "ckpt"), str(tmp_path / "run.log"), resume_mode=mode,
+                   resume_path=resume_path and str(resume_path), checkpoint_steps=frozenset(checkpoints))
+    (tmp_path / "ckpt").mkdir(parents=True, exist_ok=True)
+    return RunContext(plan, recorder), recorder
+
+
+def accelerator(run: RunContext, ga: int = 1, limit: int | None = None) -> Accelerator:
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    return Accelerator(cpu=True, gradient_accumulation_steps=ga,
+                       dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
+                       project_config=ProjectConfiguration(project_dir=str(run.checkpoint_dir),
+                                                           automatic_checkpoint_naming=True, total_limit=limit))
+
+
+def loop(acc: Accelerator, check: ResumeCheck, batches: int = 5, *, load: bool = False, stop_after: int | None = None):
+    """A plain Accelerate loop over ``batches`` batches of 2 inputs: model, AdamW, accumulate."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    data = [{"x": torch.full((2,), float(i)), "input_id": i} for i in range(2 * batches)]
+    model, optimizer, loader = acc.prepare(model, optimizer, torch.utils.data.DataLoader(data, batch_size=2))
+    if load:
+        acc.load_state(check.resume_from)
+    for i, batch in enumerate(loader):
+        with acc.accumulate(model):
+            acc.backward(model(batch["x"]).sum())
+            optimizer.step()
+            optimizer.zero_grad()
+        if stop_after is not None and i + 1 == stop_after:
+            break
+    return loader
+
+
+def test_steps_count_optimizer_steps_under_gradient_accumulation(tmp_path):
+    run, rec = context(tmp_path)
+    acc = accelerator(run, ga=2)
+    with ResumeCheck(run, acc) as check:
+        loop(acc, check, batches=5)  # 2 + 2 + the epoch's last batch alone (Accelerate syncs at the end)
+    assert [(e.ids, e.step) for e in rec.of(ev.CONSUMED)] == [((0, 1), 1), ((2, 3), 1), ((4, 5), 2), ((6, 7), 2),
+                                                              ((8, 9), 3)]
+    assert [e.step for e in rec.of(ev.STEP_END)] == [1, 2, 3]
+    assert [e.step for e in rec.of(ev.RESUMED)] == [0]
+    assert check.step == 3 and check.epoch == 1
+
+
+def test_a_step_that_never_synchronised_is_not_ended(tmp_path):
+    run, rec = context(tmp_path)
+    acc = accelerator(run, ga=2)
+    with ResumeCheck(run, acc) as check:
+        loop(acc, check, batches=5, stop_after=3)  # the third batch starts step 2, whose update never happens
+    assert [e.step for e in rec.of(ev.STEP_END)] == [1]
+    assert [e.step for e in rec.of(ev.CONSUMED)] == [1, 1, 2]
+
+
+def test_checkpoint_is_published_only_once_its_folder_is_complete(tmp_path):
+    run, rec = context(tmp_path, checkpoints=(1, 3))
+    acc = accelerator(run)
+    with ResumeCheck(run, acc) as check:
+        loop(acc, check, batches=3)
+    assert [e.step for e in rec.of(ev.CHECKPOINT)] == [1, 3]
+    for files in rec.published_with.values():  # what the folder held when checkpoint_published was called
+        assert {MARKER, "model.safetensors", "optimizer.bin", "dl_state_dict.bin", "random_states_0.pkl"} <= files
+    kinds = [e.kind for e in rec.events if e.kind in (ev.STEP_END, ev.CHECKPOINT)]
+    assert kinds == [ev.STEP_END, ev.CHECKPOINT, ev.STEP_END, ev.STEP_END, ev.CHECKPOINT]
+    marker = json.loads((Path(rec.of(ev.CHECKPOINT)[-1].path) / MARKER).read_text())
+    assert (marker["step"], marker["epoch"], marker["batches"]) == (3, 1, 0)  # after the epoch's last batch
+
+
+def test_resume_reports_the_restored_step_and_continues_checkpoint_numbering(tmp_path):
+    run, _ = context(tmp_path, checkpoints=(1, 2))
+    acc = accelerator(run)
+    with ResumeCheck(run, acc) as check:
+        loop(acc, check, batches=4, stop_after=2)
+    saved = sorted(p.name for p in (run.checkpoint_dir / "checkpoints").iterdir())
+    assert saved == ["checkpoint_0", "checkpoint_1"]
+
+    resumed, rec = context(tmp_path, mode=RESUME_AUTO, checkpoints=(3,))
+    acc = accelerator(resumed)
+    with ResumeCheck(resumed, acc) as check:
+        assert check.resume_from == resumed.checkpoint_dir / "checkpoints" / "checkpoint_1"
+        loop(acc, check, batches=4, load=True)
+    assert [(e.step, Path(e.path).name) for e in rec.of(ev.RESUMED)] == [(2, "checkpoint_1")]
+    assert [e.step for e in rec.of(ev.CONSUMED)] == [3, 4]  # the stateful loader skipped the first two batches
+    # Accelerate alone would have tried checkpoint_0 again ("already exists"): the next one is checkpoint_2.
+    assert [Path(e.path).name for e in rec.of(ev.CHECKPOINT)] == ["checkpoint_2"]
+
+
+def test_auto_resume_passes_over_a_folder_whose_save_never_finished(tmp_path):
+    run, _ = context(tmp_path, checkpoints=(1,))
+    acc = accelerator(run)
+    with ResumeCheck(run, acc) as check:
+        loop(acc, check, batches=2, stop_after=1)
+    torn = run.checkpoint_dir / "checkpoints" / "checkpoint_7"  # what a kill in the middle of save_state leaves
+    torn.mkdir()
+    (torn / "model.safetensors").write_bytes(b"\0" * 10)
+
+    resumed, rec = context(tmp_path, mode=RESUME_AUTO)
+    acc = accelerator(resumed)
+    with ResumeCheck(resumed, acc) as check:
+        loop(acc, check, batches=2, load=True)
+    assert [Path(e.path).name for e in rec.of(ev.RESUMED)] == ["checkpoint_0"]
+    assert acc.project_configuration.iteration == 8  # past the torn folder too
+
+
+def test_explicit_path_mode_loads_exactly_the_given_folder_and_refuses_an_unpublished_one(tmp_path):
+    run, _ = context(tmp_path, checkpoints=(1, 2))
+    acc = accelerator(run)
+    with ResumeCheck(run, acc) as check:
+        loop(acc, check, batches=3, stop_after=2)
+    first = run.checkpoint_dir / "checkpoints" / "checkpoint_0"
+    other, rec = context(tmp_path / "other", mode=RESUME_PATH, resume_path=first)
+    acc = accelerator(other)
+    with ResumeCheck(other, acc) as check:
+        assert check.resume_from == first
+        loop(acc, check, batches=3, load=True)
+    assert [e.step for e in rec.of(ev.RESUMED)] == [1]
+
+    (first / MARKER).unlink()
+    again, _ = context(tmp_path / "again", mode=RESUME_PATH, resume_path=first)
+    with pytest.raises(FileNotFoundError, match="run.resume_path to be a published checkpoint"):
+        print(ResumeCheck(again, accelerator(again)).resume_from)
+    with pytest.raises(FileNotFoundError, match=f"holds no {MARKER}"):
+        integration.read_marker(first)
+
+
+def test_mistakes_get_one_error_naming_the_fix(tmp_path):
+    run, _ = context(tmp_path)
+    acc = accelerator(run)
+    acc.prepare(torch.utils.data.DataLoader([1, 2]))
+    with pytest.raises(RuntimeError, match=r"create ResumeCheck\(run, accelerator\) before calling"):
+        ResumeCheck(run, acc)
+
+    acc = accelerator(run)
+    with pytest.raises(TypeError, match="ids must be a batch key"):
+        ResumeCheck(run, acc, ids=3)
+    check = ResumeCheck(run, acc, ids="row")
+    with pytest.raises(RuntimeError, match="already watched by another ResumeCheck"):
+        ResumeCheck(run, acc)
+    with pytest.raises(TypeError, match=r"cannot read input ids .* ids='row'.*pass ids="):
+        with check:
+            loop(acc, check, batches=1)
+    assert "save_state" not in vars(acc)  # leaving the block put the accelerator's own methods back
+
+    elsewhere = Accelerator(cpu=True, project_config=ProjectConfiguration(project_dir=str(tmp_path / "elsewhere"),
+                                                                          automatic_checkpoint_naming=True))
+    with pytest.raises(ValueError, match="project_dir=run.checkpoint_dir"):
+        ResumeCheck(run, elsewhere)
+
+
+def test_warm_up_leaves_no_accelerator_for_the_runs_to_inherit():
+    # In a fresh interpreter, like the fork server: afterwards an Accelerator with other settings builds.
+    code = ("from pytest_resume_check.integrations.accelerate import warm_up; warm_up()\n"
+            "import threading\n"
+            "from accelerate.state import AcceleratorState, PartialState, GradientState\n"
+            "assert not (AcceleratorState._shared_state or PartialState._shared_state or GradientState._shared_state)\n"
+            "assert threading.active_count() == 1\n"
+            "from accelerate import Accelerator\n"
+            "assert Accelerator(cpu=True, gradient_accumulation_steps=3).gradient_accumulation_steps == 3\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+# -- the bundled example, run for real ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    return Engine(tmp_path_factory.mktemp("engine"), seed=7, hang_timeout=30)
+
+
+def judge(engine, fn, case, *kills, resume_mode="auto"):
+    target = ex.declare(fn, fn.__name__)
+    return engine.run_cell(Cell(target, case, resume_mode, tuple(kills), ex.total_steps(case)))
+
+
+@pytest.mark.parametrize(("case", "kills", "mode"), [
+    (GA2, (KillSpec(3),), "auto"),  # the epoch's last step: the trainer's in-loop checkpoint, epoch not closed
+    (GA2, (KillSpec(3, 1),), "auto"),  # then the epoch-end checkpoint is the newest; one step redone
+    (GA2, (KillSpec(2), KillSpec(4, 1)), "auto"),  # killed twice: keep-last-2 and the numbering after a load
+    (GA2, (KillSpec(3),), "path"),
+    (SKIP, (KillSpec(2),), "auto"),  # skip_first_batches at the epoch boundary (epoch-end checkpoint)
+    (SKIP, (KillSpec(1), KillSpec(3, 1)), "path"),
+    (W2, (KillSpec(5),), "auto"),  # two loader workers, shuffled, resumed inside epoch 1
+    (GA2, (KillSpec(0, 2),), "auto"),  # before any checkpoint: a fresh start
+], ids=lambda v: v["id"] if isinstance(v, dict) else None)
+def test_correct_example_passes(engine, case, kills, mode):
+    result = judge(engine, ex.train, case, *kills, resume_mode=mode)
+    assert result.passed, result.verdict.headline
+    assert result.verdict.resumed_from == [k.checkpoint_step for k in kills]
+
+
+def test_loader_not_restored_replays_the_epoch(engine):
+    assert judge(engine, ex.train, GA2, KillSpec(2)).passed
+    result = judge(engine, ex.train_loader_not_restored, GA2, KillSpec(2))
+    assert result.verdict.categories == [vd.DUPLICATED]
+    assert result.verdict.headline == ("DUPLICATED 8 inputs after resume from checkpoint_0: ids 0, 1, 2, 3, 4, 5, 6, 7 "
+                                       "(epoch 0)")
+
+
+def test_skip_first_batches_forgotten_replays_the_epoch(engine):
+    assert judge(engine, ex.train, SKIP, KillSpec(1)).passed
+    result = judge(engine, ex.train_loader_not_restored, SKIP, KillSpec(1))
+    assert result.verdict.categories == [vd.DUPLICATED]
+    assert result.verdict.headline.startswith("DUPLICATED 4 inputs after resume from step_1: ids ")
+
+
+def test_optimizer_not_prepared_diverges_the_model(engine):
+    assert judge(engine, ex.train, GA2, KillSpec(4)).passed
+    result = judge(engine, ex.train_optimizer_not_prepared, GA2, KillSpec(4))
+    assert result.verdict.categories == [vd.STATE_DIVERGED]
+    expected = (r"STATE_DIVERGED at step 5 \(first step after resume from checkpoint_\d\): model differs "
+                r"\(0\.0\.bias\), optimizer, scheduler, registered, rng and data agree")
+    assert re.fullmatch(expected, result.verdict.headline)
+
+
+def test_finding_accelerate_numbering_is_not_continued_after_load_state(engine):
+    # ResumeCheck(continue_naming=False): Accelerate's own numbering. The resumed run's first save fails.
+    result = judge(engine, ex.train_raw_naming, GA2, KillSpec(2), KillSpec(4, 1))
+    assert result.verdict.categories == [vd.RESUME_ERROR]
+    assert "checkpoint_0 (0) already exists" in result.verdict.headline
+    assert judge(engine, ex.train, GA2, KillSpec(2), KillSpec(4, 1)).passed
+
+
+def test_finding_loader_without_generator_moves_the_restored_rng(engine):
+    result = judge(engine, ex.train_loader_without_generator, SKIP, KillSpec(1))
+    assert result.verdict.categories == [vd.STATE_DIVERGED]
+    assert "rng differs (torch)" in result.verdict.headline
+
+
+@pytest.mark.parametrize("kills", [(KillSpec(1),), (KillSpec(3),)], ids=["inside-epoch-0", "end-of-epoch-0"])
+def test_finding_workers_case_fails_where_declared(engine, kills):
+    result = judge(engine, ex.train, W2, *kills)
+    assert set(result.verdict.categories) & {vd.LOST, vd.DUPLICATED, vd.REORDERED}
+    cell = Cell(ex.accelerate_example, W2, "auto", kills, ex.total_steps(W2))
+    assert ex.resumes_in_first_epoch_with_workers(cell)  # declared: a strict expected failure
+
+
+# -- the recipe, run as a user runs it ------------------------------------------------------------
+
+def test_recipe_matrix_passes(pytester: pytest.Pytester) -> None:
+    for name in ("conftest.py", "trainer.py", "pytest.ini"):
+        shutil.copy(RECIPE / name, pytester.path / name)
+    result = pytester.runpytest_subprocess("--resume-matrix", "-p", "no:cacheprovider", "-q", timeout=300)
+    result.stdout.fnmatch_lines([MATRIX_SUMMARY])
+    result.assert_outcomes(passed=30)
+
+
+# -- the findings' scripts show what the recipe page says -------------------------------------------
+
+def finding(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(FINDINGS / script)], capture_output=True, text=True, timeout=300)
+
+
+def test_finding_script_naming_shows_the_failed_save_and_the_stale_resume():
+    done = finding("accelerate_checkpoint_naming.py")
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert "project_configuration.iteration = 0" in done.stdout
+    assert "checkpoint_0 (0) already exists" in done.stdout
+    assert "saved step 3 as checkpoint_0" in done.stdout
+    assert "the last resume restored step 2; the newest checkpoint holds step 3" in done.stdout
+
+
+def test_finding_script_rng_shows_other_draws_only_without_a_loader_generator():
+    done = finding("accelerate_loader_rng.py")
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    draws = re.findall(r"uninterrupted: (\S+)  resumed: (\S+)", done.stdout)
+    assert len(draws) == 2
+    (plain_straight, plain_resumed), (own_straight, own_resumed) = draws
+    assert plain_straight != plain_resumed and own_straight == own_resumed
+
+
+def test_finding_script_workers_shows_other_orders_only_with_workers():
+    done = finding("accelerate_stateful_workers.py")
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    verdicts = re.findall(r"^num_workers=(\d), resumed (.*): (same order|DIFFERENT ORDER)$", done.stdout, re.M)
+    assert verdicts == [("0", "after batch 1 of epoch 0", "same order"), ("0", "at the end of epoch 0", "same order"),
+                        ("2", "after batch 1 of epoch 0", "DIFFERENT ORDER"),
+                        ("2", "at the end of epoch 0", "DIFFERENT ORDER")]
