@@ -1,0 +1,312 @@
+"""Hugging Face Transformers ``Trainer`` as a resume-check target: one ``TrainerCallback``.
+
+In a target function, give the callback to the ``Trainer`` and resume from the checkpoint it chose::
+
+    check = ResumeCheck(run)                        # chooses the checkpoint per run.resume_mode
+    args = TrainingArguments(output_dir=str(run.checkpoint_dir), seed=run.seed,
+                             remove_unused_columns=False, ...)
+    trainer = Trainer(model, args, train_dataset=WithIds(dataset), callbacks=[check])
+    trainer.train(resume_from_checkpoint=check.resume_from_checkpoint)
+
+Where each report comes from in the Trainer's loop (transformers 5.x ``Trainer._inner_training_loop``):
+
+* ``resumed``: in ``on_train_begin``, with ``state.global_step``, the step the Trainer actually restored
+  (0 when it started fresh), so a resume argument that never reached ``train()`` shows as a stale resume.
+* ``consumed``: callbacks never see a batch, and the train dataloader is the wrong place to look: the
+  Trainer replaces it with a new ``skip_first_batches`` loader in the first epoch of a resumed run, and with
+  ``dataloader_num_workers > 0`` the collator runs in worker processes. So the callback puts a forward
+  pre-hook on the model: every micro-batch the Trainer trains on passes through ``model(**inputs)`` in the
+  main process, after any skipping. The hook takes the id key out of the inputs (the model never sees it)
+  and reports the ids for step ``state.global_step + 1``, the optimizer step the micro-batch feeds (so
+  ``gradient_accumulation_steps`` micro-batches report one step), with the epoch the Trainer is in.
+* ``step_end``: in ``on_step_end``, which the Trainer calls once per optimizer step.
+* ``should_checkpoint``: also in ``on_step_end``; it sets ``control.should_save``, and the Trainer saves
+  ``checkpoint-N`` right after. The Trainer's own ``save_strategy`` saves are published too.
+* ``checkpoint_published``: in ``on_save``, which runs after ``Trainer._save_checkpoint`` returned (model,
+  optimizer, scheduler, RNG state and ``trainer_state.json`` written, old checkpoints rotated out). The files
+  are fsynced first, because the Trainer writes them in place and never syncs.
+* ``state``: after each optimizer step (after the step's save, if it has one): model, optimizer, LR
+  scheduler, the Python, NumPy and torch RNGs, and the trainer state that a checkpoint restores.
+
+Importing this module imports ``transformers`` and defines things; nothing runs until a callback is used.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from pytest_resume_check.ids import DEFAULT_ID_KEY
+from pytest_resume_check.integrations.durable import sync_tree
+from pytest_resume_check.run import RESUME_DISABLED, RESUME_PATH, RunContext
+
+#: The file ``Trainer._save_checkpoint`` writes last into ``checkpoint-N`` (before rotating old ones out):
+#: a folder without it is a save that was cut short, and is never chosen for resume.
+TRAINER_STATE_FILE = "trainer_state.json"
+#: A checkpoint folder of the Trainer: ``checkpoint-<global step>``.
+CHECKPOINT_FOLDER = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+#: The fields of ``TrainerState`` that a checkpoint restores and that decide the rest of the run.
+#: Not ``total_flos`` or ``log_history``: the Trainer adds to them only when it saves or logs, so they
+#: depend on the save schedule, which differs between an interrupted run and the uninterrupted one.
+TRAINER_STATE_FIELDS = ("global_step", "epoch", "max_steps", "num_train_epochs", "num_input_tokens_seen",
+                        "best_metric", "best_global_step")
+
+ERR_RUN = ("ResumeCheck(run): got a {type}, not the run context; pass the `run` your target function receives, "
+           "e.g. ResumeCheck(run)")
+ERR_IDS = ("ResumeCheck(ids=...): got a {type}; give the batch key that holds the ids (a str, default "
+           f"{DEFAULT_ID_KEY!r}) or a function of the batch that returns one id per example")
+ERR_OUTPUT_DIR = ("ResumeCheck: TrainingArguments.output_dir is {output_dir}, but this run keeps its checkpoints in "
+                  "{checkpoint_dir}; pass TrainingArguments(output_dir=str(run.checkpoint_dir))")
+ERR_REMOVE_COLUMNS = ("ResumeCheck(ids={key!r}): TrainingArguments(remove_unused_columns=True) drops the {key!r} "
+                      "column before the model sees it; pass remove_unused_columns=False (ResumeCheck takes the key "
+                      "out of the model's inputs) or give ids= a function of the batch")
+ERR_NO_ID_KEY = ("ResumeCheck(ids={key!r}): the training batch has no {key!r} key (keys: {keys}); wrap the dataset in "
+                 "pytest_resume_check.WithIds (or name its id column with ids=) and keep the key in the collator's "
+                 "output")
+ERR_IDS_RAISED = ("ResumeCheck: the ids function raised {error} on a batch with keys {keys}; fix the function "
+                  "given as ids=")
+ERR_IDS_COUNT = ("ResumeCheck: the ids function returned {count} ids for a batch of {size} examples (keys: {keys}); "
+                 "it must return one id per example, e.g. ids=lambda batch: batch['idx']")
+ERR_RESUME_PATH = ("resume path {path} is not a complete Trainer checkpoint (no {file}); give a checkpoint-N folder "
+                   "that Trainer saved")
+ERR_SAVE_INCOMPLETE = ("ResumeCheck: on_save for step {step}, but {folder} has no {file}; the Trainer's save did not "
+                       "finish (a save_checkpoint override, or a hyperparameter search's run folder)")
+
+
+def checkpoint_step(folder: str | os.PathLike[str]) -> int | None:
+    """The global step of a ``checkpoint-N`` folder (None for any other name)."""
+    match = CHECKPOINT_FOLDER.match(Path(folder).name)
+    return int(match.group(1)) if match else None
+
+
+def is_complete(folder: str | os.PathLike[str]) -> bool:
+    """True if the Trainer finished writing this checkpoint folder (it holds ``trainer_state.json``)."""
+    return (Path(folder) / TRAINER_STATE_FILE).is_file()
+
+
+def latest_checkpoint(output_dir: str | os.PathLike[str]) -> Path | None:
+    """The complete ``checkpoint-N`` folder of ``output_dir`` with the highest step, or None.
+
+    Unlike ``transformers.trainer_utils.get_last_checkpoint``, a folder whose save was cut short (no
+    ``trainer_state.json`` yet) is skipped instead of chosen.
+    """
+    root = Path(output_dir)
+    if not root.is_dir():
+        return None
+    done = [p for p in root.iterdir() if checkpoint_step(p) is not None and p.is_dir() and is_complete(p)]
+    return max(done, key=lambda p: checkpoint_step(p) or 0, default=None)
+
+
+def checkpoint_to_resume(run: RunContext) -> Path | None:
+    """The checkpoint ``run.resume_mode`` selects: ``auto`` the latest complete one in ``run.checkpoint_dir``
+    (None there: a fresh start), ``path`` exactly ``run.resume_path`` (which must be complete), ``disabled`` None."""
+    if run.resume_mode == RESUME_DISABLED:
+        return None
+    if run.resume_mode == RESUME_PATH:
+        if run.resume_path is None or not is_complete(run.resume_path):
+            raise FileNotFoundError(ERR_RESUME_PATH.format(path=run.resume_path, file=TRAINER_STATE_FILE))
+        return run.resume_path
+    return latest_checkpoint(run.checkpoint_dir)
+
+
+def rng_state() -> dict[str, Any]:
+    """The global RNGs a Trainer checkpoint saves and restores (``rng_state.pth``) on CPU."""
+    return {"python": repr(random.getstate()), "numpy": list(np.random.get_state()), "torch": torch.get_rng_state()}
+
+
+class ResumeCheck(TrainerCallback):
+    """A ``TrainerCallback`` that reports a ``Trainer``'s training to the run context.
+
+    ``run``: the ``RunContext`` the target function receives. Construct the callback before
+    ``trainer.train()``: it chooses the checkpoint to resume from (:attr:`resume_from_checkpoint`).
+
+    ``ids``: where the input ids are. A batch key (default ``"input_id"``, the key
+    ``pytest_resume_check.WithIds`` adds): it needs ``TrainingArguments(remove_unused_columns=False)``, and
+    the callback takes the key out of the model's inputs, so the model and the loss never see it. Or a
+    function of the batch (the dict the model is called with) returning one id per example, e.g.
+    ``lambda batch: batch["idx"]``; the batch is then left as it is.
+
+    ``extra_state``: optional, a function returning more state components to report after each step
+    (``{"sampler": my_sampler}``): whatever the run depends on that is not the Trainer's.
+
+    ``durable``: fsync a checkpoint's files before publishing it (default True; the Trainer does not).
+    """
+
+    def __init__(self, run: RunContext, ids: str | Callable[[Mapping[str, Any]], Iterable[Any]] = DEFAULT_ID_KEY,
+                 *, extra_state: Callable[[], Mapping[str, Any]] | None = None, durable: bool = True):
+        if not all(hasattr(run, name) for name in ("consumed", "step_end", "resume_mode")):
+            raise TypeError(ERR_RUN.format(type=type(run).__name__))
+        if not (isinstance(ids, str) or callable(ids)):
+            raise TypeError(ERR_IDS.format(type=type(ids).__name__))
+        self.run = run
+        self.ids = ids
+        self.extra_state = extra_state
+        self.durable = durable
+        self._resume = checkpoint_to_resume(run)
+        self._state: TrainerState | None = None
+        self._objects: dict[str, Any] = {}
+        self._hook: Any = None
+        self._first_epoch = 0
+        self._epoch: int | None = None
+        self._state_due: int | None = None  # a step whose state is reported after its save
+
+    @property
+    def resume_from_checkpoint(self) -> str | None:
+        """The checkpoint folder to pass to ``trainer.train(resume_from_checkpoint=...)`` (None: start fresh)."""
+        return str(self._resume) if self._resume is not None else None
+
+    # -- Trainer events ----------------------------------------------------------------------------
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
+        """Check the arguments, report the restored step, and start watching the model's inputs."""
+        if Path(args.output_dir).resolve() != self.run.checkpoint_dir.resolve():
+            raise ValueError(ERR_OUTPUT_DIR.format(output_dir=args.output_dir, checkpoint_dir=self.run.checkpoint_dir))
+        if isinstance(self.ids, str) and args.remove_unused_columns:
+            raise ValueError(ERR_REMOVE_COLUMNS.format(key=self.ids))
+        self._state = state
+        self._objects = {name: kwargs.get(name) for name in ("model", "optimizer", "lr_scheduler")}
+        step = int(state.global_step)
+        self.run.resumed(step, self._restored_folder(args, step))
+        per_epoch = _updates_per_epoch(kwargs.get("train_dataloader"), args.gradient_accumulation_steps)
+        self._first_epoch = step // per_epoch if per_epoch else int(state.epoch or 0)
+        self._epoch = None
+        if step and args.ignore_data_skip:
+            self.run.log(f"TrainingArguments(ignore_data_skip=True): the Trainer restarts epoch "
+                         f"{self._first_epoch} from its first batch instead of skipping what step {step} trained on")
+        model = kwargs["model"]
+        self._hook = model.register_forward_pre_hook(self._take_ids, with_kwargs=True)
+
+    def on_epoch_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
+        """Count epochs the Trainer's way: the first one of a resumed run is ``global_step // updates per epoch``."""
+        self._epoch = self._first_epoch if self._epoch is None else self._epoch + 1
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                      **kwargs: Any) -> None:
+        """Report a state still due (a save that was asked for and then not made)."""
+        self._flush_state()
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        """One optimizer step is done: report it, and ask for the checkpoint the harness wants."""
+        step = int(state.global_step)
+        self.run.step_end(step)
+        if self.run.should_checkpoint(step):
+            control.should_save = True
+        if control.should_save:
+            self._state_due = step  # reported in on_save, after the checkpoint is published
+        else:
+            self._report_state(step)
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> None:
+        """Publish the checkpoint the Trainer just finished writing."""
+        step = int(state.global_step)
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+        if not is_complete(folder):
+            raise RuntimeError(ERR_SAVE_INCOMPLETE.format(step=step, folder=folder, file=TRAINER_STATE_FILE))
+        if self.durable:
+            sync_tree(folder)
+        self.run.checkpoint_published(step, folder)
+        self._flush_state()
+
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
+        self._flush_state()
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
+        """Stop watching the model (it is left as it was before ``train()``)."""
+        self._flush_state()
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _restored_folder(self, args: TrainingArguments, step: int) -> Path | None:
+        """The folder the Trainer restored ``step`` from: ours, or ``checkpoint-<step>`` if the run chose another."""
+        if step == 0:
+            return None
+        if self._resume is not None and checkpoint_step(self._resume) == step:
+            return self._resume
+        self.run.log(f"the Trainer restored step {step}, but ResumeCheck chose {self._resume}: pass "
+                     "trainer.train(resume_from_checkpoint=check.resume_from_checkpoint)")
+        guess = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+        return guess if guess.is_dir() else None
+
+    def _take_ids(self, module: torch.nn.Module, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """Forward pre-hook: read (and with a key, remove) the ids; report them while the Trainer trains."""
+        if isinstance(self.ids, str):
+            if self.ids not in kwargs:
+                if not module.training:  # an evaluation batch without ids: nothing to take out
+                    return None
+                raise KeyError(ERR_NO_ID_KEY.format(key=self.ids, keys=sorted(kwargs)))
+            kwargs = dict(kwargs)
+            ids = _id_list(kwargs.pop(self.ids))
+            changed: tuple[tuple[Any, ...], dict[str, Any]] | None = (args, kwargs)
+        else:
+            try:
+                ids = _id_list(self.ids(kwargs))
+            except Exception as exc:  # the user's function: say which one failed
+                raise ValueError(ERR_IDS_RAISED.format(error=f"{type(exc).__name__}: {exc}",
+                                                       keys=sorted(kwargs))) from exc
+            size = _batch_size(kwargs)
+            if size is not None and len(ids) != size:
+                raise ValueError(ERR_IDS_COUNT.format(count=len(ids), size=size, keys=sorted(kwargs)))
+            changed = None
+        if module.training and self._state is not None and self._epoch is not None:
+            self.run.consumed(ids, step=int(self._state.global_step) + 1, epoch=self._epoch)
+        return changed
+
+    def _flush_state(self) -> None:
+        if self._state_due is not None:
+            step, self._state_due = self._state_due, None
+            self._report_state(step)
+
+    def _report_state(self, step: int) -> None:
+        state = self._state
+        components: dict[str, Any] = {
+            name: value for name, value in self._objects.items() if value is not None
+        }
+        components["rng"] = rng_state()
+        if state is not None:
+            components["trainer_state"] = {f: getattr(state, f) for f in TRAINER_STATE_FIELDS}
+        if self.extra_state is not None:
+            components.update(self.extra_state())
+        self.run.state(step, components)
+
+
+def _updates_per_epoch(loader: Any, accumulation: int) -> int | None:
+    """Optimizer steps per epoch, as ``Trainer.set_initial_training_values`` counts them (None: no length)."""
+    try:
+        batches = len(loader)
+    except TypeError:
+        return None
+    return max(batches // accumulation + int(batches % accumulation > 0), 1)
+
+
+def _id_list(values: Any) -> list[Any]:
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        values = [values]
+    return list(values)
+
+
+def _batch_size(batch: Mapping[str, Any]) -> int | None:
+    """The number of examples in a batch: the first dimension of its first tensor."""
+    for value in batch.values():
+        shape = getattr(value, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+    return None
