@@ -32,10 +32,14 @@ DOWNSTREAM = EXAMPLES / "downstream"
 
 #: The pages whose every block this module checks.
 CHECKED_PAGES = ("index.md", "quickstart.md", "matrix.md", "reading-a-report.md", "ci.md",
-                 "crash-consistency.md", "design.md", "findings.md", "recipes/command.md")
+                 "crash-consistency.md", "design.md", "findings.md", "recipes/index.md",
+                 "recipes/command.md", "recipes/lightning.md", "recipes/accelerate.md", "recipes/hf-trainer.md")
 #: Languages that are code and must be included from a tested file, never written inline.
 INCLUDED_LANGUAGES = {"python", "yaml", "ini", "toml", "shell"}
 COMMAND_TESTS = "test_command_targets.py"
+LIGHTNING_TESTS = "test_integration_lightning.py"
+HF_TESTS = "test_integration_hf_trainer.py"
+ACCELERATE_TESTS = "test_integration_accelerate.py"
 #: Example files the pages include, each run by a test below.
 TESTED_EXAMPLES = {
     "planted/conftest.py": "test_report_page_quotes_real_verdicts_of_the_planted_example",
@@ -50,6 +54,22 @@ TESTED_EXAMPLES = {
     "recipes/command/conftest.py:glue": f"{COMMAND_TESTS}::test_recipe_project_passes_and_a_planted_bash_bug_is_caught",
     "recipes/command/conftest.py:bash": f"{COMMAND_TESTS}::test_recipe_project_passes_and_a_planted_bash_bug_is_caught",
     "recipes/command/train.sh": f"{COMMAND_TESTS}::test_recipe_project_passes_and_a_planted_bash_bug_is_caught",
+    "recipes/lightning/conftest.py:glue": f"{LIGHTNING_TESTS}::test_recipe_project_passes_its_resume_matrix",
+    "recipes/lightning/trainer.py": f"{LIGHTNING_TESTS}::test_recipe_project_passes_its_resume_matrix",
+    "recipes/accelerate/conftest.py": f"{ACCELERATE_TESTS}::test_recipe_matrix_passes",
+    "recipes/accelerate/trainer.py": f"{ACCELERATE_TESTS}::test_recipe_matrix_passes",
+    "recipes/hf_trainer/conftest.py": f"{HF_TESTS}::test_recipe_project_passes_its_matrix",
+    "recipes/hf_trainer/trainer.py": f"{HF_TESTS}::test_recipe_project_passes_its_matrix",
+    "findings/lightning_epoch_end_resume.py": "test_lightning_finding_scripts_show_what_the_page_says",
+    "findings/lightning_estimated_stepping_batches.py": "test_lightning_finding_scripts_show_what_the_page_says",
+    "findings/hf_trainer_rng_after_collate.py":
+        f"{HF_TESTS}::test_finding_script_shows_other_masks_after_a_mid_epoch_resume",
+    "findings/accelerate_checkpoint_naming.py":
+        f"{ACCELERATE_TESTS}::test_finding_script_naming_shows_the_failed_save_and_the_stale_resume",
+    "findings/accelerate_loader_rng.py":
+        f"{ACCELERATE_TESTS}::test_finding_script_rng_shows_other_draws_only_without_a_loader_generator",
+    "findings/accelerate_stateful_workers.py":
+        f"{ACCELERATE_TESTS}::test_finding_script_workers_shows_other_orders_only_with_workers",
     # A page may include a file of the package itself (mkdocs.yml's snippet base paths: docs/examples, .).
     "pytest_resume_check/builtin/train_script.py": f"{COMMAND_TESTS}::test_script_example_resumes_exactly",
 }
@@ -339,6 +359,20 @@ def test_torchdata_sampler_finding_script_shows_the_replay():
                           timeout=120)
     assert done.stdout.splitlines() == text_block_after("findings.md", f"python {script}")
     assert done.returncode == 1, "the twice-resumed loader continues right: torchdata fixed it; update docs/findings.md"
+
+
+@requires("torch", "torchdata", "lightning")
+@pytest.mark.parametrize("script, shows", [
+    ("lightning_epoch_end_resume.py", "epoch 1, resumed from step=5:   []"),
+    ("lightning_estimated_stepping_batches.py", "after step 3, resumed from step=3:  [0, 1, 2, 3,"),
+])
+def test_lightning_finding_scripts_show_what_the_page_says(script, shows):
+    command = f"python docs/examples/findings/{script}"
+    assert any(line == command for _, _, line in shell_lines())
+    done = subprocess.run([sys.executable, "-W", "ignore", f"docs/examples/findings/{script}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert shows in done.stdout, done.stdout + done.stderr[-2000:]
+    assert done.returncode == 1, f"{script} shows no difference: Lightning fixed it; update docs/findings.md"
 
 
 @needs_verl

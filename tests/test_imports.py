@@ -33,8 +33,9 @@ OURS = {package.__name__ for package in PACKAGES}
 PYTEST_SIDE = ("pytest_resume_check.plugin", "pytest_resume_check.fixtures", "pytest_resume_check.hookspecs")
 
 #: Optional dependencies: a module whose import stops at one of these, not installed, is skipped, not
-#: failed. omegaconf comes with verl (agentlightning.verl.trainer imports it before verl).
-OPTIONAL = ("torch", "torchdata", "numpy", "verl", "omegaconf")
+#: failed. omegaconf comes with verl (agentlightning.verl.trainer imports it before verl); the last three are
+#: the integrations' frameworks.
+OPTIONAL = ("torch", "torchdata", "numpy", "verl", "omegaconf", "lightning", "transformers", "accelerate")
 
 # What the probe compares, by name.
 PYTHON_THREADS = "Python threads"

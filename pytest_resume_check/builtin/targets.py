@@ -1,8 +1,10 @@
-"""Targets of the built-in loop, registered through the ``pytest_resume_check.targets`` entry point."""
+"""The bundled targets, registered through the ``pytest_resume_check.targets`` entry point: the built-in
+loop, the training script run as a command, and one example per integration (offered where its
+framework is installed; importing their modules imports no framework)."""
 
 from __future__ import annotations
 
-from pytest_resume_check.builtin import loop
+from pytest_resume_check.builtin import accelerate_example, hf_trainer_example, lightning_example, loop
 from pytest_resume_check.targets import resume_target
 
 #: Cases of the built-in loop: loader batch vs take size equal, dividing, not dividing and larger;
@@ -62,4 +64,5 @@ def _has_torch() -> bool:
 
 
 #: The loop only where torch and torchdata are installed; the script needs nothing.
-TARGETS = [builtin_loop, script_example] if _has_torch() else [script_example]
+TARGETS = ([builtin_loop] if _has_torch() else []) + [script_example] + lightning_example.TARGETS \
+    + accelerate_example.TARGETS + hf_trainer_example.TARGETS
