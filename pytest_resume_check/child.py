@@ -62,6 +62,7 @@ class ConnectionSink:
 
 def child_main(plan: RunPlan, conn: Any, control: Any = None) -> None:
     """Entry point of a child process (started by :mod:`pytest_resume_check.starter`)."""
+    os.environ.update(plan.env)  # what the target's services tell its runs (e.g. where a shared server is)
     if plan.token:  # inherited by every process the run starts, so escaped ones are found later
         os.environ[RUN_TOKEN_ENV] = plan.token
     try:

@@ -71,6 +71,10 @@ class Engine:
         """The uninterrupted reference of a case (cached)."""
         return self.references.get(target, case)
 
+    def close(self) -> list[str]:
+        """Stop the targets' shared services (at the session's end); returns what went wrong."""
+        return self.runner.close()
+
     def register(self, cells: Sequence[Cell]) -> None:
         """Tell the engine the whole matrix, so cells that differ only in their single kill step share
         one first run."""

@@ -53,4 +53,8 @@ def resume_check(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Res
 
     settings = request.config.stash[SETTINGS_KEY]
     forced = request.config.getoption("resume_matrix_hang_timeout") is not None
-    yield ResumeCheck(tmp_path / "resume-check", settings.seed, settings.hang_timeout, forced)
+    check = ResumeCheck(tmp_path / "resume-check", settings.seed, settings.hang_timeout, forced)
+    yield check
+    problems = check.engine.close()  # the services the test's targets started
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)

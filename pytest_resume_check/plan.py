@@ -112,3 +112,5 @@ class RunPlan:
     faults: FaultPlan | None = None
     #: A command target's program (None: the target function is the trainer).
     command: CommandSpec | None = None
+    #: Environment variables the run gets from the target's services (see :mod:`..services`).
+    env: Mapping[str, str] = field(default_factory=dict)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -572,6 +573,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if ENGINE_KEY in session.config.stash:
         from pytest_resume_check import starter
 
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        for problem in session.config.stash[ENGINE_KEY].close():  # services first: they may use the server
+            if reporter is not None:
+                reporter.write_line(problem, red=True)
+            else:
+                print(problem, file=sys.stderr)
         starter.stop_server()
         try:
             session.config.stash[ENGINE_KEY].layout.tidy()

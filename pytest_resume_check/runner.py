@@ -14,6 +14,7 @@ from pytest_resume_check.faults import FaultPlan
 from pytest_resume_check.layout import Layout
 from pytest_resume_check.plan import RESUME_AUTO, KillSpec, RunPlan
 from pytest_resume_check.results import DEFAULT_HANG_TIMEOUT, RunRecord
+from pytest_resume_check.services import Services
 from pytest_resume_check.targets import Target
 
 #: The longest hang limit a run can wait for (about 23 days): ``poll()`` takes at most 2**31 - 1 ms, and a
@@ -41,6 +42,8 @@ class Runner:
         self.isolation = isolation
         self.steps_executed = 0
         self.runs_started = 0
+        #: The targets' shared services, started on a target's first plan (:meth:`close` stops them).
+        self.services = Services()
 
     def plan(self, target: Target, case: Mapping[str, Any], workdir: Path, index: int, *, out: Path | None = None,
              resume_mode: str = RESUME_AUTO, resume_path: str | None = None, kill: KillSpec | None = None,
@@ -63,7 +66,7 @@ class Runner:
             faults=faults if faults is not None else (kill.fault if kill is not None else None),
             report_state=report_state, state_tolerance=target.state_tolerance, state_values_dir=state_values_dir,
             state_reference_dir=state_reference_dir, token=uuid.uuid4().hex, step_limit=_step_limit(target, case),
-            command=target.command,
+            command=target.command, env=self.services.env_for(target),
         )
 
     def run(self, plan: RunPlan, target: Target, on_pause: Callable[[int], None] | None = None) -> RunRecord:
@@ -75,6 +78,10 @@ class Runner:
         self.steps_executed += record.steps_run
         return record
 
+
+    def close(self) -> list[str]:
+        """Stop the services this runner started; returns what went wrong (one line each)."""
+        return self.services.close()
 
     def hang_limit_of(self, target: Target) -> float:
         """The hang limit of ``target``'s runs: its own, unless the command line set the session's."""

@@ -159,6 +159,9 @@ class Target:
     hang_timeout: float | None = None
     #: A command target's program (see :func:`command_target`); None for a target function.
     command: CommandSpec | None = None
+    #: Services the runs share, each a factory returning a context manager that yields environment
+    #: variables for the runs (see :mod:`pytest_resume_check.services`).
+    services: tuple[Callable[[], Any], ...] = ()
 
     @property
     def ref(self) -> tuple[str, str, str]:
@@ -191,6 +194,7 @@ def resume_target(
     crash_save: tuple[int, int] | None = None,
     state_tolerance: tuple[float, float] | None = None,
     hang_timeout: float | None = None,
+    services: Iterable[Callable[[], Any]] = (),
 ) -> Any:
     """Declare a target; usable as ``@resume_target(steps=...)`` or ``resume_target(fn, steps=...)``."""
 
@@ -211,6 +215,7 @@ def resume_target(
             crash_save=crash_save,
             state_tolerance=state_tolerance,
             hang_timeout=hang_timeout,
+            services=services,
         )
 
     return build(fn) if fn is not None else build
@@ -265,6 +270,7 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         state_tolerance=_tolerance(name, kw.get("state_tolerance")),
         hang_timeout=_hang_timeout(name, kw.get("hang_timeout")),
         command=kw.get("command"),
+        services=_services(name, kw.get("services", ())),
     )
 
 
@@ -319,6 +325,20 @@ def _hang_timeout(name: str, value: Any) -> float | None:
         raise TargetError(f"target {name!r}: hang_timeout={value!r} is not a number of seconds >= 0; give e.g. "
                           "hang_timeout=300 (0 or float('inf'): no limit), or leave it out for the session's")
     return seconds
+
+
+def _services(name: str, value: Any) -> tuple[Callable[[], Any], ...]:
+    """``services`` as a tuple of callables (factories of context managers)."""
+    try:
+        factories = tuple(value)
+    except TypeError:
+        factories = (value,)
+    bad = [f for f in factories if not callable(f)]
+    if bad or isinstance(value, (str, bytes)):
+        raise TargetError(f"target {name!r}: services={value!r} must be a list of functions, each returning a "
+                          "context manager that starts the service and yields environment variables for the runs, "
+                          "e.g. services=[my_database]")
+    return factories
 
 
 def _tolerance(name: str, value: Any) -> tuple[float, float] | None:

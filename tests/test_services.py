@@ -1,0 +1,186 @@
+"""Services a target's runs share (``resume_target(..., services=[...])``): started once, on the first run of a
+target that names them, in the process that runs the cells; their environment reaches every run (a command
+target's program too); stopped when the session ends, after Ctrl-C too; one that fails to start fails its
+targets' cells with one line and is not retried, while other targets run.
+
+The trainer is the stdlib training script (no torch), so these run in the bare environment as well.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from pytest_resume_check.builtin import train_script
+from pytest_resume_check.engine import Engine
+from pytest_resume_check.results import DONE
+from pytest_resume_check.run import RunContext
+from pytest_resume_check.targets import TargetError, resume_target
+
+ENV_NAME = "RESUME_CHECK_TEST_SERVICE"
+STARTS: list[str] = []
+STOPS: list[str] = []
+
+
+@contextmanager
+def counting_service():
+    token = uuid.uuid4().hex
+    STARTS.append(token)
+    try:
+        yield {ENV_NAME: token}
+    finally:
+        STOPS.append(token)
+
+
+def broken_service():
+    STARTS.append("broken")
+    raise ConnectionRefusedError("port 1 refused")
+
+
+@contextmanager
+def bad_value_service():
+    yield {"PORT": 6379}
+
+
+def train(run: RunContext) -> None:
+    """The stdlib script, which first notes the service's variable in its checkpoint folder."""
+    (run.checkpoint_dir / "service.txt").write_text(os.environ.get(ENV_NAME, "<unset>"))
+    train_script.main(["--out", str(run.checkpoint_dir), "--epochs", "1"], run)
+
+
+def train_again(run: RunContext) -> None:
+    """The same trainer under a second target name."""
+    train(run)
+
+
+served = resume_target(train, name="served", steps=6, services=[counting_service])
+served_too = resume_target(train_again, name="served_too", steps=6, services=[counting_service])
+broken = resume_target(train, name="broken", steps=6, services=[broken_service])
+bad_value = resume_target(train, name="bad_value", steps=6, services=[bad_value_service])
+command_served = resume_target.command(
+    ["{python}", "-c", f"import os, pathlib, sys; pathlib.Path(sys.argv[1], 'service.txt').write_text("
+     f"os.environ['{ENV_NAME}']); from pytest_resume_check.builtin import train_script; "
+     "train_script.main(['--out', sys.argv[1], '--epochs', '1'])", "{checkpoint_dir}"],
+    name="command_served", steps=6, services=[counting_service])
+
+
+@pytest.fixture
+def engine(tmp_path):
+    STARTS.clear()
+    STOPS.clear()
+    engine = Engine(tmp_path / "root", seed=0, hang_timeout=60)
+    yield engine
+    engine.close()
+
+
+def run_once(engine, target, tmp_path, index=0):
+    plan = engine.plan(target, target.cases[0], tmp_path / f"w{index}", index)
+    record = engine.run(plan, target)
+    assert record.outcome == DONE, record.error
+    return (Path(plan.checkpoint_dir) / "service.txt").read_text()
+
+
+def test_one_service_start_serves_every_run_of_every_target_naming_it_and_close_stops_it(engine, tmp_path):
+    seen = [run_once(engine, served, tmp_path, 0), run_once(engine, served, tmp_path, 1),
+            run_once(engine, served_too, tmp_path, 2), run_once(engine, command_served, tmp_path, 3)]
+    assert len(STARTS) == 1 and seen == STARTS * 4  # the program of a command target sees it too
+    assert STOPS == [] and engine.runner.services.running == 1
+    assert engine.close() == []
+    assert STOPS == STARTS
+
+
+def test_a_service_that_fails_to_start_is_reported_once_per_cell_and_not_retried(engine, tmp_path):
+    for index in range(2):
+        with pytest.raises(TargetError) as err:
+            engine.plan(broken, {}, tmp_path / f"w{index}", index)
+        assert re.fullmatch(
+            r"target 'broken': its service test_services\.broken_service failed to start: ConnectionRefusedError: "
+            r"port 1 refused \(at \S*test_services\.py:\d+\)\. The target's cells cannot run without it; fix the "
+            r"service \(or its environment\) and rerun", str(err.value)), str(err.value)
+    assert STARTS == ["broken"]
+    assert run_once(engine, served, tmp_path, 5) == STARTS[1]  # other targets still run
+
+
+def test_a_service_must_yield_string_environment_variables(engine, tmp_path):
+    with pytest.raises(TargetError, match="gave {'PORT': 6379} where it must give a mapping of environment"):
+        engine.plan(bad_value, {}, tmp_path / "w", 0)
+
+
+def test_services_must_be_functions():
+    with pytest.raises(TargetError, match="services='redis' must be a list of functions"):
+        resume_target(train, name="x", steps=6, services="redis")
+
+
+SLEEPER_CONFTEST = '''
+    import subprocess
+    from contextlib import contextmanager
+
+    from pytest_resume_check.builtin import train_script
+    from pytest_resume_check.targets import resume_target
+
+
+    @contextmanager
+    def sleeper():
+        """A server in a session of its own, as a Ray head is: Ctrl-C at the terminal never reaches it."""
+        server = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        try:
+            yield {"SLEEPER_PID": str(server.pid)}
+        finally:
+            server.kill()
+            server.wait()
+
+
+    def train(run):
+        import time
+        time.sleep(float(run.case.get("sleep", 0)))
+        train_script.main(["--out", str(run.checkpoint_dir), "--epochs", "1", "--save-every", "1"], run)
+
+
+    slow = resume_target(train, name="slow", steps=6, cases=[{"id": "slow", "sleep": 1.0}], services=[sleeper])
+'''
+
+
+def marked(canary: str) -> list[int]:
+    needle = f"SERVICE_CANARY={canary}".encode()
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if needle in Path(f"/proc/{name}/environ").read_bytes():
+                if Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[-1].split()[0] != b"Z":
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+def test_ctrl_c_stops_a_service_that_lives_in_a_session_of_its_own(tmp_path):
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(SLEEPER_CONFTEST))
+    canary = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--resume-matrix",
+                             "-m", "resume_matrix"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True, env={**os.environ, "SERVICE_CANARY": canary},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    sleeping = []
+    while not sleeping and proc.poll() is None and time.monotonic() < deadline:
+        sleeping = [pid for pid in marked(canary) if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep")]
+        time.sleep(0.05)
+    assert sleeping, "the service never started"
+    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: pytest's group, not the service's session
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out[-3000:]
+    deadline = time.monotonic() + 10
+    while marked(canary) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marked(canary) == [], out[-3000:]
