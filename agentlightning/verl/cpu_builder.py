@@ -230,6 +230,7 @@ def build_cpu_trainer(
     rollout_transform: RowTransform | None = None,
     input_id_key: str = DEFAULT_INPUT_ID_KEY,
     trainer_cls: type[RayPPOTrainer] = AgentLightningRayPPOTrainer,
+    ray_workers: int = 0,
 ) -> Any:
     """A constructed CPU trainer writing checkpoints to ``output_dir``; call ``.fit()`` to train.
 
@@ -239,7 +240,9 @@ def build_cpu_trainer(
     Latencies above 1 make rollouts carry over between steps (async only; sync waits for all).
     ``rollout_transform`` is applied by the rollout engine to each input row it receives.
     ``trainer_cls`` may be :class:`~agentlightning.verl.stock_trainer.StockCpuRayPPOTrainer` (sync only)
-    or a subclass of either trainer.
+    or a subclass of either trainer. ``ray_workers``: run the actor on verl's ``RayWorkerGroup`` with
+    that many Ray actors (:mod:`agentlightning.verl.ray_workers`; the process connects to the Ray head
+    named by ``RAY_ADDRESS``) instead of the in-process :class:`CpuActorWorkerGroup` (0, the default).
     """
     config = make_cpu_config(
         output_dir,
@@ -272,5 +275,11 @@ def build_cpu_trainer(
     if latency_profile is not None:
         orders = epoch_orders(trainer.train_dataloader, total_epochs)
         trainer.rollout_engine.latency = AdmissionOrderLatency(latency_profile, orders)
-    trainer.actor_rollout_wg = CpuActorWorkerGroup(feature_dim=FEATURE_DIM, seed=seed)
+    if ray_workers > 0:
+        from agentlightning.verl.ray_workers import connect_driver, ray_worker_group
+
+        connect_driver()
+        trainer.actor_rollout_wg = ray_worker_group(ray_workers, feature_dim=FEATURE_DIM, seed=seed)
+    else:
+        trainer.actor_rollout_wg = CpuActorWorkerGroup(feature_dim=FEATURE_DIM, seed=seed)
     return trainer

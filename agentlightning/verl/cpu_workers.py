@@ -39,9 +39,11 @@ class CpuActorWorkerGroup:
         lr: float = 0.05,
         feature_key: str = "features",
         reward_key: str = "reward",
+        filename: str = ACTOR_STATE_FILENAME,
     ) -> None:
         self.feature_key = feature_key
         self.reward_key = reward_key
+        self.filename = filename  # in verl's actor folder (one per rank in the Ray worker group)
         # A private generator: model initialisation must not depend on (or disturb) global RNG state,
         # which the data loader's worker seeding also reads.
         generator = torch.Generator().manual_seed(int(seed))
@@ -67,6 +69,11 @@ class CpuActorWorkerGroup:
         """A detached copy of the model parameters (for comparing runs)."""
         return {key: value.detach().clone() for key, value in self.model.state_dict().items()}
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a checkpoint of this group holds: model and optimizer state dicts, update count."""
+        return {KEY_MODEL: self.model.state_dict(), KEY_OPTIMIZER: self.optimizer.state_dict(),
+                KEY_UPDATES: self.updates}
+
     def save_checkpoint(
         self,
         local_path: str,
@@ -85,13 +92,13 @@ class CpuActorWorkerGroup:
             KEY_UPDATES: self.updates,
             KEY_GLOBAL_STEP: int(global_step),
         }
-        atomic_torch_save(state, os.path.join(local_path, ACTOR_STATE_FILENAME))
+        atomic_torch_save(state, os.path.join(local_path, self.filename))
 
     def load_checkpoint(
         self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False
     ) -> None:
         """Load what :meth:`save_checkpoint` wrote into ``local_path``."""
-        path = os.path.join(local_path, ACTOR_STATE_FILENAME)
+        path = os.path.join(local_path, self.filename)
         if not os.path.exists(path):
             raise FileNotFoundError(
                 f"{path}: no actor checkpoint. The global_step folder is incomplete; resume from another "

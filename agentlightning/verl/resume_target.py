@@ -139,12 +139,7 @@ def trainer_state(trainer: Any) -> dict[str, Any] | None:
     """
     if trainer is None:
         return None
-    worker = trainer.actor_rollout_wg
-    state: dict[str, Any] = {
-        "model": worker.model.state_dict(),
-        "optimizer": worker.optimizer.state_dict(),
-        "updates": worker.updates,
-    }
+    state: dict[str, Any] = dict(trainer.actor_rollout_wg.checkpoint_state())  # from rank 0 on Ray workers
     if hasattr(trainer, "input_stream"):
         state.update({
             "inputs": trainer.input_stream.state_dict(),
@@ -176,9 +171,10 @@ def stock_state(trainer: Any) -> dict[str, Any]:
     return {"loader": trainer.train_dataloader.state_dict()}
 
 
-def fit_trainer(run: RunContext, *, async_enabled: bool, trainer_cls: type | None = None) -> None:
+def fit_trainer(run: RunContext, *, async_enabled: bool, trainer_cls: type | None = None,
+                ray_workers: int = 0) -> None:
     """Build the CPU trainer of ``run.case`` (``trainer_cls``, by default the Agent Lightning trainer)
-    and train it under the harness."""
+    and train it under the harness; ``ray_workers``: its actor on that many Ray actors (0: in-process)."""
     from agentlightning.verl.cpu_builder import build_cpu_trainer
     from agentlightning.verl.trainer import AgentLightningRayPPOTrainer
 
@@ -197,6 +193,7 @@ def fit_trainer(run: RunContext, *, async_enabled: bool, trainer_cls: type | Non
         resume_from_path=str(run.resume_path) if run.resume_path else None,
         latency_profile=LATENCY_PROFILES[p["latency"]] if async_enabled else None,
         trainer_cls=trainer_cls or AgentLightningRayPPOTrainer,
+        ray_workers=ray_workers,
     )
     trainer.input_observer = RunObserver(run, trainer)
     trainer.fit()
@@ -217,6 +214,24 @@ def fit_stock(run: RunContext) -> None:
     from agentlightning.verl.stock_trainer import StockCpuRayPPOTrainer
 
     fit_trainer(run, async_enabled=False, trainer_cls=StockCpuRayPPOTrainer)
+
+
+def is_async(case: Mapping[str, Any]) -> bool:
+    """A Ray case's mode (``"mode": "async"`` or ``"sync"``)."""
+    return case.get("mode", "async") == "async"
+
+
+def ray_steps(case: Mapping[str, Any]) -> int:
+    return async_steps(case) if is_async(case) else sync_steps(case)
+
+
+def ray_boundaries(case: Mapping[str, Any]) -> list[int]:
+    return async_boundaries(case) if is_async(case) else sync_boundaries(case)
+
+
+def fit_ray(run: RunContext) -> None:
+    """AgentLightningRayPPOTrainer with its actor on verl's RayWorkerGroup of Ray actors, async or sync by case."""
+    fit_trainer(run, async_enabled=is_async(run.case), ray_workers=RAY_WORKERS)
 
 
 def warm_up() -> None:
@@ -283,6 +298,29 @@ verl_stock_sync = resume_target(
 )
 
 
+#: The Ray target: the actor on two Ray actors of a session-wide head. Each run starts its actors afresh (a
+#: new driver's worker group), which costs seconds, so the default matrix is one small case per mode: the
+#: async one carries rollouts over across checkpoints (latency "mixed"), the sync one crosses an epoch.
+RAY_WORKERS = 2
+RAY_CASES = (
+    {"id": "ray2-async-n8-b4-r6-e1-mixed", "mode": "async", "n": 8, "refill": 6, "epochs": 1, "latency": "mixed"},
+    {"id": "ray2-sync-b4-e2", "mode": "sync", "n": 8},
+)
+
+
+def _ray_head_service() -> Any:
+    from agentlightning.verl.ray_cluster import ray_head_service
+
+    return ray_head_service()
+
+
+agentlightning_ray = resume_target(
+    fit_ray, name="agentlightning_ray", steps=ray_steps, boundaries=ray_boundaries, cases=RAY_CASES,
+    contract=BOTH_LEDGERS, preload=PRELOAD, services=[_ray_head_service], hang_timeout=300,
+    description="Agent Lightning VERL trainer with its actor on verl's RayWorkerGroup (2 CPU Ray actors)",
+)
+
+
 def _has_verl() -> bool:
     import importlib.util
 
@@ -290,4 +328,7 @@ def _has_verl() -> bool:
 
 
 #: Registered through the entry point; empty where verl is not installed.
-TARGETS = [agentlightning_async, agentlightning_sync, verl_stock_sync] if _has_verl() else []
+TARGETS = [agentlightning_async, agentlightning_sync, verl_stock_sync, agentlightning_ray] if _has_verl() else []
+#: This repository's default matrix (tests/conftest.py): all but the Ray target, whose runs take seconds
+#: each; it runs when named (``--resume-matrix-target=agentlightning_ray``) and in its own test.
+DEFAULT_TARGETS = [target for target in TARGETS if target is not agentlightning_ray]

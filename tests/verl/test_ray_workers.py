@@ -1,0 +1,147 @@
+"""The Agent Lightning trainer with its actor on verl's RayWorkerGroup of real Ray actors, under the harness.
+
+Every run is a Ray driver (a child process the harness SIGKILLs) connected to one Ray head per session,
+started by the target's service. Checked here: the Ray target's default matrix passes; with the fix
+switched off the buffered tail is LOST on Ray too; each rank saves and restores its own file across the
+process boundary; a killed driver's actors are ended by Ray; a session leaves no Ray process and no Ray
+folder behind. These tests take seconds per run (each run starts two actor processes that import verl).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("verl")
+pytest.importorskip("ray")
+
+from agentlightning.verl import ray_cluster  # noqa: E402
+from agentlightning.verl import resume_target as rt  # noqa: E402
+from pytest_resume_check import verdict as vd  # noqa: E402
+from pytest_resume_check.engine import Engine  # noqa: E402
+from pytest_resume_check.matrix import Cell  # noqa: E402
+from pytest_resume_check.results import KILLED  # noqa: E402
+from pytest_resume_check.run import KillSpec, RunContext  # noqa: E402
+from pytest_resume_check.targets import resume_target  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+ASYNC_CASE = rt.RAY_CASES[0]  # 6 inputs per step from batches of 4: a buffered tail of 2 after step 1
+PIDS_FILE = "actor_pids.txt"
+#: The RayHead of this test module's service, so tests can look at its processes.
+HEADS: list[ray_cluster.RayHead] = []
+GROUPS: list[int | None] = []  # their process groups
+
+
+@contextmanager
+def observed_head():
+    """The Ray target's service, keeping its head where the tests can see it."""
+    head = ray_cluster.RayHead()
+    head.start()
+    HEADS.append(head)
+    GROUPS.append(head.pgid)
+    try:
+        yield head.driver_env()
+    finally:
+        head.stop()
+
+
+def fit_ray_unfixed(run: RunContext) -> None:
+    """The async trainer on Ray workers without the input file (the behaviour before the fix)."""
+    from agentlightning.verl.testing import TrainerWithoutInputFile
+
+    rt.fit_trainer(run, async_enabled=True, trainer_cls=TrainerWithoutInputFile, ray_workers=rt.RAY_WORKERS)
+
+
+def fit_ray_noting_actors(run: RunContext) -> None:
+    """The Ray target, which first writes its actors' process ids into the checkpoint folder."""
+    from agentlightning.verl.cpu_builder import build_cpu_trainer
+
+    p = rt.params(run.case)
+    trainer = build_cpu_trainer(str(run.checkpoint_dir), dataset_size=p["n"], async_train_batch_size=p["refill"],
+                                total_epochs=p["epochs"], seed=run.seed, ray_workers=rt.RAY_WORKERS,
+                                latency_profile=rt.LATENCY_PROFILES[p["latency"]])
+    pids = trainer.actor_rollout_wg.execute_all_sync("pid")
+    (run.checkpoint_dir / PIDS_FILE).write_text(" ".join(map(str, pids)))
+    trainer.input_observer = rt.RunObserver(run, trainer)
+    trainer.fit()
+
+
+unfixed_on_ray = resume_target(fit_ray_unfixed, name="unfixed_on_ray", steps=rt.async_steps, cases=[ASYNC_CASE],
+                               preload=rt.PRELOAD, services=[observed_head], hang_timeout=300)
+noting_actors = resume_target(fit_ray_noting_actors, name="noting_actors", steps=rt.async_steps, cases=[ASYNC_CASE],
+                              preload=rt.PRELOAD, services=[observed_head], hang_timeout=300)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    engine = Engine(tmp_path_factory.mktemp("ray"), seed=0, hang_timeout=300)
+    yield engine
+    assert engine.close() == []
+    assert GROUPS and all(pgid and ray_cluster.group_members(pgid) == [] for pgid in GROUPS)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return ray_cluster.process_title(pid) != ""
+
+
+def test_unfixed_trainer_on_ray_workers_loses_the_buffered_tail(engine):
+    cell = Cell(unfixed_on_ray, ASYNC_CASE, "auto", (KillSpec(1),), rt.async_steps(ASYNC_CASE))
+    result = engine.run_cell(cell)
+    assert result.verdict.categories[0] == vd.LOST, result.verdict.headline
+    assert result.verdict.headline.startswith("LOST 2 inputs after resume from global_step_1"), result.verdict.headline
+
+
+def test_a_killed_drivers_actors_are_ended_by_ray_and_each_rank_saved_its_own_file(engine, tmp_path):
+    plan = engine.plan(noting_actors, ASYNC_CASE, tmp_path, 0, kill=KillSpec(1))
+    record = engine.run(plan, noting_actors)
+    assert record.outcome == KILLED, record.error
+    pids = [int(p) for p in (Path(plan.checkpoint_dir) / PIDS_FILE).read_text().split()]
+    assert len(pids) == rt.RAY_WORKERS and os.getpid() not in pids and record.pid not in pids
+    actor_folder = Path(plan.checkpoint_dir) / "global_step_1" / "actor"
+    assert sorted(p.name for p in actor_folder.iterdir()) == [
+        f"model_world_size_2_rank_{rank}.pt" for rank in range(rt.RAY_WORKERS)]
+    deadline = time.monotonic() + ray_cluster.ACTOR_EXIT_TIMEOUT
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(pid) for pid in pids), "Ray left a SIGKILLed driver's actors running"
+    assert HEADS[-1].actor_processes() == []
+
+
+#: The cells CI runs of the target's 23 (each run costs seconds): per case, a kill right after a checkpoint
+#: and one unsaved step later, a double kill (auto resume), and a kill after a checkpoint with path resume.
+CI_CELLS = "auto-ckpt2] or auto-ckpt2+1] or auto-ckpt1_ckpt3+1] or path-ckpt2]"
+
+
+def test_the_ray_target_passes_its_matrix_and_leaves_nothing(tmp_path):
+    """Part of the target's default matrix (:data:`CI_CELLS`, async and sync) as a user runs it; then no Ray
+    process or folder of that session is left (its head lives under a TMPDIR of its own, so other sessions'
+    heads are not counted)."""
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="rc"))  # short: Ray's socket paths go under it
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--resume-matrix", "-m", "resume_matrix",
+         "--resume-matrix-target=agentlightning_ray", "-k", CI_CELLS, "-p", "no:cacheprovider", "-q",
+         f"--basetemp={tmp_path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=1500,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp)})
+    assert done.returncode == 0, done.stdout[-4000:]
+    summary = next(line for line in done.stdout.splitlines() if "resume matrix:" in line)
+    assert " 0 failing, 0 expected failures" in summary, summary
+    assert summary.startswith("=") and "resume matrix: 8 cells," in summary, summary
+    assert list(tmp.iterdir()) == [], "the session left files in its TMPDIR"
+    leftover = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+                if str(tmp) in ray_cluster.process_title(pid)]
+    assert leftover == [], "Ray processes outlived the session"
+    tmp.rmdir()
