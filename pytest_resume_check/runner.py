@@ -78,7 +78,6 @@ class Runner:
         self.steps_executed += record.steps_run
         return record
 
-
     def close(self) -> list[str]:
         """Stop the services this runner started; returns what went wrong (one line each)."""
         return self.services.close()

@@ -321,6 +321,16 @@ agentlightning_ray = resume_target(
 )
 
 
+#: The Ray target's crash-consistency cells, on request (35 crash cells beside 7 kill-point cells, two runs
+#: each): faults at each file operation of the save of step 2 that the recorder sees, which are the driver's
+#: 9 (data.pt, its folder, the tracker). The actors' model saves run in Ray's worker
+#: processes, out of the recorder's reach; they are complete before the driver's own files are written.
+agentlightning_ray_crash = agentlightning_ray.with_options(
+    name="agentlightning_ray_crash", cases=(RAY_CASES[1],), resume_modes=(RESUME_AUTO,), crash_save=(2, 1),
+    description="agentlightning_ray's sync case with faults inside the save the driver makes (on request)",
+)
+
+
 def _has_verl() -> bool:
     import importlib.util
 
@@ -328,7 +338,8 @@ def _has_verl() -> bool:
 
 
 #: Registered through the entry point; empty where verl is not installed.
-TARGETS = [agentlightning_async, agentlightning_sync, verl_stock_sync, agentlightning_ray] if _has_verl() else []
-#: This repository's default matrix (tests/conftest.py): all but the Ray target, whose runs take seconds
-#: each; it runs when named (``--resume-matrix-target=agentlightning_ray``) and in its own test.
-DEFAULT_TARGETS = [target for target in TARGETS if target is not agentlightning_ray]
+TARGETS = ([agentlightning_async, agentlightning_sync, verl_stock_sync, agentlightning_ray, agentlightning_ray_crash]
+           if _has_verl() else [])
+#: This repository's default matrix (tests/conftest.py): all but the Ray targets, whose runs take seconds
+#: each; they run when named (``--resume-matrix-target=agentlightning_ray``), and part of them in their tests.
+DEFAULT_TARGETS = [target for target in TARGETS if target not in (agentlightning_ray, agentlightning_ray_crash)]

@@ -10,6 +10,7 @@ folder behind. These tests take seconds per run (each run starts two actor proce
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -118,13 +119,15 @@ def test_a_killed_drivers_actors_are_ended_by_ray_and_each_rank_saved_its_own_fi
     assert HEADS[-1].actor_processes() == []
 
 
-#: The cells CI runs of the target's 23 (each run costs seconds): per case, a kill right after a checkpoint
-#: and one unsaved step later, a double kill (auto resume), and a kill after a checkpoint with path resume.
-CI_CELLS = "auto-ckpt2] or auto-ckpt2+1] or auto-ckpt1_ckpt3+1] or path-ckpt2]"
+#: The cells CI runs of the target's 23 (each run costs seconds): async, one unsaved step after a checkpoint
+#: with rollouts in flight, and a kill after a checkpoint resumed by path; sync, a kill after the epoch-end
+#: checkpoint, and a double kill across the epoch.
+CI_CELLS = ("async-n8-b4-r6-e1-mixed-auto-ckpt2+1] or async-n8-b4-r6-e1-mixed-path-ckpt2] or "
+            "sync-b4-e2-auto-ckpt2] or sync-b4-e2-auto-ckpt1_ckpt3+1]")
 
 
 def test_the_ray_target_passes_its_matrix_and_leaves_nothing(tmp_path):
-    """Part of the target's default matrix (:data:`CI_CELLS`, async and sync) as a user runs it; then no Ray
+    """Four cells of the Ray target (:data:`CI_CELLS`) as a user runs them; then no Ray
     process or folder of that session is left (its head lives under a TMPDIR of its own, so other sessions'
     heads are not counted)."""
     import tempfile
@@ -139,9 +142,10 @@ def test_the_ray_target_passes_its_matrix_and_leaves_nothing(tmp_path):
     assert done.returncode == 0, done.stdout[-4000:]
     summary = next(line for line in done.stdout.splitlines() if "resume matrix:" in line)
     assert " 0 failing, 0 expected failures" in summary, summary
-    assert summary.startswith("=") and "resume matrix: 8 cells," in summary, summary
-    assert list(tmp.iterdir()) == [], "the session left files in its TMPDIR"
+    assert summary.startswith("=") and "resume matrix: 4 cells," in summary, summary
+    heads_left = [p.name for p in tmp.iterdir() if p.name.startswith(ray_cluster.TEMP_PREFIX)]
+    assert heads_left == [], "the session left its Ray head's folder"  # (torch may leave a cache folder there)
     leftover = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
                 if str(tmp) in ray_cluster.process_title(pid)]
     assert leftover == [], "Ray processes outlived the session"
-    tmp.rmdir()
+    shutil.rmtree(tmp)  # made by mkdtemp above
