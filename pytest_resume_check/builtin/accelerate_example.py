@@ -24,12 +24,12 @@ torch and accelerate are imported inside the functions: loading this module cost
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_resume_check.builtin.epochs import AccumulatedEpochs
 from pytest_resume_check.ids import WithIds
 from pytest_resume_check.run import RunContext
 from pytest_resume_check.targets import resume_target
@@ -49,26 +49,10 @@ DEFAULT_CASE: dict[str, Any] = {"n": 10, "batch": 2, "epochs": 2, "ga": 1, "shuf
                                 "epoch_checkpoints": False, "scheduler": "lambda"}
 
 
-def params(case: Mapping[str, Any]) -> dict[str, Any]:
-    """The case with defaults filled in."""
-    return {**DEFAULT_CASE, **{k: v for k, v in case.items() if k != "id"}}
-
-
-def steps_per_epoch(case: Mapping[str, Any]) -> int:
-    """Optimizer steps of one epoch: Accelerate also steps on an epoch's last batch when the accumulation
-    is not full (``sync_with_dataloader``)."""
-    p = params(case)
-    return math.ceil(math.ceil(p["n"] / p["batch"]) / p["ga"])
-
-
-def total_steps(case: Mapping[str, Any]) -> int:
-    """Steps of an uninterrupted run."""
-    return steps_per_epoch(case) * params(case)["epochs"]
-
-
-def epoch_boundaries(case: Mapping[str, Any]) -> list[int]:
-    """The last step of each epoch."""
-    return [steps_per_epoch(case) * e for e in range(1, params(case)["epochs"] + 1)]
+#: The case's step counts (pytest_resume_check.builtin.epochs).
+_EPOCHS = AccumulatedEpochs(DEFAULT_CASE, "ga")
+params, steps_per_epoch = _EPOCHS.params, _EPOCHS.steps_per_epoch
+total_steps, epoch_boundaries = _EPOCHS.total_steps, _EPOCHS.epoch_boundaries
 
 
 # -- the trainer (what a user has) ---------------------------------------------------------------

@@ -22,12 +22,12 @@ costs nothing, and :data:`TARGETS` is empty where transformers is not installed.
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_resume_check.builtin.epochs import AccumulatedEpochs
 from pytest_resume_check.ids import WithIds
 from pytest_resume_check.run import RESUME_DISABLED, RunContext, RunPlan
 from pytest_resume_check.targets import resume_target
@@ -46,26 +46,10 @@ IGNORE_DATA_SKIP = "ignore_data_skip"
 SAVE_ONLY_MODEL = "save_only_model"
 
 
-def params(case: Mapping[str, Any]) -> dict[str, Any]:
-    """The case with defaults filled in."""
-    return {**DEFAULT_CASE, **{k: v for k, v in case.items() if k != "id"}}
-
-
-def steps_per_epoch(case: Mapping[str, Any]) -> int:
-    """Optimizer steps per epoch: batches per epoch (the last one may be short), ``accum`` per step."""
-    p = params(case)
-    return math.ceil(math.ceil(p["n"] / p["batch"]) / p["accum"])
-
-
-def total_steps(case: Mapping[str, Any]) -> int:
-    """Optimizer steps of an uninterrupted run."""
-    return steps_per_epoch(case) * params(case)["epochs"]
-
-
-def epoch_boundaries(case: Mapping[str, Any]) -> list[int]:
-    """The optimizer steps that end an epoch."""
-    per_epoch = steps_per_epoch(case)
-    return [per_epoch * e for e in range(1, params(case)["epochs"] + 1)]
+#: The case's step counts (pytest_resume_check.builtin.epochs).
+_EPOCHS = AccumulatedEpochs(DEFAULT_CASE, "accum")
+params, steps_per_epoch = _EPOCHS.params, _EPOCHS.steps_per_epoch
+total_steps, epoch_boundaries = _EPOCHS.total_steps, _EPOCHS.epoch_boundaries
 
 
 class TokenRows:

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_resume_check.builtin.epochs import AccumulatedEpochs
 from pytest_resume_check.run import RESUME_DISABLED, RunContext, RunPlan
 from pytest_resume_check.targets import resume_target
 
@@ -46,26 +46,10 @@ FRESH_OPTIMIZER = "fresh_optimizer"  # the optimizer state is dropped on load ->
 BUGS = (PLAIN_LOADER, FRESH_OPTIMIZER)
 
 
-def params(case: Mapping[str, Any]) -> dict[str, Any]:
-    """The case with defaults filled in."""
-    return {**DEFAULT_CASE, **{k: v for k, v in case.items() if k != "id"}}
-
-
-def steps_per_epoch(case: Mapping[str, Any]) -> int:
-    """Optimizer steps per epoch: Lightning also steps on an epoch's last batch when accumulating."""
-    p = params(case)
-    return math.ceil(math.ceil(p["n"] / p["batch"]) / p["accumulate"])
-
-
-def total_steps(case: Mapping[str, Any]) -> int:
-    """Steps of an uninterrupted fit."""
-    return steps_per_epoch(case) * params(case)["epochs"]
-
-
-def epoch_boundaries(case: Mapping[str, Any]) -> list[int]:
-    """The steps that take an epoch's last batch."""
-    per_epoch = steps_per_epoch(case)
-    return [per_epoch * e for e in range(1, params(case)["epochs"] + 1)]
+#: The case's step counts (pytest_resume_check.builtin.epochs).
+_EPOCHS = AccumulatedEpochs(DEFAULT_CASE, "accumulate")
+params, steps_per_epoch = _EPOCHS.params, _EPOCHS.steps_per_epoch
+total_steps, epoch_boundaries = _EPOCHS.total_steps, _EPOCHS.epoch_boundaries
 
 
 class Synthetic:
