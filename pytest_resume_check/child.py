@@ -6,10 +6,13 @@ nothing heavy.
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import importlib
 import importlib.util
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import traceback
@@ -38,12 +41,18 @@ class ConnectionSink:
     orders the events of all threads, so each thread's events arrive in the order it sent them and no
     two writes to the channel interleave."""
 
-    def __init__(self, conn: Any):
+    def __init__(self, conn: Any, rank: int | None = None, lock_path: str | None = None):
         self._conn = conn
         self._pending: list[bytes] = []
         self._lock = threading.Lock()
+        self._rank = rank
+        # The ranks of a run share one channel: each write holds an flock on a file descriptor of its
+        # own, which a rank killed while holding it gives back by dying.
+        self._lock_fd = os.open(lock_path, os.O_RDONLY) if lock_path else None
 
     def send(self, event: ev.Event) -> None:
+        if self._rank is not None:
+            event = dataclasses.replace(event, rank=self._rank)
         raw = event.to_wire()
         with self._lock:
             self._pending.append(raw)
@@ -55,9 +64,17 @@ class ConnectionSink:
             self._flush()
 
     def _flush(self) -> None:
-        if self._pending:
+        if not self._pending:
+            return
+        if self._lock_fd is None:
             self._conn.send_bytes(b"\n".join(self._pending))
-            self._pending = []
+        else:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                self._conn.send_bytes(b"\n".join(self._pending))
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        self._pending = []
 
 
 def child_main(plan: RunPlan, conn: Any, control: Any = None) -> None:
@@ -74,16 +91,33 @@ def child_main(plan: RunPlan, conn: Any, control: Any = None) -> None:
     # see the platform default, so loader workers must not go through the fork server.
     multiprocessing.set_start_method(None, force=True)
     _redirect_output(plan.log_path)
-    sink = ConnectionSink(conn)
+    if plan.world_size > 1:
+        _launch_ranks(plan, conn, control)
+    if plan.master_port:  # a distributed target on one rank (an elastic resume to 1) still gets its group
+        os.environ.update(_rank_env(plan, 0))
+    _run_target(plan, ConnectionSink(conn, 0 if plan.master_port else None), control)
+
+
+def _rank_env(plan: RunPlan, rank: int) -> dict[str, str]:
+    """What ``torch.distributed``'s ``env://`` rendezvous (and torchrun's workers) read."""
+    return {"WORLD_SIZE": str(plan.world_size), "LOCAL_WORLD_SIZE": str(plan.world_size), "RANK": str(rank),
+            "LOCAL_RANK": str(rank), "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(plan.master_port)}
+
+
+def _run_target(plan: RunPlan, sink: ConnectionSink, control: Any, rank: int = 0) -> None:
+    """Build and drive the target in this process, report how it ended, and exit."""
     code = 0
     try:
         recorder = _recorder(plan, sink)
         fn = load_target_fn(plan.target_ref)
-        run = RunContext(plan, sink, control, recorder)
+        run = RunContext(plan, sink, control, recorder, rank)
         if recorder is not None:
             recorder.on_kill = run._await_kill
         fn(run)
-        sink.send(ev.Event(ev.DONE))
+        if plan.world_size > 1:
+            sink.flush()  # the launcher reports done once every rank has finished
+        else:
+            sink.send(ev.Event(ev.DONE))
     except Converged:
         sink.flush()
     except BaseException:  # report everything, SystemExit included: the parent decides what it means
@@ -98,6 +132,48 @@ def child_main(plan: RunPlan, conn: Any, control: Any = None) -> None:
     _write_quietly(sys.stderr, "")
     # Skip interpreter teardown: atexit handlers of a half-built trainer must not block the exit.
     os._exit(code)
+
+
+#: Exit code of a launcher whose rank died (it ended the other ranks, as torchrun's agent does).
+EXIT_RANK_DIED = 71
+LOOPBACK = "127.0.0.1"
+
+
+def _launch_ranks(plan: RunPlan, conn: Any, control: Any) -> None:
+    """The launcher of a multi-rank run (this process, never returns): fork one process per rank with
+    ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and a loopback ``MASTER_ADDR``/``MASTER_PORT``; report their
+    pids; when one rank dies (a signal or a non-zero exit) kill the others, as torchrun's agent does; when
+    all ranks finished, report ``done``. The ranks stay in this process group, so a group kill ends all."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # preemption is for the ranks; SIGKILL still ends us
+    pids: dict[int, int] = {}
+    for rank in range(plan.world_size):
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.environ.update(_rank_env(plan, rank))
+            _run_target(plan, ConnectionSink(conn, rank, plan.log_path), control if rank == 0 else None, rank)
+        pids[pid] = rank
+    sink = ConnectionSink(conn, None, plan.log_path)
+    sink.send(ev.Event(ev.RANKS, extra={"pids": sorted(pids, key=pids.__getitem__)}))
+    failed = False
+    while pids:
+        pid, status = os.wait()
+        rank = pids.pop(pid, None)
+        if rank is None or os.waitstatus_to_exitcode(status) == 0 or failed:
+            continue
+        failed = True
+        how = os.waitstatus_to_exitcode(status)
+        what = f"signal {-how}" if how < 0 else f"exit code {how}"
+        _write_quietly(sys.stderr, f"[launcher] rank {rank} ended with {what}; ending ranks "
+                                   f"{sorted(pids.values())}\n")
+        for other in pids:
+            try:
+                os.kill(other, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    if not failed:
+        sink.send(ev.Event(ev.DONE))
+    os._exit(EXIT_RANK_DIED if failed else 0)
 
 
 def _write_quietly(stream: Any, text: str) -> None:

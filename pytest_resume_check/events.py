@@ -27,6 +27,9 @@ PAUSED = "paused"  # the child waits for the supervisor to snapshot its checkpoi
 CONVERGED = "converged"  # the resumed run's state equals the reference's at this step; it stopped
 PROTOCOL = "protocol"  # text: a report call the target made out of order (its run is judged PROTOCOL)
 FILE_OP = "file_op"  # a file operation of the watched save (path, extra: index, kind, target)
+RANKS = "ranks"  # a multi-rank run's launcher started its ranks (extra: pids, by rank)
+#: Written by the supervisor, not a child: what it did to the run (extra: signal, grace, rank, pid).
+SIGNALLED = "signalled"
 
 #: Keys of a state event's ``extra``: component digests, their leaves' digests by path, and (under a
 #: tolerance) the first leaf per component that is not close to the reference's (None: all close).
@@ -35,7 +38,7 @@ STATE_LEAVES = "leaves"
 STATE_COMPARED = "compared"
 
 KINDS = frozenset({CONSUMED, TRAINED, STEP_END, CHECKPOINT, RESUMED, KILL_READY, LOG, ERROR, DONE, STATE,
-                   PAUSED, CONVERGED, FILE_OP, PROTOCOL})
+                   PAUSED, CONVERGED, FILE_OP, PROTOCOL, RANKS, SIGNALLED})
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class Event:
 
     ``ids`` is set for consumed/trained events, ``step`` for every step-related event, ``epoch`` for
     consumed/trained events, ``path`` for checkpoint/resumed events and ``text`` for log, error and
-    kill-ready events.
+    kill-ready events. ``rank`` is set by the ranks of a multi-rank run (None: a one-process run).
     """
 
     kind: str
@@ -54,6 +57,7 @@ class Event:
     path: str | None = None
     text: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    rank: int | None = None
 
     def to_wire(self) -> bytes:
         """Encode as one JSON line."""

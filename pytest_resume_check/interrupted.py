@@ -34,12 +34,17 @@ def run_interrupted(runner: Runner, target: Target, case: Mapping[str, Any], kil
     """
     runs: list[RunRecord] = []
     latest: str | None = None
+    world = target.world_size
     start = 0
     if first is not None:
         runs.append(first[0])
         latest, start = first[1], 1
     for index in range(start, len(kills) + 1):
         kill = kills[index] if index < len(kills) else None
+        if index and kills[index - 1].resume_world_size is not None:
+            world = kills[index - 1].resume_world_size  # an elastic resume: this run has another world size
+        elif index == 0:
+            world = target.world_size
         mode, path = resume_mode, None
         if resume_mode == RESUME_PATH:  # the first run starts fresh, later ones name the last checkpoint
             mode = RESUME_PATH if latest else (RESUME_AUTO if index == 0 else RESUME_DISABLED)
@@ -48,7 +53,7 @@ def run_interrupted(runner: Runner, target: Target, case: Mapping[str, Any], kil
                            resume_mode=mode, resume_path=path, kill=kill, is_resume=index > 0,
                            checkpoint_steps=prior_checkpoints if index == 0 else (),
                            converge=converge if kill is None else None, report_state=index > 0,
-                           state_reference_dir=state_reference if index > 0 else None)
+                           state_reference_dir=state_reference if index > 0 else None, world_size=world)
         record = runner.run(plan, target)
         runs.append(record)
         if kill is not None and kill.fault is not None:

@@ -21,13 +21,15 @@ LEDGERS = (CONSUMED, TRAINED)
 
 @dataclass(frozen=True)
 class Entry:
-    """One input in a ledger: its id, the step that took it, the epoch it was labelled with, and the
-    index of the run (0 = first run) that reported it."""
+    """One input in a ledger: its id, the step that took it, the epoch it was labelled with, the
+    index of the run (0 = first run) that reported it, and the rank that took it (None: a one-process
+    run)."""
 
     id: Any
     step: int
     epoch: int
     run: int = 0
+    rank: int | None = None
 
 
 class Ledger(tuple):
@@ -35,10 +37,13 @@ class Ledger(tuple):
 
     @classmethod
     def from_events(cls, events: Iterable[ev.Event], kind: str = CONSUMED, run: int = 0) -> Ledger:
-        """The ledger of one run: every ``kind`` event's ids, in the order they were reported."""
-        return cls(
-            Entry(i, e.step or 0, e.epoch or 0, run) for e in events if e.kind == kind for i in e.ids
-        )
+        """The ledger of one run: every ``kind`` event's ids, in the order they were reported. In a
+        multi-rank run the global ledger: step by step, rank 0's inputs of the step, then rank 1's, ...
+        (the order in which the ranks' reports reached the harness means nothing)."""
+        entries = [Entry(i, e.step or 0, e.epoch or 0, run, e.rank) for e in events if e.kind == kind for i in e.ids]
+        if any(e.rank for e in entries):
+            entries.sort(key=lambda e: (e.step, e.rank or 0))  # stable: each rank's own order is kept
+        return cls(entries)
 
     @property
     def ids(self) -> list[Any]:
@@ -48,7 +53,19 @@ class Ledger(tuple):
         """Entries taken in steps ``<= step``: what a checkpoint of ``step`` has behind it."""
         return Ledger(e for e in self if e.step <= step)
 
+    @property
+    def ranks(self) -> list[int]:
+        """The ranks that took inputs (empty for a one-process run)."""
+        return sorted({e.rank for e in self if e.rank is not None})
+
+    def of_rank(self, rank: int) -> Ledger:
+        """What one rank took: its own ledger."""
+        return Ledger(e for e in self if (e.rank or 0) == rank)
+
     def to_json(self) -> list[list[Any]]:
+        """Rows ``[id, step, epoch, run]``, with the rank as a fifth item in a multi-rank run."""
+        if self.ranks:
+            return [[e.id, e.step, e.epoch, e.run, e.rank or 0] for e in self]
         return [[e.id, e.step, e.epoch, e.run] for e in self]
 
 

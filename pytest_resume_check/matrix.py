@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_resume_check import faults
-from pytest_resume_check.plan import RESUME_AUTO, RESUME_PATH, KillSpec
+from pytest_resume_check.plan import RESUME_AUTO, RESUME_PATH, SIGNAL_TERM, KillSpec
 from pytest_resume_check.targets import ERR_RAISED, ERR_STEPS_RETURNED, Target, TargetError, describe_error
 
 QUICK = "quick"
@@ -54,11 +54,38 @@ def _short(v: Any) -> str:
 
 def kill_id(kills: Sequence[KillSpec]) -> str:
     """``ckpt3`` (killed right after checkpoint 3), ``ckpt3+1`` (one unsaved step later),
-    ``ckpt2_ckpt5`` (killed twice), ``save3op4:power`` (a fault in the save of step 3)."""
+    ``ckpt2_ckpt5`` (killed twice), ``save3op4:power`` (a fault in the save of step 3); distributed
+    kinds add ``:rank1`` (rank 1 alone killed), ``:term5`` (SIGTERM, SIGKILL 5 s later), ``:ws1``
+    (resumed with 1 rank)."""
     return KILL_SEPARATOR.join(
         f"save{k.checkpoint_step}{k.fault.label}" if k.fault is not None
-        else f"ckpt{k.checkpoint_step}" + (f"+{k.extra_steps}" if k.extra_steps else "") for k in kills
+        else f"ckpt{k.checkpoint_step}" + (f"+{k.extra_steps}" if k.extra_steps else "") + _kind_suffix(k)
+        for k in kills
     )
+
+
+def _kind_suffix(k: KillSpec) -> str:
+    return ((f":term{k.grace:g}" if k.signal == SIGNAL_TERM else "") + (f":rank{k.rank}" if k.rank is not None else "")
+            + (f":ws{k.resume_world_size}" if k.resume_world_size is not None else ""))
+
+
+def _parse_kind(point: str, mods: Sequence[str], text: str) -> dict[str, Any]:
+    """The distributed suffixes of one kill (``term5``, ``rank1``, ``ws2``) as KillSpec fields."""
+    out: dict[str, Any] = {}
+    for mod in mods:
+        m = re.fullmatch(r"(term)(\d+(?:\.\d+)?)|(rank)(\d+)|(ws)(\d+)", mod)
+        if m is None:
+            raise ValueError(f"kill point {text!r}: unknown suffix {mod!r} of {point!r}; use :term<grace seconds>, "
+                             ":rank<rank> or :ws<world size>")
+        if m.group(1):
+            out.update(signal=SIGNAL_TERM, grace=float(m.group(2)))
+        elif m.group(3):
+            out["rank"] = int(m.group(4))
+        else:
+            out["resume_world_size"] = int(m.group(6))
+    if "signal" in out and "rank" in out:
+        raise ValueError(f"kill point {text!r}: :term and :rank cannot be combined (SIGTERM goes to every rank)")
+    return out
 
 
 def parse_kill_id(text: str) -> tuple[KillSpec, ...]:
@@ -75,8 +102,9 @@ def parse_kill_id(text: str) -> tuple[KillSpec, ...]:
         if not part.startswith("ckpt"):
             raise ValueError(f"kill point {text!r}: each part must look like ckpt3 or ckpt3+1, joined by "
                              f"{KILL_SEPARATOR!r}")
-        step, _, extra = part[4:].partition("+")
-        kills.append(KillSpec(int(step), int(extra or 0)))
+        point, *mods = part.split(":")
+        step, _, extra = point[4:].partition("+")
+        kills.append(KillSpec(int(step), int(extra or 0), **_parse_kind(point, mods, text)))
     return tuple(kills)
 
 
@@ -100,7 +128,8 @@ class Cell:
     def shares_prefix(self) -> bool:
         """A single kill right after a checkpoint: its first run is a prefix of its group's run."""
         k = self.kills[0]
-        return len(self.kills) == 1 and k.extra_steps == 0 and k.checkpoint_step > 0 and k.fault is None
+        return (len(self.kills) == 1 and k.extra_steps == 0 and k.checkpoint_step > 0 and k.fault is None
+                and k == KillSpec(k.checkpoint_step))  # a plain SIGKILL of every rank
 
     @property
     def group(self) -> tuple[str, str, str]:
@@ -163,6 +192,38 @@ def kill_points(steps: int, boundaries: Sequence[int], mode: str, rng: random.Ra
     return points
 
 
+def distributed_points(steps: int, boundaries: Sequence[int], mode: str, world_size: int, elastic: Sequence[int],
+                       preemption: Sequence[float]) -> list[tuple[str, tuple[KillSpec, ...]]]:
+    """(resume mode, kills) of the distributed kinds, all in auto mode.
+
+    One rank alone (the last) killed right after a checkpoint and one unsaved step later, at the middle
+    and each epoch boundary; SIGTERM with each grace period at the end of a step with unsaved work (the
+    first, the middle, each boundary; every step in ``full``); a resume at each other world size from a
+    checkpoint at each boundary and the middle of each epoch (where a world size divides the data of a
+    typical target), and one unsaved step after the first middle.
+    """
+    edges = sorted({b for b in boundaries if 1 <= b <= steps})
+    middle = max(1, steps // 2)
+    points: list[tuple[str, tuple[KillSpec, ...]]] = []
+    if world_size > 1:
+        last = world_size - 1
+        points += [(RESUME_AUTO, (KillSpec(k, 0, rank=last),)) for k in sorted({middle, *edges}) if k < steps]
+        points += [(RESUME_AUTO, (KillSpec(middle, 1, rank=last),))] if middle + 1 <= steps else []
+    for grace in preemption:
+        ends = range(1, steps + 1) if mode == FULL else sorted({1, middle + 1, *edges})
+        points += [(RESUME_AUTO, (KillSpec(k - 1, 1, signal=SIGNAL_TERM, grace=grace),)) for k in ends
+                   if 1 <= k <= steps]
+    middles, before = [], 0
+    for edge in edges or [steps]:
+        middles.append(max(1, before + (edge - before) // 2))
+        before = edge
+    for world in elastic:
+        at = sorted({*middles, *(b for b in edges if b < steps)})
+        points += [(RESUME_AUTO, (KillSpec(k, 0, resume_world_size=world),)) for k in at]
+        points += [(RESUME_AUTO, (KillSpec(middles[0], 1, resume_world_size=world),))] if middles[0] < steps else []
+    return points
+
+
 def _double_kills(steps: int, mode: str) -> list[tuple[KillSpec, ...]]:
     """Runs killed twice: the second kill lands in the already resumed run."""
     if steps < 3:
@@ -182,7 +243,11 @@ def cells(target: Target, mode: str, seed: int) -> list[Cell]:
         rng = random.Random(f"{seed}:{target.name}:{case_id(case)}")
         buffered = list(_ask(target, "buffered", case, target.buffered, case)) if target.buffered else []
         points = kill_points(steps, boundaries, mode, rng, target.resume_modes, buffered)
-        singles = {(m, k[0].checkpoint_step) for m, k in points if len(k) == 1 and k[0].extra_steps == 0}
+        if target.world_size > 1 or target.elastic or target.preemption:
+            points += distributed_points(steps, boundaries, mode, target.world_size, target.elastic,
+                                         target.preemption)
+        singles = {(m, k[0].checkpoint_step) for m, k in points
+                   if len(k) == 1 and k[0] == KillSpec(k[0].checkpoint_step)}
         for resume_mode, kills in points:
             cell = Cell(target, case, resume_mode, kills, steps)
             if cell.shares_prefix:

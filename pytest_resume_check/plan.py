@@ -15,6 +15,10 @@ RESUME_PATH = "path"
 RESUME_DISABLED = "disabled"
 RESUME_MODES = (RESUME_AUTO, RESUME_PATH, RESUME_DISABLED)
 
+#: Kill signals: SIGKILL at the kill point, or SIGTERM there and SIGKILL after a grace period (preemption).
+SIGNAL_KILL = "kill"
+SIGNAL_TERM = "term"
+
 
 @dataclass(frozen=True)
 class KillSpec:
@@ -29,6 +33,13 @@ class KillSpec:
     extra_steps: int = 0
     #: A fault during the save of ``checkpoint_step`` (crash point, I/O error, power loss, torn file).
     fault: FaultPlan | None = None
+    #: ``kill`` (SIGKILL) or ``term`` (SIGTERM to every rank, SIGKILL to the run ``grace`` seconds later).
+    signal: str = SIGNAL_KILL
+    grace: float = 0.0
+    #: Multi-rank runs: kill only this rank (its launcher must end the others); None kills all at once.
+    rank: int | None = None
+    #: Elastic resume: the run after this kill has this many ranks (None: the same as the killed run).
+    resume_world_size: int | None = None
 
     @property
     def kill_step(self) -> int:
@@ -40,16 +51,35 @@ class KillSpec:
         data: dict[str, Any] = {"checkpoint_step": self.checkpoint_step, "extra_steps": self.extra_steps}
         if self.fault is not None:
             data["fault"] = self.fault.to_json()
+        if self.signal != SIGNAL_KILL:
+            data["signal"], data["grace"] = self.signal, self.grace
+        if self.rank is not None:
+            data["rank"] = self.rank
+        if self.resume_world_size is not None:
+            data["resume_world_size"] = self.resume_world_size
         return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KillSpec:
         fault = data.get("fault")
+        rank, world = data.get("rank"), data.get("resume_world_size")
         return cls(int(data["checkpoint_step"]), int(data.get("extra_steps", 0)),
-                   FaultPlan.from_json(fault) if fault else None)
+                   FaultPlan.from_json(fault) if fault else None, str(data.get("signal", SIGNAL_KILL)),
+                   float(data.get("grace", 0.0)), None if rank is None else int(rank),
+                   None if world is None else int(world))
 
     def describe(self) -> str:
         """Words for reports: ``killed after checkpoint 3 was published``."""
+        text = self._describe_point()
+        if self.signal == SIGNAL_TERM:
+            text = text.replace("killed", f"sent SIGTERM (SIGKILL {self.grace:g} s later)", 1)
+        if self.rank is not None:
+            text = text.replace("killed", f"rank {self.rank} alone killed", 1)
+        if self.resume_world_size is not None:
+            text += f"; resumed with {self.resume_world_size} rank{'' if self.resume_world_size == 1 else 's'}"
+        return text
+
+    def _describe_point(self) -> str:
         if self.fault is not None:
             f = self.fault
             what = {"crash": "killed", "power": "killed with power loss", "torn": "killed leaving a torn file",
@@ -114,3 +144,12 @@ class RunPlan:
     command: CommandSpec | None = None
     #: Environment variables the run gets from the target's services (see :mod:`..services`).
     env: Mapping[str, str] = field(default_factory=dict)
+    #: Ranks of this run: more than one makes the child their launcher (see :mod:`..child`), with the
+    #: rendezvous on loopback at ``master_port`` (free when the plan was made).
+    world_size: int = 1
+    master_port: int = 0
+
+    @property
+    def watched_rank(self) -> int:
+        """The rank whose report calls carry the kill point (rank 0 unless one rank alone is killed)."""
+        return self.kill.rank if self.kill is not None and self.kill.rank is not None else 0

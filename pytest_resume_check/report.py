@@ -14,7 +14,7 @@ from pytest_resume_check.categories import status
 from pytest_resume_check.events import LOG_PREFIX
 from pytest_resume_check.layout import REFERENCE
 from pytest_resume_check.ledger import Ledger
-from pytest_resume_check.results import CONVERGED, DONE, KILLED, CellResult
+from pytest_resume_check.results import CONVERGED, DONE, KILLED, CellResult, RunRecord
 from pytest_resume_check.verdict import entry_marks, resume_label
 
 #: The story of a cell whose reference failed (no interrupted run was made).
@@ -111,6 +111,8 @@ def failure_text(result: CellResult, rerun: str | None = None) -> str:
     if result.runs:
         lines.append(f"  runs: {story(result)}")
     contract = result.cell.target.contract.describe()
+    if any(k.resume_world_size is not None for k in result.cell.kills):
+        contract = ELASTIC_CONTRACT  # another world size: other batches, so the order and state are not judged
     lines.append(f"  target: {result.cell.target.name} (contract: {contract}); case {result.cell.case_id}")
     shown_error = None
     for rec in result.runs:
@@ -128,6 +130,10 @@ def failure_text(result: CellResult, rerun: str | None = None) -> str:
         lines.append(f"  rerun: {rerun}")
     lines = [ln for ln in lines if ln]
     return "\n".join(lines)
+
+
+#: The contract of a cell that resumes at another world size (see docs/distributed.md).
+ELASTIC_CONTRACT = "elastic resume: each epoch's inputs exactly once over all ranks, in any order"
 
 
 def cell_json(result: CellResult) -> dict[str, Any]:
@@ -153,12 +159,26 @@ def cell_json(result: CellResult) -> dict[str, Any]:
         "composite": composite,
         "marks": {"reference": ref_marks, "composite": comp_marks},
         "story": story(result) if result.runs else NO_RUNS,
-        "runs": [{"outcome": r.outcome, "exitcode": r.exitcode, "seconds": round(r.seconds, 3),
-                  "log_file": r.plan.log_path, "log_tail": log_tail(r.plan.log_path, LOG_LINES_JSON)}
-                 for r in result.runs],
+        "runs": [_run_json(r) for r in result.runs],
     }
     cell["status"] = status(cell)
     return cell
+
+
+def _run_json(rec: RunRecord) -> dict[str, Any]:
+    """One run of a cell: how it ended, its log; for multi-rank runs its world size, what each rank
+    restored, the signal it got and who ended its ranks (rows of ``reference`` and ``composite`` then
+    carry the rank as a fifth item)."""
+    out: dict[str, Any] = {"outcome": rec.outcome, "exitcode": rec.exitcode, "seconds": round(rec.seconds, 3),
+                           "log_file": rec.plan.log_path, "log_tail": log_tail(rec.plan.log_path, LOG_LINES_JSON)}
+    if rec.plan.world_size > 1 or rec.plan.master_port:
+        out["world_size"] = rec.plan.world_size
+        out["resumed_by_rank"] = {str(k): step for k, (step, _) in rec.resumed_by_rank.items()}
+    if rec.signalled is not None:
+        out["signalled"] = {"signal": rec.signalled.text, **rec.signalled.extra}
+    if rec.teardown:
+        out["teardown"] = rec.teardown
+    return out
 
 
 def rerun_command(cell_name: str, mode: str | None, seed: int | None, args: Sequence[str] = (),

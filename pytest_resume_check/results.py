@@ -58,30 +58,47 @@ class RunRecord:
     isolation: str | None = None
     #: Seconds from starting the child to its first event (start-up cost of the run).
     first_event_seconds: float | None = None
+    #: Seconds from starting the child to receiving its first ``step_end`` (rendezvous of ranks included).
+    first_step_seconds: float | None = None
     #: What the harness did to the disk after the kill (power loss, torn files).
     damage: DiskDamage = field(default_factory=DiskDamage)
     #: Processes of the run that escaped its process group (setsid, double fork) and were killed after it.
     leftovers: int = 0
+    #: A run with one rank killed alone: who ended the other ranks, and how fast.
+    teardown: str | None = None
+
+    def _lead(self, kind: str) -> list[ev.Event]:
+        """The run's events of ``kind`` from rank 0 (all of them in a one-process run): the ranks of a
+        multi-rank run each report their steps and checkpoints, and rank 0 speaks for the run."""
+        return [e for e in self.events if e.kind == kind and not e.rank]
+
+    @property
+    def resumed_by_rank(self) -> dict[int, tuple[int, str | None]]:
+        """(step, path) each rank reported restoring (rank 0 in a one-process run)."""
+        out: dict[int, tuple[int, str | None]] = {}
+        for e in self.events:
+            if e.kind == ev.RESUMED:
+                out.setdefault(e.rank or 0, (e.step or 0, e.path))
+        return dict(sorted(out.items()))
 
     @property
     def resumed_step(self) -> int | None:
         """Step of the checkpoint this run reported restoring (0: fresh), None if it never said."""
-        for e in self.events:
-            if e.kind == ev.RESUMED:
-                return e.step
-        return None
+        return next((e.step for e in self._lead(ev.RESUMED)), None)
 
     @property
     def resumed_path(self) -> str | None:
-        for e in self.events:
-            if e.kind == ev.RESUMED:
-                return e.path
-        return None
+        return next((e.path for e in self._lead(ev.RESUMED)), None)
 
     @property
     def published(self) -> list[tuple[int, str | None]]:
         """(step, path) of every checkpoint this run published, in order."""
-        return [(e.step or 0, e.path) for e in self.events if e.kind == ev.CHECKPOINT]
+        return [(e.step or 0, e.path) for e in self._lead(ev.CHECKPOINT)]
+
+    @property
+    def signalled(self) -> ev.Event | None:
+        """The SIGTERM (or one rank's SIGKILL) the supervisor sent this run, if any."""
+        return next((e for e in self.events if e.kind == ev.SIGNALLED), None)
 
     @property
     def states(self) -> dict[int, StepState]:
@@ -102,11 +119,11 @@ class RunRecord:
     @property
     def steps_run(self) -> int:
         """Trainer steps this run executed (for cost accounting)."""
-        return sum(1 for e in self.events if e.kind == ev.STEP_END)
+        return len(self._lead(ev.STEP_END))
 
     @property
     def last_step(self) -> int:
-        steps = [e.step for e in self.events if e.kind == ev.STEP_END and e.step is not None]
+        steps = [e.step for e in self._lead(ev.STEP_END) if e.step is not None]
         return max(steps, default=0)
 
     def describe(self) -> str:

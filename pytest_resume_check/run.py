@@ -23,6 +23,7 @@ from pytest_resume_check.plan import (  # noqa: F401  (re-exported: targets impo
     RESUME_DISABLED,
     RESUME_MODES,
     RESUME_PATH,
+    SIGNAL_TERM,
     KillSpec,
     RunPlan,
 )
@@ -91,8 +92,12 @@ class RunContext:
     before it consumes anything.
     """
 
-    def __init__(self, plan: RunPlan, sink: EventSink, control: Any = None, recorder: Any = None):
+    def __init__(self, plan: RunPlan, sink: EventSink, control: Any = None, recorder: Any = None,
+                 rank: int = 0):
         self.plan = plan
+        self._rank = rank
+        #: Only one rank's report calls carry the kill point (see RunPlan.watched_rank).
+        self._watching = rank == plan.watched_rank
         self._sink = sink
         self._control = control
         self._recorder = recorder
@@ -132,6 +137,17 @@ class RunContext:
         """True for a run that follows a killed one."""
         return self.plan.is_resume
 
+    @property
+    def rank(self) -> int:
+        """This process's rank (0 in a one-process run); also in the environment as ``RANK``."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """How many ranks this run has (``WORLD_SIZE``); after an elastic resume, another number than
+        the killed run's."""
+        return self.plan.world_size
+
     # -- what the target reports -----------------------------------------------------------------
     def resumed(self, step: int, path: str | os.PathLike[str] | None = None) -> None:
         """Report the checkpoint actually restored: its step (0 when starting fresh) and folder."""
@@ -162,7 +178,7 @@ class RunContext:
         self._ended = max(self._ended, int(step))
         self._sink.send(ev.Event(ev.STEP_END, step=int(step)))
         kill = self.plan.kill
-        if kill is not None and kill.extra_steps > 0 and kill.kill_step == step:
+        if kill is not None and self._watching and kill.extra_steps > 0 and kill.kill_step == step:
             self._await_kill(kill.describe())
 
     def should_checkpoint(self, step: int) -> bool:
@@ -181,7 +197,7 @@ class RunContext:
             self._sink.send(ev.Event(ev.PAUSED, step=int(step)))
             self._control.recv_bytes()  # the supervisor copied what is on disk; go on
         kill = self.plan.kill
-        if kill is not None and kill.extra_steps == 0 and kill.checkpoint_step == step:
+        if kill is not None and self._watching and kill.extra_steps == 0 and kill.checkpoint_step == step:
             self._await_kill(kill.describe())
 
     def state(self, step: int, components: Mapping[str, Any]) -> None:
@@ -194,9 +210,10 @@ class RunContext:
         differing key. A resumed run whose whole state equals the reference's stops there (the
         reference supplies the rest). Digests are computed here, in the child, and only in runs whose
         state is compared: a first run that will be killed pays nothing. Call it after ``step_end``
-        and after any checkpoint of that step; several calls in one step add components.
+        and after any checkpoint of that step; several calls in one step add components. In a multi-rank
+        run only rank 0's state is compared (replicas; other ranks' calls return at once).
         """
-        if not self.plan.report_state:
+        if not self.plan.report_state or self._rank != 0:
             return
         step = int(step)
         if self.plan.state_tolerance is not None:
@@ -270,6 +287,14 @@ class RunContext:
         self._sink.send(ev.Event(ev.STATE, step=step, extra={ev.STATE_COMPARED: compared}))
 
     def _await_kill(self, why: str, extra: dict[str, Any] | None = None) -> None:
-        self._sink.send(ev.Event(ev.KILL_READY, text=why, extra=extra or {}))
+        extra = {**(extra or {}), "pid": os.getpid()}
+        kill = self.plan.kill
+        if kill is not None and kill.signal == SIGNAL_TERM and self._control is not None and kill.fault is None:
+            # Preemption: the supervisor sends SIGTERM to every rank, then lets this call return, so the
+            # trainer's handler can save within the grace period; SIGKILL follows when it ends.
+            self._sink.send(ev.Event(ev.KILL_READY, text=why, extra={**extra, "signal": SIGNAL_TERM}))
+            self._control.recv_bytes()
+            return
+        self._sink.send(ev.Event(ev.KILL_READY, text=why, extra=extra))
         while True:  # the supervisor's SIGKILL ends this process
             time.sleep(60)

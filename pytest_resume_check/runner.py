@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import random
+import socket
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -50,14 +52,21 @@ class Runner:
              checkpoint_steps: Sequence[int] = (), is_resume: bool = False,
              converge: Mapping[int, Mapping[str, str]] | None = None, pause_steps: Sequence[int] = (),
              faults: FaultPlan | None = None, report_state: bool = False, state_values_dir: str | None = None,
-             state_reference_dir: str | None = None) -> RunPlan:
+             state_reference_dir: str | None = None, world_size: int | None = None) -> RunPlan:
         """A plan for run ``index`` of ``target`` whose files live under ``workdir`` (checkpoints in
         ``out``, by default the layout's for ``resume_mode``). ``report_state``: the run digests the state
-        the target reports (reference and resumed runs); the target's ``state_tolerance`` comes along."""
+        the target reports (reference and resumed runs); the target's ``state_tolerance`` comes along.
+        ``world_size``: the run's ranks (the target's by default; another number after an elastic kill)."""
         ckpt = out if out is not None else Layout.out(workdir, resume_mode, index)
         ckpt.mkdir(parents=True, exist_ok=True)
         if kill is not None and kill.checkpoint_step:
             checkpoint_steps = (*checkpoint_steps, kill.checkpoint_step)
+        world = int(world_size or target.world_size)
+        distributed = world > 1 or target.world_size > 1 or bool(target.elastic)
+        if distributed:
+            # One rank stopping early would leave the others waiting in a collective; after an elastic
+            # resume the state cannot equal the reference's.
+            converge = None
         return RunPlan(
             target_name=target.name, target_ref=target.ref, case=dict(case), seed=self.seed,
             checkpoint_dir=str(ckpt), log_path=str(Layout.log(workdir, index)),
@@ -67,6 +76,7 @@ class Runner:
             report_state=report_state, state_tolerance=target.state_tolerance, state_values_dir=state_values_dir,
             state_reference_dir=state_reference_dir, token=uuid.uuid4().hex, step_limit=_step_limit(target, case),
             command=target.command, env=self.services.env_for(target),
+            world_size=world, master_port=free_port() if distributed else 0,
         )
 
     def run(self, plan: RunPlan, target: Target, on_pause: Callable[[int], None] | None = None) -> RunRecord:
@@ -87,6 +97,36 @@ class Runner:
         if target.hang_timeout is None or self.hang_forced:
             return self.hang_timeout
         return hang_limit(target.hang_timeout)
+
+
+#: Rendezvous ports are drawn below the kernel's ephemeral range (where the ranks' own connections get
+#: their ports), so no connection can take one between the draw and rank 0 binding it.
+PORT_FLOOR = 10000
+#: The OS's randomness: a test session that seeds ``random`` the same in every xdist worker must not
+#: make the workers draw the same ports.
+_PORTS = random.SystemRandom()
+
+
+def free_port() -> int:
+    """A TCP port on loopback that is free now (the rendezvous port of one multi-rank run)."""
+    low = _ephemeral_low()
+    for _ in range(50):
+        port = _PORTS.randrange(PORT_FLOOR, low) if low > PORT_FLOOR else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise RuntimeError(f"no free TCP port on 127.0.0.1 between {PORT_FLOOR} and {low} for a rendezvous")
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 #: A run may take this many times its case's steps before it is stopped as a runaway.

@@ -31,7 +31,7 @@ from typing import Any
 from pytest_resume_check import _server_setup
 from pytest_resume_check._server_setup import WARMUP_ENV
 from pytest_resume_check.child import child_main
-from pytest_resume_check.plan import RunPlan
+from pytest_resume_check.plan import SIGNAL_TERM, RunPlan
 from pytest_resume_check.sweep import RUN_TOKEN_ENV
 from pytest_resume_check.targets import ISOLATION_FORKSERVER, ISOLATIONS, TargetError
 
@@ -270,7 +270,8 @@ def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER) -> Child:
     if isolation == ISOLATION_FORKSERVER:
         _ensure_server(ctx)
     reader, writer = ctx.Pipe(duplex=False)
-    control_reader, control_writer = ctx.Pipe(duplex=False) if plan.pause_steps else (None, None)
+    wants_control = plan.pause_steps or (plan.kill is not None and plan.kill.signal == SIGNAL_TERM)
+    control_reader, control_writer = ctx.Pipe(duplex=False) if wants_control else (None, None)
     process = ctx.Process(target=child_main, args=(plan, writer, control_reader),
                           name=f"resume-check:{plan.target_name}")
     if isolation == ISOLATION_FORKSERVER:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+from pytest_resume_check import events as ev
 from pytest_resume_check.categories import NONDETERMINISTIC, PROTOCOL, STALE_RESUME, STATE_DIVERGED
-from pytest_resume_check.plan import RESUME_DISABLED
+from pytest_resume_check.plan import RESUME_DISABLED, SIGNAL_TERM
 from pytest_resume_check.results import Finding, RunRecord, StepState
 from pytest_resume_check.state import first_differing_key
 
@@ -34,6 +35,12 @@ MSG_STATE_NONDETERMINISTIC = (
     "NONDETERMINISTIC reference: two uninterrupted runs differ in their state from step {step}: {what}; seed "
     "every random source from run.seed (torch, numpy, random, loader workers), or declare "
     "state_tolerance=(rtol, atol) on the target if its kernels are not bitwise deterministic")
+
+MSG_RANKS_DISAGREE = ("STALE_RESUME: rank {rank} of run {run} resumed from {got} but rank 0 resumed from {want}: "
+                      "the ranks of one job continue from different checkpoints")
+MSG_PREEMPTED = ("STALE_RESUME: run {run} got SIGTERM at the end of step {step} and {what} within its {grace:g} s "
+                 "grace period; run {next} {got}: {lost} step{s} of training lost. A trainer that saves on SIGTERM "
+                 "must publish that checkpoint before the grace period ends")
 
 #: Shown as the key of a component one side did not report at that step.
 NOT_REPORTED = "not reported"
@@ -57,6 +64,9 @@ def judge_restored(runs: Sequence[RunRecord], newest_complete: int | None = None
         got = rec.resumed_step
         if got is None:
             return []  # the ledger's composition reports the missing report
+        preempted = _preempted(runs[index - 1], rec, index)
+        if preempted is not None:
+            return [preempted]
         if index == 1 and newest_complete is not None:
             if got < newest_complete:
                 name = checkpoint_name(got, rec.resumed_path) if got else "scratch"
@@ -80,6 +90,57 @@ def judge_restored(runs: Sequence[RunRecord], newest_complete: int | None = None
                 run=index + 1, got=what, want=checkpoint_name(want_step, want_path), lost=lost,
                 s="" if lost == 1 else "s"), step=got)]
     return []
+
+
+def judge_ranks_agree(runs: Sequence[RunRecord]) -> Finding | None:
+    """The first resumed multi-rank run whose ranks restored different checkpoints. Judged before how
+    the runs ended: ranks that continue from different steps usually fail in a collective soon after,
+    and that error is the consequence, not the cause."""
+    for index, rec in enumerate(runs):
+        finding = _ranks_disagree(rec, index) if index else None
+        if finding is not None:
+            return finding
+    return None
+
+
+def _ranks_disagree(rec: RunRecord, index: int) -> Finding | None:
+    """A multi-rank run whose ranks restored different checkpoints."""
+    by_rank = rec.resumed_by_rank
+    lead = by_rank.get(0)
+    for rank, (step, path) in by_rank.items():
+        if lead is not None and step != lead[0]:
+            return Finding(STALE_RESUME, MSG_RANKS_DISAGREE.format(
+                rank=rank, run=index + 1, got=f"{checkpoint_name(step, path)} (step {step})",
+                want=f"{checkpoint_name(*lead)} (step {lead[0]})"), step=min(step, lead[0]))
+    return None
+
+
+def _preempted(before: RunRecord, rec: RunRecord, index: int) -> Finding | None:
+    """A run sent SIGTERM that published no checkpoint of the step it was preempted in (or later)
+    before its grace period ended, so its successor lost that work."""
+    signalled = before.signalled
+    if signalled is None or signalled.extra.get("signal") != SIGNAL_TERM:
+        return None
+    at = before.events.index(signalled)
+    after = before.events[at + 1:]
+    step = signalled.step or 0
+    published = [e for e in after if e.kind == ev.CHECKPOINT and not e.rank and (e.step or 0) >= step]
+    if published:
+        return None  # the resume is judged against it like any other published checkpoint
+    more = sum(1 for e in after if e.kind == ev.STEP_END and not e.rank)
+    if more:
+        what = f"published no checkpoint: it ignored the signal and trained {more} more step{'s' if more > 1 else ''}"
+    elif before.exitcode not in (None, 0) and not any(e.kind == ev.DONE for e in after):
+        what = "published no checkpoint: it died of the signal without saving"
+    else:
+        what = "published no checkpoint"
+    got = rec.resumed_step or 0
+    resumed = (f"resumed from {checkpoint_name(got, rec.resumed_path)} (step {got})" if got
+               else "started fresh (resumed step 0)")
+    lost = max(step - got, 0)
+    return Finding(STALE_RESUME, MSG_PREEMPTED.format(
+        run=index, step=step, what=what, grace=float(signalled.extra.get("grace", 0)), next=index + 1, got=resumed,
+        lost=lost, s="" if lost == 1 else "s"), step=got)
 
 
 def judge_state(reference: RunRecord, runs: Sequence[RunRecord], labels: Sequence[str]) -> Finding | None:

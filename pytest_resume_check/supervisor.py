@@ -4,13 +4,15 @@ hang limit. A run ends in one of the outcomes below; no process of the run outli
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable
 from multiprocessing.connection import wait
 
 from pytest_resume_check import events as ev
 from pytest_resume_check import starter
-from pytest_resume_check.plan import RunPlan
+from pytest_resume_check.plan import SIGNAL_TERM, RunPlan
 from pytest_resume_check.results import (
     CONVERGED,
     CRASHED,
@@ -83,12 +85,19 @@ def _read_events(child: starter.Child, record: RunRecord, hang_timeout: float,
                 record.first_event_seconds = time.monotonic() - started
             for event in _decode(raw):
                 record.events.append(event)
+                if event.kind == ev.STEP_END and record.first_step_seconds is None:
+                    record.first_step_seconds = time.monotonic() - started
                 if event.kind == ev.PAUSED:
                     if on_pause is not None:
                         on_pause(event.step or 0)
                     child.resume()
                 elif event.kind == ev.KILL_READY:
                     record.outcome = KILLED
+                    kill = record.plan.kill
+                    if kill is not None and event.extra.get("signal") == SIGNAL_TERM:
+                        _preempt(child, record, kill.grace)
+                    elif kill is not None and kill.rank is not None and record.plan.world_size > 1:
+                        _kill_one_rank(child, record, kill.rank, int(event.extra["pid"]))
                     return
                 elif event.kind in (ev.DONE, ev.ERROR, ev.CONVERGED):
                     _finish(record)
@@ -102,6 +111,70 @@ def _read_events(child: starter.Child, record: RunRecord, hang_timeout: float,
                 except (EOFError, OSError):
                     break
             _finish(record)
+            return
+
+
+#: Seconds a multi-rank run's launcher gets to end the other ranks after one was killed.
+TEARDOWN_TIMEOUT = 10.0
+
+
+def _rank_pids(child: starter.Child, record: RunRecord) -> list[int]:
+    """The processes of the run's ranks (the child itself in a one-process run)."""
+    pids = next((e.extra.get("pids") for e in record.events if e.kind == ev.RANKS), None)
+    return [int(p) for p in pids] if pids else [child.pid]
+
+
+def _signal(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def _preempt(child: starter.Child, record: RunRecord, grace: float) -> None:
+    """Preemption: SIGTERM to every rank, let the reporting call return, and keep recording what the
+    run does until it exits or ``grace`` seconds have passed (the caller then SIGKILLs its group)."""
+    _signal(_rank_pids(child, record), signal.SIGTERM)
+    record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGTERM",
+                                  extra={"signal": SIGNAL_TERM, "grace": grace}))
+    child.resume()
+    _drain_until(child, record, time.monotonic() + grace)
+
+
+def _kill_one_rank(child: starter.Child, record: RunRecord, rank: int, pid: int) -> None:
+    """SIGKILL one rank alone and give the launcher :data:`TEARDOWN_TIMEOUT` to end the others, as
+    torchrun's agent does; ``record.teardown`` says who ended them (the caller kills what is left)."""
+    _signal([pid], signal.SIGKILL)
+    started = time.monotonic()
+    record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL",
+                                  extra={"signal": "kill", "rank": rank, "pid": pid}))
+    _drain_until(child, record, started + TEARDOWN_TIMEOUT)
+    if child.process.exitcode is not None:
+        took = time.monotonic() - started
+        record.teardown = f"the launcher ended the other ranks {took:.2f} s after rank {rank} died"
+    else:
+        record.teardown = (f"the launcher had not ended the other ranks {TEARDOWN_TIMEOUT:g} s after rank {rank} died; "
+                           "the harness killed them")
+
+
+def _drain_until(child: starter.Child, record: RunRecord, deadline: float) -> None:
+    """Record the run's events until its process exits or ``deadline`` passes."""
+    sentinel = child.process.sentinel
+    while time.monotonic() < deadline:
+        ready = wait([child.conn, sentinel], timeout=min(LIVENESS_POLL, max(0.0, deadline - time.monotonic())))
+        if child.conn in ready:
+            try:
+                record.events.extend(_decode(child.conn.recv_bytes()))
+            except (EOFError, OSError):  # every process of the run closed the channel: it is exiting
+                child.wait_exit(max(0.0, deadline - time.monotonic()))
+                return
+        elif sentinel in ready or child.process.exitcode is not None:
+            while child.conn.poll(0):
+                try:
+                    record.events.extend(_decode(child.conn.recv_bytes()))
+                except (EOFError, OSError):
+                    break
             return
 
 

@@ -162,6 +162,14 @@ class Target:
     #: Services the runs share, each a factory returning a context manager that yields environment
     #: variables for the runs (see :mod:`pytest_resume_check.services`).
     services: tuple[Callable[[], Any], ...] = ()
+    #: Ranks per run (more than one: the harness launches them, see docs/distributed.md).
+    world_size: int = 1
+    #: World sizes a resume may take besides ``world_size`` (elastic cells; the contract is then each
+    #: epoch's inputs exactly once, in any order, over all ranks).
+    elastic: tuple[int, ...] = ()
+    #: Grace periods (seconds) of preemption cells: SIGTERM to every rank, SIGKILL that long after. Only
+    #: for trainers that save on SIGTERM.
+    preemption: tuple[float, ...] = ()
 
     @property
     def ref(self) -> tuple[str, str, str]:
@@ -195,6 +203,9 @@ def resume_target(
     state_tolerance: tuple[float, float] | None = None,
     hang_timeout: float | None = None,
     services: Iterable[Callable[[], Any]] = (),
+    world_size: int = 1,
+    elastic: Iterable[int] = (),
+    preemption: Iterable[float] = (),
 ) -> Any:
     """Declare a target; usable as ``@resume_target(steps=...)`` or ``resume_target(fn, steps=...)``."""
 
@@ -216,6 +227,9 @@ def resume_target(
             state_tolerance=state_tolerance,
             hang_timeout=hang_timeout,
             services=services,
+            world_size=world_size,
+            elastic=elastic,
+            preemption=preemption,
         )
 
     return build(fn) if fn is not None else build
@@ -271,7 +285,42 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         hang_timeout=_hang_timeout(name, kw.get("hang_timeout")),
         command=kw.get("command"),
         services=_services(name, kw.get("services", ())),
+        **_distributed(name, kw.get("world_size", 1), kw.get("elastic", ()), kw.get("preemption", ()),
+                       kw.get("crash_save")),
     )
+
+
+ERR_WORLD_SIZE = ("target {name!r}: world_size={value!r} must be a whole number of ranks of at least 1 "
+                  "(e.g. world_size=2)")
+ERR_ELASTIC = ("target {name!r}: elastic={value!r} must list other world sizes a resume may take, each a whole "
+               "number of at least 1 and not the target's world_size {world} (e.g. elastic=[1, 3])")
+ERR_PREEMPTION = ("target {name!r}: preemption={value!r} must list grace periods in seconds, each a number > 0 (e.g. "
+                  "preemption=[5.0]); SIGTERM is sent, SIGKILL that long after")
+ERR_PREEMPT_COMMAND = ("target {name!r}: preemption= is not supported on a command target yet (SIGTERM would reach the "
+                       "harness's side of the run, not your program); declare it on a Python target")
+ERR_CRASH_RANKS = ("target {name!r}: crash_save= is not supported with world_size > 1 (file faults are injected in one "
+                   "process); declare the crash axis on a one-rank target")
+
+
+def _distributed(name: str, world: Any, elastic: Any, preemption: Any, crash_save: Any) -> dict[str, Any]:
+    """``world_size``, ``elastic`` and ``preemption``, checked."""
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise TargetError(ERR_WORLD_SIZE.format(name=name, value=world))
+    try:
+        sizes = tuple(elastic)
+    except TypeError:
+        sizes = (None,)
+    if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 or w == world for w in sizes):
+        raise TargetError(ERR_ELASTIC.format(name=name, value=elastic, world=world))
+    try:
+        graces = tuple(float(g) for g in preemption)
+    except (TypeError, ValueError):
+        graces = (0.0,)
+    if any(not g > 0 or g == float("inf") for g in graces):
+        raise TargetError(ERR_PREEMPTION.format(name=name, value=preemption))
+    if crash_save and world > 1:
+        raise TargetError(ERR_CRASH_RANKS.format(name=name))
+    return {"world_size": world, "elastic": tuple(dict.fromkeys(sizes)), "preemption": tuple(dict.fromkeys(graces))}
 
 
 def command_target(
@@ -305,6 +354,8 @@ def command_target(
     declared_in = _sys._getframe(1).f_globals.get("__file__")
     spec = command_spec(name, argv, cwd, env, cases, declared_in)
     options.setdefault("description", f"the command {' '.join(spec.argv)}")
+    if options.get("preemption"):
+        raise TargetError(ERR_PREEMPT_COMMAND.format(name=name))
     target: Target = resume_target(run_command, name=name, steps=steps, cases=cases, **options)
     return target.with_options(command=spec)
 

@@ -12,6 +12,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pytest_resume_check import events as ev
@@ -40,6 +41,7 @@ from pytest_resume_check.state_verdict import (  # noqa: F401  (MSG_* re-exporte
     MSG_STATE_DIVERGED,
     MSG_STATE_NONDETERMINISTIC,
     MSG_UNPUBLISHED,
+    judge_ranks_agree,
     judge_reference_state,
     judge_restored,
     judge_state,
@@ -119,6 +121,8 @@ def judge(reference: RunRecord, runs: Sequence[RunRecord], contract: Contract,
     the first resumed run must not start from anything older (STALE_RESUME).
     """
     verdict = Verdict()
+    #: A resume at another world size: judged by the elastic contract, each epoch's inputs exactly once.
+    elastic = any(r.plan.world_size != reference.plan.world_size for r in runs)
     calls = _call_finding(runs, lambda i: f"run {i + 1} of {len(runs)}")
     if calls is not None:
         verdict.findings.append(calls)
@@ -128,6 +132,9 @@ def judge(reference: RunRecord, runs: Sequence[RunRecord], contract: Contract,
         verdict.findings.append(Finding(SILENT_IO_ERROR, MSG_SILENT_IO.format(
             error=os.strerror(fault.errno or 5), op=fault.op, step=fault.step, what=runs[0].describe())))
         return verdict
+    disagree = judge_ranks_agree(runs)
+    if disagree is not None:
+        verdict.findings.append(disagree)
     for index, rec in enumerate(runs):
         if rec.outcome in (rs.DONE, rs.KILLED, rs.CONVERGED):
             continue
@@ -136,6 +143,8 @@ def judge(reference: RunRecord, runs: Sequence[RunRecord], contract: Contract,
         who = f"run {index + 1} of {len(runs)}"
         verdict.findings.append(_process_finding(rec, who, resumed=rec.plan.is_resume, run=index + 1))
         return verdict
+    if disagree is not None:
+        return verdict  # the ledgers of ranks at different steps say nothing more
     if runs and runs[-1].outcome not in rs.FINISHED:
         verdict.findings.append(Finding(PROTOCOL, MSG_PROTOCOL.format(detail="the last run was killed")))
         return verdict
@@ -153,14 +162,24 @@ def judge(reference: RunRecord, runs: Sequence[RunRecord], contract: Contract,
         converged = runs[-1].converged_step if runs else None
         if converged is not None:
             # From here the resumed run's state equals the reference's: the reference's rest is its rest.
-            tail = (Entry(e.id, e.step, e.epoch, len(runs)) for e in ref if e.step > converged)
+            tail = (Entry(e.id, e.step, e.epoch, len(runs), e.rank) for e in ref if e.step > converged)
             comp = Ledger(comp + Ledger(tail))
         verdict.resumed_from = resumed_from
         verdict.resume_labels = [resume_label(r.resumed_step, r.resumed_path) for r in runs[1:]]
         if kind == contract.ledgers[0]:
             verdict.reference, verdict.composite = ref, comp
-        verdict.findings.extend(compare(ref, comp, contract.ordered, kind, verdict.resume_labels,
-                                        resumed_from))
+        found = compare(ref, comp, contract.ordered and not elastic, kind, verdict.resume_labels, resumed_from)
+        if not found and ref.ranks and not elastic:
+            # The global ledger agrees; each rank must also have taken its own inputs (ranks that swap
+            # inputs pass a set comparison of the whole).
+            for rank in ref.ranks:
+                found = [_on_rank(f, rank) for f in compare(ref.of_rank(rank), comp.of_rank(rank), contract.ordered,
+                                                            kind, verdict.resume_labels, resumed_from)]
+                if found:
+                    break
+        verdict.findings.extend(found)
+    if elastic:
+        return verdict  # another world size trains on other batches: the state cannot equal the reference's
     state = judge_state(reference, runs, verdict.resume_labels)
     inputs_differ = [f.step for f in verdict.findings if f.category in LEDGER_CATEGORIES and f.step is not None]
     if state is not None and (not inputs_differ or state.step < min(inputs_differ)):
@@ -361,12 +380,30 @@ def _where_step(step: int, labels: Sequence[str], resumed_from: Sequence[int]) -
     return chosen
 
 
+def _on_rank(finding: Finding, rank: int) -> Finding:
+    """A finding of one rank's own ledger, saying so (``REORDERED on rank 1: ...``)."""
+    if " on rank" in finding.headline:
+        return finding
+    head, sep, rest = finding.headline.partition(":")
+    return replace(finding, headline=f"{head} on rank {rank}{sep}{rest}" if finding.category == REORDERED
+                   else finding.headline.replace(" after ", f" on rank {rank} after ", 1))
+
+
+def _ranks_text(entries: Sequence[Entry]) -> str:
+    """`` on rank 1`` / `` on ranks 0, 1`` for entries of a multi-rank run ('' for one process)."""
+    ranks = sorted({e.rank for e in entries if e.rank is not None})
+    if not ranks:
+        return ""
+    return f" on rank {ranks[0]}" if len(ranks) == 1 else " on ranks " + ", ".join(map(str, ranks))
+
+
 def _id_finding(category: str, template: str, entries: list[Entry], where: str, kind: str,
                 pos: int | None) -> Finding:
     epochs = sorted({e.epoch for e in entries})
     epoch_text = f"epoch {epochs[0]}" if len(epochs) == 1 else "epochs " + ", ".join(map(str, epochs))
     ids = list(dict.fromkeys(e.id for e in entries))  # each id once, in order of appearance
     headline = template.format(n=len(ids), s=_s(len(ids)), where=where, ids=_id_list(ids), epochs=epoch_text)
+    headline = headline.replace(" after ", _ranks_text(entries) + " after ", 1)
     if len(entries) > len(ids):
         headline += f"; {len(entries)} occurrences in all"
     if kind != "consumed":

@@ -173,3 +173,28 @@ def test_recipe_project_passes_and_a_planted_bash_bug_is_caught(pytester):
     assert result.ret == 1
     result.stdout.fnmatch_lines(["*bash_trainer[[]in-order-auto-ckpt2[]]: DUPLICATED 4 inputs after resume from "
                                  "*step_2.ckpt: ids 0, 1, 2, 3 (epoch 0)*"])
+
+
+RANK_PROGRAM = Path(__file__).resolve().parent / "rank_program.py"
+
+
+def rank_program(*extra: str):
+    return resume_target.command(["{python}", str(RANK_PROGRAM), "{checkpoint_dir}", *extra],
+                                 name="rank_program" + "_".join(extra).replace("-", "_"), steps=8, world_size=2)
+
+
+@pytest.mark.parametrize("kill", ["ckpt3", "ckpt3+1", "ckpt4:rank1"])
+def test_a_command_target_runs_one_program_per_rank(engine, kill):
+    from pytest_resume_check.matrix import parse_kill_id
+
+    result = judge(engine, rank_program(), {}, *parse_kill_id(kill))
+    assert result.verdict.findings == []
+    ranks = {e.rank for r in result.runs for e in r.events if e.kind == "consumed"}
+    assert ranks == {0, 1}
+
+
+def test_a_rank_of_a_command_target_that_repeats_inputs_is_named(engine):
+    result = judge(engine, rank_program("--bug", "own-order"), {}, KillSpec(3))
+    assert result.verdict.categories == [vd.LOST, vd.DUPLICATED]
+    assert result.verdict.findings[1].headline.startswith("DUPLICATED 3 inputs on rank 1 after resume from "
+                                                          "ckpt_3_rank0.json")
