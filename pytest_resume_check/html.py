@@ -161,6 +161,8 @@ def timeline(cell: Mapping[str, Any]) -> dict[str, Any]:
 
     ``ref``/``res``: groups ``[step, run, epoch, ids, marks, hidden]`` of the reference and resumed
     (composite) ledgers, one per (step, run, epoch) in ledger order, restricted to the shown steps;
+    ``lanes``: ``[label, groups]`` per lane drawn, in a multi-rank cell one per rank of each ledger
+    (``reference r0``, ``reference r1``, ``resumed r0``, ...; rows carry the rank as a fifth item);
     ``kills``: ``[run, checkpoint step, kill step, description]``; ``resumed``: the step each later run
     restored; ``lo``/``hi``: the shown steps; ``last``: the last step of the reference; ``ran``: each
     run's outcome.
@@ -185,6 +187,7 @@ def timeline(cell: Mapping[str, Any]) -> dict[str, Any]:
         "cell": summary.cell_name(cell),
         "ref": _groups(reference, ref_marks, lo, hi),
         "res": _groups(composite, comp_marks, lo, hi),
+        "lanes": _rank_lanes(reference, ref_marks, composite, comp_marks, lo, hi),
         "kills": kills,
         "resumed": resumed,
         "lo": lo,
@@ -215,11 +218,26 @@ def _entry_marks(cell: Mapping[str, Any], reference: list[list[Any]], composite:
     return verdict.entry_marks(reference, composite)
 
 
+def _rank_lanes(reference: list[list[Any]], ref_marks: str, composite: list[list[Any]], comp_marks: str, lo: int,
+                hi: int) -> list[list[Any]]:
+    """The lanes of the picture: reference and resumed, split by rank where the rows carry one."""
+    ranks = sorted({int(r[4]) for r in reference + composite if len(r) > 4})
+    if not ranks:
+        return [["reference", _groups(reference, ref_marks, lo, hi)],
+                ["resumed", _groups(composite, comp_marks, lo, hi)]]
+    lanes = []
+    for name, rows, marks in (("reference", reference, ref_marks), ("resumed", composite, comp_marks)):
+        for rank in ranks:
+            keep = [i for i, r in enumerate(rows) if len(r) > 4 and int(r[4]) == rank]
+            lanes.append([f"{name} r{rank}", _groups([rows[i] for i in keep], "".join(marks[i] for i in keep), lo, hi)])
+    return lanes
+
+
 def _groups(rows: list[list[Any]], marks: str, lo: int, hi: int) -> list[list[Any]]:
     groups: list[list[Any]] = []
     drawn: Counter = Counter()  # inputs drawn per step, over all groups of the step
-    for (ident, step, epoch, run), mark in zip(rows, marks):
-        step, epoch, run = int(step), int(epoch), int(run)
+    for row, mark in zip(rows, marks):
+        ident, step, epoch, run = row[0], int(row[1]), int(row[2]), int(row[3])
         if not lo <= step <= hi:
             continue
         if not groups or groups[-1][:3] != [step, run, epoch]:

@@ -54,7 +54,19 @@ def _crash_row_order(row: str) -> tuple[int, str]:
 
 
 def _short(kill: str) -> str:
-    return kill.replace("ckpt", "").replace("_", ",")  # a column label: 1,7+1 reads as "then"
+    """A column label: ``1,7+1`` reads as "then"; a distributed kind (``:rank1``) goes to the row."""
+    return ",".join(part.split(":")[0] for part in kill.replace("ckpt", "").split("_"))
+
+
+def _kind(kill: str) -> str:
+    """The distributed kind of a kill id (``rank1``, ``term2``, ``ws3``; '' for a plain SIGKILL of all)."""
+    mods = [m for part in kill.split("_") for m in part.split(":")[1:]]
+    return " ".join(dict.fromkeys(mods))
+
+
+def _row(cell: dict[str, Any]) -> str:
+    """``shuffle auto``, or ``shuffle auto rank1`` for the cells of one distributed kind."""
+    return " ".join(x for x in (cell["case_id"], cell["resume_mode"], _kind(cell["kill"])) if x)
 
 
 def grid(cells: Sequence[dict[str, Any]], width: int = 100) -> list[str]:
@@ -66,13 +78,16 @@ def grid(cells: Sequence[dict[str, Any]], width: int = 100) -> list[str]:
         plain = [c for c in mine if not is_crash_cell(c)]
         crash = [c for c in mine if is_crash_cell(c)]
         if plain:
-            lines.append(f"{target}: {len(plain)} cells, columns are kill points (ckpt N[+unsaved steps])")
+            kinds = any(_kind(c["kill"]) for c in plain)
+            lines.append(f"{target}: {len(plain)} cells, columns are kill points (ckpt N[+unsaved steps])"
+                         + ("; rows rankR: that rank alone killed, termG: SIGTERM with G s grace, wsW: resumed on W "
+                            "ranks" if kinds else ""))
             order = {c["kill"]: kill_sort_key(kills_of(c)) for c in plain}
             kills = sorted(order, key=order.__getitem__)
-            rows = {f"{c['case_id']} {c['resume_mode']}": {} for c in plain}
+            rows = {_row(c): {} for c in sorted(plain, key=lambda c: bool(_kind(c["kill"])))}
             for c in plain:
-                rows[f"{c['case_id']} {c['resume_mode']}"][_short(c["kill"])] = c
-            lines += _table(rows, [_short(k) for k in kills], width)
+                rows[_row(c)][_short(c["kill"])] = c
+            lines += _table(rows, list(dict.fromkeys(_short(k) for k in kills)), width)
         if crash:
             step = kills_of(crash[0])[0].checkpoint_step
             lines.append(f"{target}: {len(crash)} crash-consistency cells of the save of step {step} "

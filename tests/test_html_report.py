@@ -604,3 +604,33 @@ def test_the_page_reports_a_script_error_on_its_body(tmp_path):
     path.write_text(broken)
     dom = chromium(tmp_path, path.as_uri() + html.RENDER_ALL_HASH, "--dump-dom")
     assert render_state(dom).startswith(html.RENDER_ERROR)
+
+
+def two_rank_cell():
+    """A two-rank cell killed after checkpoint 1 whose resumed rank 1 takes rank 0's inputs (rows carry the
+    rank as a fifth item, as ``Ledger.to_json`` writes them for multi-rank runs)."""
+    ref = [[2 * (s - 1) + r, s, 0, 0, r] for s in (1, 2, 3) for r in (0, 1)]
+    comp = [row for row in ref if row[1] == 1] + [[2 * (s - 1), s, 0, 1, r] for s in (2, 3) for r in (0, 1)]
+    return cell(passed=False, categories=["LOST", "DUPLICATED"], headline="LOST 2 inputs on rank 1 after resume",
+                reference=ref, composite=comp, resumed_from=[1])
+
+
+def test_a_multi_rank_timeline_has_a_lane_per_rank_of_each_ledger():
+    t = html.timeline(two_rank_cell())
+    assert [lane[0] for lane in t["lanes"]] == ["reference r0", "reference r1", "resumed r0", "resumed r1"]
+    lanes = dict(t["lanes"])
+    # Rank 1's own inputs 3 and 5 are lost; it took 2 and 4 (rank 0's) again.
+    assert [(i, m) for g in lanes["reference r1"] for i, m in zip(g[3], g[4]) if m != verdict.MARK_OK] == \
+        [(3, "L"), (5, "L")]
+    assert [(i, m) for g in lanes["resumed r1"] for i, m in zip(g[3], g[4]) if m != verdict.MARK_OK] == \
+        [(2, "D"), (4, "D")]
+    assert [lane[0] for lane in html.timeline(lost_cell())["lanes"]] == ["reference", "resumed"]
+
+
+@needs_chromium
+def test_chromium_draws_the_rank_lanes(tmp_path):
+    path = html.write_report([two_rank_cell()], tmp_path / "ranks.html", seed=1)
+    dom = rendered_dom(tmp_path, path)
+    assert render_state(dom) == html.RENDER_OK
+    for label in ("reference r0", "reference r1", "resumed r0", "resumed r1"):
+        assert f">{label}</text>" in dom

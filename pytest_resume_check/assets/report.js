@@ -128,21 +128,27 @@
     }
   }
   function draw(host, t) {
-    var refH = laneHeight(t.ref), resH = laneHeight(t.res);
+    // One lane per ledger, or per ledger and rank in a multi-rank cell.
+    var lanes = t.lanes || [["reference", t.ref], ["resumed", t.res]];
+    var heights = lanes.map(function (lane) { return laneHeight(lane[1]); });
+    var total = heights.reduce(function (a, b) { return a + b + LANE_GAP; }, 0) - LANE_GAP;
     var width = LEFT + (t.hi - t.lo + 1) * COL + 150;
-    var height = TOP + refH + LANE_GAP + resH + 40;
+    var height = TOP + total + 40;
     var svg = el("svg", {xmlns: NS, "class": "timeline", width: width, height: height,
                          viewBox: "0 0 " + width + " " + height, role: "img"});
     el("title", {}, svg, "reference and resumed inputs per step");
-    var yRef = TOP, yRes = TOP + refH + LANE_GAP, bottom = yRes + resH;
+    var bottom = TOP + total;
     drawBands(svg, t);
     for (var s = t.lo; s <= t.hi; s++) {
       el("text", {x: xOf(t, s) + COL / 2, y: TOP - 8, "font-size": 10, "text-anchor": "middle",
                   fill: MUTED}, svg, String(s));
     }
     el("text", {x: 4, y: TOP - 8, "font-size": 10, fill: MUTED}, svg, "step");
-    drawLane(svg, t, t.ref, yRef, "reference", refH);
-    drawLane(svg, t, t.res, yRes, "resumed", resH);
+    var y = TOP;
+    lanes.forEach(function (lane, i) {
+      drawLane(svg, t, lane[1], y, lane[0], heights[i]);
+      y += heights[i] + LANE_GAP;
+    });
     drawRuns(svg, t, bottom);
     drawLines(svg, t, bottom);
     drawNotes(svg, t, height);
