@@ -32,7 +32,7 @@ DOWNSTREAM = EXAMPLES / "downstream"
 
 #: The pages whose every block this module checks.
 CHECKED_PAGES = ("index.md", "quickstart.md", "matrix.md", "reading-a-report.md", "ci.md",
-                 "crash-consistency.md", "design.md", "findings.md", "recipes/index.md",
+                 "crash-consistency.md", "distributed.md", "design.md", "findings.md", "recipes/index.md",
                  "recipes/command.md", "recipes/lightning.md", "recipes/accelerate.md", "recipes/hf-trainer.md")
 #: Languages that are code and must be included from a tested file, never written inline.
 INCLUDED_LANGUAGES = {"python", "yaml", "ini", "toml", "shell"}
@@ -72,6 +72,8 @@ TESTED_EXAMPLES = {
         f"{ACCELERATE_TESTS}::test_finding_script_workers_shows_other_orders_only_with_workers",
     # A page may include a file of the package itself (mkdocs.yml's snippet base paths: docs/examples, .).
     "pytest_resume_check/builtin/train_script.py": f"{COMMAND_TESTS}::test_script_example_resumes_exactly",
+    "pytest_resume_check/builtin/targets.py:ddp":
+        "test_distributed.py::test_the_bundled_matrix_has_every_distributed_kind",
 }
 #: Shell lines that install things: shown, not run here (.ci/run installs the same way).
 INSTALL = re.compile(r"^(python3 -m venv \S+|(\.venv/bin/)?pip install .+)$")

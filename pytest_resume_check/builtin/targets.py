@@ -4,7 +4,7 @@ framework is installed; importing their modules imports no framework)."""
 
 from __future__ import annotations
 
-from pytest_resume_check.builtin import accelerate_example, hf_trainer_example, lightning_example, loop
+from pytest_resume_check.builtin import accelerate_example, ddp, hf_trainer_example, lightning_example, loop
 from pytest_resume_check.targets import resume_target
 
 #: Cases of the built-in loop: loader batch vs take size equal, dividing, not dividing and larger;
@@ -57,6 +57,24 @@ script_example = resume_target.command(
 )
 
 
+#: The two-rank DDP loop: one rank alone killed, preemption with a 2 s grace period, resumes on 1 and 3 ranks.
+# --8<-- [start:ddp]
+DDP_WORLD_SIZE = 2
+ddp_loop = resume_target(
+    ddp.correct_ddp,
+    name="ddp_loop",
+    steps=ddp.total_steps(DDP_WORLD_SIZE),
+    boundaries=lambda case: ddp.epoch_boundaries(DDP_WORLD_SIZE),
+    cases=({"id": "shuffle", "shuffle": True},),
+    world_size=DDP_WORLD_SIZE,
+    elastic=(1, 3),
+    preemption=(2.0,),
+    preload=("torch", "torchdata.stateful_dataloader", "pytest_resume_check.builtin.ddp:warm_up"),
+    description="two-rank DDP loop (gloo) with StatefulDistributedSampler and torch.distributed.checkpoint",
+)
+# --8<-- [end:ddp]
+
+
 def _has_torch() -> bool:
     import importlib.util
 
@@ -64,5 +82,5 @@ def _has_torch() -> bool:
 
 
 #: The loop only where torch and torchdata are installed; the script needs nothing.
-TARGETS = ([builtin_loop] if _has_torch() else []) + [script_example] + lightning_example.TARGETS \
+TARGETS = ([builtin_loop, ddp_loop] if _has_torch() else []) + [script_example] + lightning_example.TARGETS \
     + accelerate_example.TARGETS + hf_trainer_example.TARGETS
