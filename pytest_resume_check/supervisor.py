@@ -12,7 +12,7 @@ from multiprocessing.connection import wait
 
 from pytest_resume_check import events as ev
 from pytest_resume_check import starter
-from pytest_resume_check.plan import SIGNAL_TERM, RunPlan
+from pytest_resume_check.plan import SIGNAL_TERM, KillSpec, RunPlan
 from pytest_resume_check.results import (
     CONVERGED,
     CRASHED,
@@ -98,6 +98,8 @@ def _read_events(child: starter.Child, record: RunRecord, hang_timeout: float,
                         _preempt(child, record, kill.grace)
                     elif kill is not None and kill.rank is not None and record.plan.world_size > 1:
                         _kill_one_rank(child, record, kill.rank, int(event.extra["pid"]))
+                    elif kill is not None and kill.fault is None and record.plan.world_size > 1:
+                        _wait_for_peers(child, record, kill)
                     return
                 elif event.kind in (ev.DONE, ev.ERROR, ev.CONVERGED):
                     _finish(record)
@@ -158,10 +160,34 @@ def _kill_one_rank(child: starter.Child, record: RunRecord, rank: int, pid: int)
                            "the harness killed them")
 
 
-def _drain_until(child: starter.Child, record: RunRecord, deadline: float) -> None:
-    """Record the run's events until its process exits or ``deadline`` passes."""
+#: Seconds the other ranks get to reach the kill point's step end (or checkpoint) before all are killed.
+PEER_WAIT = 2.0
+
+
+def _wait_for_peers(child: starter.Child, record: RunRecord, kill: KillSpec) -> None:
+    """Before killing every rank at once: wait (at most :data:`PEER_WAIT`) until the other ranks have
+    reported the kill point's step end (or published its checkpoint), so they are past it - in a loop
+    that synchronises after each step, blocked in the next collective - when SIGKILL comes rather than
+    anywhere. The ``signalled`` event says which ranks were."""
+    others = set(range(1, record.plan.world_size))
+
+    def past() -> set[int]:
+        if kill.extra_steps:
+            return {e.rank for e in record.events if e.kind == ev.STEP_END and e.rank in others
+                    and (e.step or 0) >= kill.kill_step}
+        return {e.rank for e in record.events if e.kind == ev.CHECKPOINT and e.rank in others
+                and (e.step or 0) >= kill.checkpoint_step}
+
+    _drain_until(child, record, time.monotonic() + PEER_WAIT, lambda: past() >= others)
+    record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL",
+                                  extra={"signal": "kill", "ranks_past": sorted(r for r in past() if r is not None)}))
+
+
+def _drain_until(child: starter.Child, record: RunRecord, deadline: float,
+                 until: Callable[[], bool] | None = None) -> None:
+    """Record the run's events until its process exits, ``deadline`` passes or ``until()`` holds."""
     sentinel = child.process.sentinel
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (until is not None and until()):
         ready = wait([child.conn, sentinel], timeout=min(LIVENESS_POLL, max(0.0, deadline - time.monotonic())))
         if child.conn in ready:
             try:

@@ -67,6 +67,19 @@ def test_the_correct_two_rank_loop_passes_each_kind_of_kill(engine, kill):
         assert not listening(rec.plan.master_port)
 
 
+@pytest.mark.parametrize("kill", ["ckpt4", "ckpt5+1"])
+def test_every_rank_is_killed_once_the_others_are_past_the_kill_point(engine, kill):
+    """Rank 1 reported the step's end (or published the checkpoint) before the SIGKILL came: in this loop it
+    was then inside the next all-reduce, waiting for rank 0."""
+    result = run(engine, ddp_loop, kill)
+    assert result.verdict.findings == []
+    first = result.runs[0]
+    assert first.signalled.text == "SIGKILL" and first.signalled.extra["ranks_past"] == [1]
+    kill_at = first.events.index(first.signalled)
+    reported = [e for e in first.events[:kill_at] if e.rank == 1 and e.kind in ("step_end", "checkpoint")]
+    assert reported[-1].step == (4 if kill == "ckpt4" else 6)
+
+
 def test_one_rank_killed_alone_is_torn_down_by_the_launcher(engine):
     result = run(engine, ddp_loop, "ckpt6+1:rank1")
     assert result.verdict.findings == []
