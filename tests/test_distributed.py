@@ -209,9 +209,14 @@ def test_the_grid_gives_each_distributed_kind_a_row():
 @pytest.mark.parametrize("kill", ["ckpt3", "ckpt6"])
 def test_publishing_before_the_async_save_completed_fails_the_resume(engine, kill):
     result = run(engine, planted_target(planted.ddp_async_unawaited), kill)
-    assert result.verdict.categories[0] == vd.RESUME_ERROR
-    step = kill[4:]
-    assert f"step_{step}/.metadata" in result.verdict.headline  # DCP's metadata was not written yet
+    # The resumed run fails on the published checkpoint: it raises (DCP's metadata not written yet), or -
+    # once in a CI run, with the kill in the middle of the background write - dies by itself reading it.
+    assert result.verdict.categories[0] in (vd.RESUME_ERROR, vd.CRASHED)
+    assert result.runs[0].outcome == "killed" and len(result.runs) == 2
+    if result.verdict.categories[0] == vd.RESUME_ERROR:
+        assert f"step_{kill[4:]}/.metadata" in result.verdict.headline
+    else:
+        assert result.verdict.headline.startswith("CRASHED: run 2 of 2")
 
 
 def _record(events, world_size=2, outcome="done", kill=None):

@@ -100,6 +100,9 @@ class _Loop:
         self.sampler: Any = None
         self.preempted = False
         self.pending: Any = None  # the async save in flight (the async_unawaited bug)
+        # Async saves get a group of their own, as torch advises: the background write's collectives must
+        # not meet the training step's on one group. The planted bug is only the unawaited future.
+        self.save_group = _new_group() if bug == "async_unawaited" else None
         signal.signal(signal.SIGTERM, self._on_term)
 
     def _on_term(self, signum: int, frame: Any) -> None:
@@ -170,7 +173,8 @@ class _Loop:
         if self.bug == "async_unawaited":
             if self.pending is not None:
                 self.pending.result()
-            self.pending = dcp.async_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder))
+            self.pending = dcp.async_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder),
+                                          process_group=self.save_group)
         else:
             dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder))
         if self.rank == 0:
@@ -215,6 +219,12 @@ class _Loop:
         if self.bug == "sampler_rank0":
             self.sampler = torch.load(folder / "sampler.pt", weights_only=False)
             self.sampler.load_state_dict({"yielded": self.sampler.yielded})
+
+
+def _new_group() -> Any:
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo")
 
 
 def _from_rank0(number: int) -> int:
