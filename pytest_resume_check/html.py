@@ -183,11 +183,13 @@ def timeline(cell: Mapping[str, Any]) -> dict[str, Any]:
     lo = max(1, min(interesting, default=1) - CONTEXT_STEPS)
     hi = min(max(last, max(interesting, default=1)), max(interesting, default=1) + CONTEXT_STEPS)
     hi = min(hi, lo + MAX_STEPS - 1)
+    ref, res = _groups(reference, ref_marks, lo, hi), _groups(composite, comp_marks, lo, hi)
     return {
         "cell": summary.cell_name(cell),
-        "ref": _groups(reference, ref_marks, lo, hi),
-        "res": _groups(composite, comp_marks, lo, hi),
-        "lanes": _rank_lanes(reference, ref_marks, composite, comp_marks, lo, hi),
+        "ref": ref,
+        "res": res,
+        "lanes": _rank_lanes(reference, ref_marks, composite, comp_marks, lo, hi) or [["reference", ref],
+                                                                                      ["resumed", res]],
         "kills": kills,
         "resumed": resumed,
         "lo": lo,
@@ -220,12 +222,10 @@ def _entry_marks(cell: Mapping[str, Any], reference: list[list[Any]], composite:
 
 def _rank_lanes(reference: list[list[Any]], ref_marks: str, composite: list[list[Any]], comp_marks: str, lo: int,
                 hi: int) -> list[list[Any]]:
-    """The lanes of the picture: reference and resumed, split by rank where the rows carry one."""
+    """The lanes of a multi-rank picture: reference and resumed, one per rank (empty when the rows carry no
+    rank: one lane per ledger then)."""
     ranks = sorted({int(r[4]) for r in reference + composite if len(r) > 4})
-    if not ranks:
-        return [["reference", _groups(reference, ref_marks, lo, hi)],
-                ["resumed", _groups(composite, comp_marks, lo, hi)]]
-    lanes = []
+    lanes: list[list[Any]] = []
     for name, rows, marks in (("reference", reference, ref_marks), ("resumed", composite, comp_marks)):
         for rank in ranks:
             keep = [i for i, r in enumerate(rows) if len(r) > 4 and int(r[4]) == rank]

@@ -43,8 +43,6 @@ def run_interrupted(runner: Runner, target: Target, case: Mapping[str, Any], kil
         kill = kills[index] if index < len(kills) else None
         if index and kills[index - 1].resume_world_size is not None:
             world = kills[index - 1].resume_world_size  # an elastic resume: this run has another world size
-        elif index == 0:
-            world = target.world_size
         mode, path = resume_mode, None
         if resume_mode == RESUME_PATH:  # the first run starts fresh, later ones name the last checkpoint
             mode = RESUME_PATH if latest else (RESUME_AUTO if index == 0 else RESUME_DISABLED)

@@ -107,11 +107,7 @@ def _read_events(child: starter.Child, record: RunRecord, hang_timeout: float,
         elif sentinel in ready:
             # The child is gone; its loader workers may still hold the channel open. Drain what
             # was written before the exit, then decide.
-            while child.conn.poll(0):
-                try:
-                    record.events.extend(_decode(child.conn.recv_bytes()))
-                except (EOFError, OSError):
-                    break
+            _drain_written(child, record)
             _finish(record)
             return
 
@@ -196,12 +192,17 @@ def _drain_until(child: starter.Child, record: RunRecord, deadline: float,
                 child.wait_exit(max(0.0, deadline - time.monotonic()))
                 return
         elif sentinel in ready or child.process.exitcode is not None:
-            while child.conn.poll(0):
-                try:
-                    record.events.extend(_decode(child.conn.recv_bytes()))
-                except (EOFError, OSError):
-                    break
+            _drain_written(child, record)
             return
+
+
+def _drain_written(child: starter.Child, record: RunRecord) -> None:
+    """Record what an exited child wrote to the channel before it went (without waiting for more)."""
+    while child.conn.poll(0):
+        try:
+            record.events.extend(_decode(child.conn.recv_bytes()))
+        except (EOFError, OSError):
+            break
 
 
 def _decode(raw: bytes) -> list[ev.Event]:
