@@ -6,15 +6,19 @@ nothing heavy.
 
 from __future__ import annotations
 
+import _thread
+import collections
 import dataclasses
 import fcntl
 import importlib
 import importlib.util
 import multiprocessing
 import os
+import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -30,6 +34,9 @@ EXIT_TARGET_RAISED = 70
 
 #: Events that are held back and sent with the next step boundary (one pipe write per step).
 _BATCHED = frozenset({ev.CONSUMED, ev.TRAINED, ev.STATE, ev.LOG})
+#: Seconds after which batched reports are written without waiting for a boundary: a step longer than
+#: the hang limit that keeps reporting is alive (issue 26), and the supervisor hears it at least this often.
+LIFE_INTERVAL = 1.0
 
 
 class ConnectionSink:
@@ -37,44 +44,103 @@ class ConnectionSink:
     the step's end (or any checkpoint, pause, kill point, error or exit), so a SIGKILL loses only what
     the step did after its last boundary - work a kill undoes anyway.
 
-    Safe from any thread (a trainer may publish its checkpoints from a background saver): one lock
-    orders the events of all threads, so each thread's events arrive in the order it sent them and no
-    two writes to the channel interleave."""
+    Safe from any thread (a trainer may publish its checkpoints from a background saver) and from signal
+    handlers (a SIGTERM handler that saves and publishes, issue 26): a report call only appends to a
+    queue, and a boundary waits until this process's writer thread has written everything queued before
+    it. Only the writer touches the channel, so a handler that interrupts a report call on the main
+    thread never waits for a lock that call holds, and no two writes interleave. Each thread's events
+    arrive in the order it sent them; a handler's come after those of the call it interrupted that were
+    queued before it ran."""
 
     def __init__(self, conn: Any, rank: int | None = None, lock_path: str | None = None):
         self._conn = conn
-        self._pending: list[bytes] = []
-        self._lock = threading.Lock()
         self._rank = rank
+        # Appends and pops of a deque and puts of a SimpleQueue are atomic and reentrant: a signal
+        # handler may interrupt them and make its own.
+        self._pending: collections.deque[bytes] = collections.deque()
+        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pid = os.getpid()  # the process these belong to (a process forked from it starts afresh)
+        self._writer: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._failure: OSError | None = None
+        self._written_at = time.monotonic()
         # The ranks of a run share one channel: each write holds an flock on a file descriptor of its
         # own, which a rank killed while holding it gives back by dying.
         self._lock_fd = os.open(lock_path, os.O_RDONLY) if lock_path else None
 
     def send(self, event: ev.Event) -> None:
+        if self._pid != os.getpid():
+            self._forked()
         if self._rank is not None:
             event = dataclasses.replace(event, rank=self._rank)
-        raw = event.to_wire()
-        with self._lock:
-            self._pending.append(raw)
-            if event.kind not in _BATCHED:
-                self._flush()
+        self._pending.append(event.to_wire())
+        if event.kind not in _BATCHED:
+            self.flush()
+        elif time.monotonic() - self._written_at >= LIFE_INTERVAL:
+            # A long step that keeps reporting is alive: write what it reported so far, without waiting.
+            self._written_at = time.monotonic()
+            self._ensure_writer()
+            self._requests.put(None)
 
     def flush(self) -> None:
-        with self._lock:
-            self._flush()
+        """Return once every event sent before this call is on the channel (raises the OSError of a
+        channel that broke)."""
+        if self._pid != os.getpid():
+            self._forked()
+        self._ensure_writer()
+        self._written_at = time.monotonic()
+        done = _thread.allocate_lock()
+        done.acquire()
+        self._requests.put(done)
+        done.acquire()  # a signal interrupts this wait; its handler's own reports are written meanwhile
+        if self._failure is not None:
+            raise self._failure
 
-    def _flush(self) -> None:
-        if not self._pending:
+    def _ensure_writer(self) -> None:
+        if self._writer is not None:
             return
-        if self._lock_fd is None:
-            self._conn.send_bytes(b"\n".join(self._pending))
-        else:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        with self._start_lock:  # the first boundary of this process
+            if self._writer is None:
+                writer = threading.Thread(target=self._write_loop, name="resume-check-events", daemon=True)
+                writer.start()
+                self._writer = writer
+
+    def _forked(self) -> None:
+        """In a process forked from the one that made this sink (a helper the trainer forks that
+        reports too): the parent's queued events and its writer thread are not this process's."""
+        self._pid = os.getpid()
+        self._pending = collections.deque()
+        self._requests = queue.SimpleQueue()
+        self._start_lock = threading.Lock()
+        self._writer = None
+
+    def _write_loop(self) -> None:
+        requests = self._requests
+        while True:
+            done = requests.get()
+            batch = []
+            while self._pending:
+                batch.append(self._pending.popleft())
             try:
-                self._conn.send_bytes(b"\n".join(self._pending))
+                if batch:
+                    self._write(b"\n".join(batch))
+            except OSError as exc:  # the supervisor is gone: the run is over anyway
+                self._failure = exc
+            except BaseException as exc:  # never leave a report call waiting
+                self._failure = OSError(f"the event writer failed: {exc!r}")
             finally:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-        self._pending = []
+                if done is not None:
+                    done.release()
+
+    def _write(self, raw: bytes) -> None:
+        if self._lock_fd is None:
+            self._conn.send_bytes(raw)
+            return
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            self._conn.send_bytes(raw)
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
 
 def child_main(plan: RunPlan, conn: Any, control: Any = None) -> None:

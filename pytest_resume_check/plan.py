@@ -148,6 +148,9 @@ class RunPlan:
     #: rendezvous on loopback at ``master_port`` (free when the plan was made).
     world_size: int = 1
     master_port: int = 0
+    #: The ranks besides rank 0 that report their steps (learned from a finished run of the target; None:
+    #: all). An all-ranks kill and a snapshot wait until each has reported the kill point's step end.
+    step_ranks: tuple[int, ...] | None = None
 
     @property
     def watched_rank(self) -> int:

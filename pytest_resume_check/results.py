@@ -66,6 +66,9 @@ class RunRecord:
     leftovers: int = 0
     #: A run with one rank killed alone: who ended the other ranks, and how fast.
     teardown: str | None = None
+    #: A ``HUNG`` run that was not silent: what it failed to do within the hang limit (a rank that never
+    #: reported the kill point's step end).
+    stalled: str | None = None
 
     def _lead(self, kind: str) -> list[ev.Event]:
         """The run's events of ``kind`` from rank 0 (all of them in a one-process run): the ranks of a
@@ -140,6 +143,8 @@ class RunRecord:
             return f"reached the reference's exact state at step {self.converged_step} (the rest is the reference's)"
         if self.outcome == RAISED:
             return "raised " + (self.error or "").strip().splitlines()[-1] if self.error else "raised"
+        if self.outcome == HUNG and self.stalled:
+            return f"hung: {self.stalled}"
         if self.outcome == HUNG:
             return f"hung after step {self.last_step}"
         return f"died by itself (exit code {self.exitcode}) after step {self.last_step}"

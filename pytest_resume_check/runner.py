@@ -10,12 +10,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_resume_check import events as ev
 from pytest_resume_check import starter
 from pytest_resume_check import supervisor as sv
 from pytest_resume_check.faults import FaultPlan
 from pytest_resume_check.layout import Layout
 from pytest_resume_check.plan import RESUME_AUTO, KillSpec, RunPlan
-from pytest_resume_check.results import DEFAULT_HANG_TIMEOUT, RunRecord
+from pytest_resume_check.results import DEFAULT_HANG_TIMEOUT, DONE, RunRecord
 from pytest_resume_check.services import Services
 from pytest_resume_check.targets import Target
 
@@ -46,6 +47,8 @@ class Runner:
         self.runs_started = 0
         #: The targets' shared services, started on a target's first plan (:meth:`close` stops them).
         self.services = Services()
+        #: (target, world size) -> the ranks besides rank 0 that reported step ends in a finished run.
+        self._step_ranks: dict[tuple[str, int], tuple[int, ...]] = {}
 
     def plan(self, target: Target, case: Mapping[str, Any], workdir: Path, index: int, *, out: Path | None = None,
              resume_mode: str = RESUME_AUTO, resume_path: str | None = None, kill: KillSpec | None = None,
@@ -77,6 +80,7 @@ class Runner:
             state_reference_dir=state_reference_dir, token=uuid.uuid4().hex, step_limit=_step_limit(target, case),
             command=target.command, env=self.services.env_for(target),
             world_size=world, master_port=free_port() if distributed else 0,
+            step_ranks=self._step_ranks.get((target.name, world)),
         )
 
     def run(self, plan: RunPlan, target: Target, on_pause: Callable[[int], None] | None = None) -> RunRecord:
@@ -86,6 +90,9 @@ class Runner:
         record = sv.supervise(plan, isolation=isolation, hang_timeout=self.hang_limit_of(target), on_pause=on_pause)
         self.runs_started += 1
         self.steps_executed += record.steps_run
+        if plan.world_size > 1 and record.outcome == DONE:  # which ranks report steps (the reference says)
+            ranks = {e.rank for e in record.events if e.kind == ev.STEP_END and e.rank}
+            self._step_ranks.setdefault((target.name, plan.world_size), tuple(sorted(r for r in ranks if r)))
         return record
 
     def close(self) -> list[str]:

@@ -64,15 +64,18 @@ class SharedFirstRuns:
         # would keep the disk use of a group quadratic in its kill steps until the session ends.
         shutil.move(snapshot, out)
         events, published = [], None
+        # Up to the pause at this checkpoint: by then every rank had reported the step's end (what a kill
+        # there would have left on the channel, too).
         for event in prefix.record.events:
             if event.kind == ev.PAUSED:
+                if event.step == step:
+                    break
                 continue
             if event.path and event.path.startswith(str(prefix.live)):
                 event = replace(event, path=str(out) + event.path[len(str(prefix.live)):])
             events.append(event)
-            if event.kind == ev.CHECKPOINT and event.step == step:
+            if event.kind == ev.CHECKPOINT and event.step == step and not event.rank:
                 published = event.path
-                break
         kill = cell.kills[0]
         events.append(ev.Event(ev.KILL_READY, text=kill.describe()))
         log = Layout.log(workdir, 0)  # the shared run's output so far, kept with the cell it served
@@ -96,7 +99,7 @@ class SharedFirstRuns:
                                 pause_steps=steps)
         live = Path(plan.checkpoint_dir)
 
-        def snapshot(step: int) -> None:
+        def snapshot(step: int) -> None:  # the run's processes are stopped meanwhile (supervisor)
             shutil.copytree(live, Layout.snapshot(workdir, step), symlinks=True)
 
         record = self.runner.run(plan, cell.target, on_pause=snapshot)

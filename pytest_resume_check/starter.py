@@ -147,6 +147,35 @@ def kill_group(pid: int, only_group: bool = False) -> None:
                 pass
 
 
+#: Seconds a stopped process group gets to come to rest (a thread in the middle of a disk write stops when
+#: the write returns); generous, it only bounds a wait that normally takes a millisecond.
+FREEZE_TIMEOUT = 30.0
+
+
+@contextlib.contextmanager
+def frozen(pgid: int) -> Iterator[None]:
+    """Every process of group ``pgid`` stopped (SIGSTOP) while the block runs, then continued: what is on
+    disk then is exactly what a SIGKILL at that moment would leave, whatever threads and ranks of the run
+    were still writing (issue 26)."""
+    from pytest_resume_check.sweep import group_not_stopped
+
+    try:
+        os.killpg(pgid, signal.SIGSTOP)
+    except (ProcessLookupError, PermissionError):
+        yield
+        return
+    try:
+        deadline = time.monotonic() + FREEZE_TIMEOUT
+        while group_not_stopped(pgid) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        yield
+    finally:
+        try:
+            os.killpg(pgid, signal.SIGCONT)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def wait_group_gone(pgid: int, timeout: float = 10.0) -> bool:
     """Wait until no process of group ``pgid`` is left (SIGKILL is delivered asynchronously)."""
     deadline = time.monotonic() + timeout

@@ -12,7 +12,7 @@ from multiprocessing.connection import wait
 
 from pytest_resume_check import events as ev
 from pytest_resume_check import starter
-from pytest_resume_check.plan import SIGNAL_TERM, KillSpec, RunPlan
+from pytest_resume_check.plan import SIGNAL_TERM, RunPlan
 from pytest_resume_check.results import (
     CONVERGED,
     CRASHED,
@@ -84,12 +84,18 @@ def _read_events(child: starter.Child, record: RunRecord, hang_timeout: float,
             if record.first_event_seconds is None:
                 record.first_event_seconds = time.monotonic() - started
             for event in _decode(raw):
-                record.events.append(event)
+                if event.kind != ev.PAUSED:
+                    record.events.append(event)
                 if event.kind == ev.STEP_END and record.first_step_seconds is None:
                     record.first_step_seconds = time.monotonic() - started
                 if event.kind == ev.PAUSED:
+                    # What a kill here would leave: the other ranks past the step, every process stopped.
+                    if not _wait_for_peers(child, record, event.step or 0, hang_timeout, "paused for a snapshot"):
+                        return
+                    record.events.append(event)
                     if on_pause is not None:
-                        on_pause(event.step or 0)
+                        with starter.frozen(child.pid):
+                            on_pause(event.step or 0)
                     child.resume()
                 elif event.kind == ev.KILL_READY:
                     record.outcome = KILLED
@@ -99,7 +105,9 @@ def _read_events(child: starter.Child, record: RunRecord, hang_timeout: float,
                     elif kill is not None and kill.rank is not None and record.plan.world_size > 1:
                         _kill_one_rank(child, record, kill.rank, int(event.extra["pid"]))
                     elif kill is not None and kill.fault is None and record.plan.world_size > 1:
-                        _wait_for_peers(child, record, kill)
+                        if _wait_for_peers(child, record, kill.kill_step, hang_timeout, "waited at the kill point"):
+                            record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL",
+                                                          extra={"signal": "kill", "ranks_past": _awaited(record)}))
                     return
                 elif event.kind in (ev.DONE, ev.ERROR, ev.CONVERGED):
                     _finish(record)
@@ -156,27 +164,46 @@ def _kill_one_rank(child: starter.Child, record: RunRecord, rank: int, pid: int)
                            "the harness killed them")
 
 
-#: Seconds the other ranks get to reach the kill point's step end (or checkpoint) before all are killed.
-PEER_WAIT = 2.0
+def _awaited(record: RunRecord) -> list[int]:
+    """The ranks besides rank 0 whose step ends an all-ranks kill or a snapshot waits for: those that
+    report steps (learned from a finished run of the target; all of them until one finished)."""
+    plan = record.plan
+    ranks = range(1, plan.world_size) if plan.step_ranks is None else plan.step_ranks
+    return sorted(r for r in ranks if 0 < r < plan.world_size)
 
 
-def _wait_for_peers(child: starter.Child, record: RunRecord, kill: KillSpec) -> None:
-    """Before killing every rank at once: wait (at most :data:`PEER_WAIT`) until the other ranks have
-    reported the kill point's step end (or published its checkpoint), so they are past it - in a loop
-    that synchronises after each step, blocked in the next collective - when SIGKILL comes rather than
-    anywhere. The ``signalled`` event says which ranks were."""
-    others = set(range(1, record.plan.world_size))
+def _wait_for_peers(child: starter.Child, record: RunRecord, step: int, hang_timeout: float, doing: str) -> bool:
+    """Before killing every rank at once, or copying what a shared first run saved: wait until every other
+    rank that reports steps has reported the end of ``step`` (the kill point's), so all their reports up
+    to the kill point are on the channel and their part of its checkpoint is written (issue 26: a fixed
+    wait of 2 s lost rank 1's last step on a loaded machine). In a loop whose ranks run the same code
+    they get there while rank 0 waits. True when they did; otherwise the run's outcome says what
+    happened instead (it ended by itself, or a rank did not get there within the hang limit: ``HUNG``)."""
+    awaited = set(_awaited(record))
 
-    def past() -> set[int]:
-        if kill.extra_steps:
-            return {e.rank for e in record.events if e.kind == ev.STEP_END and e.rank in others
-                    and (e.step or 0) >= kill.kill_step}
-        return {e.rank for e in record.events if e.kind == ev.CHECKPOINT and e.rank in others
-                and (e.step or 0) >= kill.checkpoint_step}
+    def past() -> bool:
+        done = {e.rank for e in record.events if e.kind == ev.STEP_END and e.rank in awaited and (e.step or 0) >= step}
+        return done >= awaited
 
-    _drain_until(child, record, time.monotonic() + PEER_WAIT, lambda: past() >= others)
-    record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL",
-                                  extra={"signal": "kill", "ranks_past": sorted(r for r in past() if r is not None)}))
+    if not awaited or past():
+        return True
+    _drain_until(child, record, time.monotonic() + hang_timeout, past)
+    if past():
+        return True
+    if child.process.exitcode is not None:  # a rank died meanwhile and the launcher ended the run
+        _finish(record)
+        return False
+    missing = sorted(awaited - {e.rank for e in record.events if e.kind == ev.STEP_END and (e.step or 0) >= step})
+    record.outcome = HUNG
+    record.stalled = ERR_PEERS.format(ranks=", ".join(map(str, missing)), s="s" if len(missing) > 1 else "",
+                                      step=step, limit=hang_timeout, doing=doing)
+    return False
+
+
+#: A rank that never reached the step of rank 0's kill point (or snapshot).
+ERR_PEERS = ("rank{s} {ranks} did not report the end of step {step} within the hang limit ({limit:g} s) while "
+             "rank 0 {doing}; every rank must report run.step_end(step) before it needs rank 0 again (in the "
+             "next step's collectives), or raise the limit with --resume-matrix-hang-timeout")
 
 
 def _drain_until(child: starter.Child, record: RunRecord, deadline: float,

@@ -52,6 +52,30 @@ def escaped(token: str, server_pid: int | None = None) -> list[int]:
     return found
 
 
+def group_not_stopped(pgid: int) -> list[int]:
+    """Threads (by id) of the processes of group ``pgid`` that are neither stopped nor dead. Empty
+    without ``/proc``: the caller then cannot check and goes on."""
+    if not os.path.isdir(PROC):
+        return []
+    running = []
+    for name in os.listdir(PROC):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{PROC}/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[-1].split()
+            if int(fields[2]) != pgid:
+                continue
+            for task in os.listdir(f"{PROC}/{name}/task"):
+                with open(f"{PROC}/{name}/task/{task}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[-1].split()[0]
+                if state not in (b"T", b"t", b"Z", b"X"):
+                    running.append(int(task))
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+    return running
+
+
 def sweep(token: str, server_pid: int | None = None, timeout: float = 10.0) -> int:
     """SIGKILL every process :func:`escaped` finds until none is left; return how many there were."""
     killed: set[int] = set()

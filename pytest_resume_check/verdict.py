@@ -61,6 +61,10 @@ MSG_HUNG = "HUNG: {who} sent no event for {timeout} s after step {step}; it was 
 MSG_HUNG_AT_START = ("HUNG: {who} sent no event at all within {timeout} s of being forked from the preloaded "
                      "server; the trainer may not be fork-safe (threads or locks held at fork time): declare "
                      "the target with isolation='spawn' or run with --resume-matrix-isolation=spawn")
+MSG_HUNG_COMMAND_AT_START = ("HUNG: {who} sent no event at all within {timeout} s: the program ({argv}) never "
+                             "reported; it must call client.connect() and report (resumed, consumed, step_end) "
+                             "as it trains, or it waits for something that never comes (see its log)")
+MSG_HUNG_STALLED = "HUNG: {who}: {what}; it was killed"
 MSG_NONDETERMINISTIC = "NONDETERMINISTIC reference: two uninterrupted runs differ from position {pos}: {detail}"
 MSG_PROTOCOL = "PROTOCOL: {detail}"
 MSG_EMPTY = ("PROTOCOL: the reference run reported no {kind} inputs; the target must call "
@@ -336,8 +340,13 @@ def _call_finding(runs: Sequence[RunRecord | None], who: Any) -> Finding | None:
 
 
 def _process_finding(rec: RunRecord, who: str, resumed: bool, run: int = 0) -> Finding:
+    if rec.outcome == rs.HUNG and not rec.events and rec.plan.command is not None:
+        return Finding(HUNG, MSG_HUNG_COMMAND_AT_START.format(who=who, timeout=f"{rec.hang_timeout:g}",
+                                                              argv=" ".join(rec.plan.command.argv)))
     if rec.outcome == rs.HUNG and not rec.events and rec.isolation == "forkserver":
         return Finding(HUNG, MSG_HUNG_AT_START.format(who=who, timeout=f"{rec.hang_timeout:g}"))
+    if rec.outcome == rs.HUNG and rec.stalled:
+        return Finding(HUNG, MSG_HUNG_STALLED.format(who=who, what=rec.stalled))
     if rec.outcome == rs.HUNG:
         return Finding(HUNG, MSG_HUNG.format(who=who, timeout=f"{rec.hang_timeout:g}", step=rec.last_step))
     disk = DISK_FULL if any(m in (rec.error or "") for m in DISK_FULL_MARKERS) else ""
