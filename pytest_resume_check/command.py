@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -98,7 +99,7 @@ def run_command(run: RunContext) -> None:
     finally:
         theirs.close()
     try:
-        calls = _serve(run, ours)
+        calls = _serve(run, ours, proc)
         code = proc.wait()
     finally:
         if proc.poll() is None:  # the run stopped early (converged, step limit, an error): end the program too
@@ -125,29 +126,88 @@ def _tail(log_path: str, lines: int = 15) -> str:
     return "\n".join("    " + line for line in text.splitlines()[-lines:])
 
 
-def _serve(run: RunContext, sock: socket.socket) -> int:
-    """Answer the program's lines until it closes its end; returns how many calls it made."""
-    reader = sock.makefile("rb")
+#: Seconds between checks whether the program exited while its socket stays open (a process it forked holds
+#: the other end: the program is done when it exits, whatever its children hold; issue 26).
+EXIT_POLL = 0.2
+#: The longest line the harness reads; a longer one is a protocol violation (state digests are short).
+MAX_LINE = 16 * 1024 * 1024
+#: What a line that cannot be a call raises while it is decoded and dispatched: deep nesting overflows the
+#: decoder's recursion, ``1e400`` is infinity, which is no step number.
+_BAD_LINE = (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError)
+
+
+def _serve(run: RunContext, sock: socket.socket, proc: subprocess.Popen[bytes]) -> int:
+    """Answer the program's lines until it closes its end or exits (then what it wrote before it exited is
+    answered too); returns how many calls it made."""
+    buffer = bytearray()
     calls = 0
-    for raw in reader:
+    while True:
+        ready, _, _ = select.select([sock], [], [], EXIT_POLL)
+        if not ready:
+            if proc.poll() is None:
+                continue
+            sock.setblocking(False)  # exited: take what is already there, wait for nothing more
+            try:
+                chunk = sock.recv(1 << 20)
+            except BlockingIOError:
+                chunk = b""
+            if not chunk:
+                break
+        else:
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                break
+        buffer += chunk
+        while True:
+            end = buffer.find(b"\n")
+            if end < 0:
+                break
+            line = bytes(buffer[:end])
+            del buffer[:end + 1]
+            calls += 1
+            _answer(run, sock, line)
+        if len(buffer) > MAX_LINE:
+            calls += 1
+            _answer(run, sock, bytes(buffer[:200]), f"sent a line longer than {MAX_LINE} bytes")
+            buffer.clear()
+    if buffer.strip():
         calls += 1
-        try:
-            request = json.loads(raw)
-            value = _dispatch(run, request)
-            answer: dict[str, Any] = {"ok": True, "value": value}
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            text = (f"sent {raw[:200].decode('utf-8', 'replace').strip()!r}, which is not a call of the protocol "
-                    f"({type(exc).__name__}: {exc}); each line is one JSON object such as "
-                    '{"call": "step_end", "step": 3}')
-            run._violation(text)
-            answer = {"ok": False, "error": text}
-        sock.sendall((json.dumps(answer) + "\n").encode("utf-8"))
+        _answer(run, sock, bytes(buffer))
     return calls
+
+
+def _answer(run: RunContext, sock: socket.socket, raw: bytes, problem: str | None = None) -> None:
+    """Make the call ``raw`` names and send the program its answer; a line that is no call is a protocol
+    violation the program is told about."""
+    try:
+        if problem is not None:
+            raise ValueError(problem)
+        request = json.loads(raw)
+        if not isinstance(request, dict):
+            raise TypeError(f"a line must be a JSON object, not {type(request).__name__}")
+        answer: dict[str, Any] = {"ok": True, "value": _dispatch(run, request)}
+    except _BAD_LINE as exc:
+        what = f"{type(exc).__name__}: {str(exc)[:200]}"
+        text = (f"sent {raw[:200].decode('utf-8', 'replace').strip()!r}, which is not a call of the protocol "
+                f"({what}); each line is one JSON object such as " '{"call": "step_end", "step": 3}')
+        run._violation(text)
+        answer = {"ok": False, "error": text}
+    try:
+        sock.setblocking(True)
+        sock.sendall((json.dumps(answer) + "\n").encode("utf-8"))
+    except OSError:  # the program is gone; its calls so far are recorded
+        pass
+
+
+#: Calls only the client makes, and only in crash cells (where it records the program's own save).
+INTERNAL_CALLS = ("file_op", "kill_ready")
 
 
 def _dispatch(run: RunContext, request: Mapping[str, Any]) -> Any:
     call = request["call"]
     step = request.get("step")
+    if call in INTERNAL_CALLS and run.plan.faults is None:
+        raise ValueError(f"{call!r} is the client's own call in crash cells; a program does not make it")
     if call == "resumed":
         run.resumed(int(step), request.get("path"))
     elif call in ("consumed", "trained"):

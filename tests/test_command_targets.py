@@ -198,3 +198,37 @@ def test_a_rank_of_a_command_target_that_repeats_inputs_is_named(engine):
     assert result.verdict.categories == [vd.LOST, vd.DUPLICATED]
     assert result.verdict.findings[1].headline.startswith("DUPLICATED 3 inputs on rank 1 after resume from "
                                                           "ckpt_3_rank0.json")
+
+
+@pytest.mark.parametrize("mode, words", [
+    ("deep", "RecursionError"),
+    ("huge_number", "OverflowError"),
+    ("kill_ready", "'kill_ready' is the client's own call in crash cells"),
+])
+def test_lines_that_are_no_call_of_a_program_are_protocol_violations(engine, mode, words):
+    result = judge(engine, program(mode), {}, KillSpec(1))
+    assert result.verdict.categories == [vd.PROTOCOL], result.verdict.headline
+    assert "which is not a call of the protocol" in result.verdict.headline and words in result.verdict.headline
+    assert "answer: {'ok': False" in Path(result.reference.plan.log_path).read_text()
+
+
+def test_a_program_is_done_when_it_exits_whatever_a_process_it_forked_holds(engine, tmp_path):
+    target = program("helper")
+    record = engine.run(engine.plan(target, {}, tmp_path, 0), target)
+    assert record.outcome == "done", record.describe()  # not HUNG: the helper sleeps 120 s, the limit is 30 s
+
+
+def test_a_program_that_logs_for_longer_than_the_hang_limit_is_alive(tmp_path):
+    engine = Engine(tmp_path / "session", seed=7, hang_timeout=2)
+    target = program("long_log", steps=1)
+    record = engine.run(engine.plan(target, {}, tmp_path, 0), target)
+    assert record.outcome == "done", record.describe()
+    assert sum(e.kind == "log" for e in record.events) > 100
+
+
+def test_a_program_that_never_reports_hangs_with_advice_for_programs(tmp_path):
+    engine = Engine(tmp_path / "session", seed=7, hang_timeout=1)
+    result = judge(engine, program("mute"), {}, KillSpec(1))
+    assert result.verdict.categories == [vd.HUNG]
+    assert "the program (" in result.verdict.headline and "client.connect()" in result.verdict.headline
+    assert "spawn" not in result.verdict.headline
