@@ -1,5 +1,5 @@
 """Durable, atomic file writes: a reader sees either the old file or the complete new one, after a
-kill or a power loss alike.
+kill or a power loss alike; and the bounded read of a file a checkpoint folder holds.
 
 Every write goes to ``<path>.tmp`` through an open file object, is flushed and fsynced, and only then
 moved to ``path`` with ``os.replace``; the folder is fsynced after the move so the new name survives a
@@ -10,6 +10,11 @@ The temporary name is fixed (no process id): one trainer process writes a checkp
 left by a writer that was killed is simply overwritten by the next write, and the file operations of a
 save are the same in every run (the crash-point matrix of ``pytest-resume-check`` relies on that).
 On an exception the temporary file is removed and ``path`` is left as it was.
+
+Reads (:func:`read_regular`) take only a regular file, and only up to a size: a checkpoint folder is
+somebody else's input, and a name in it may be a FIFO (an open blocks forever), a link to ``/dev/zero``
+(a read never ends) or a huge sparse file (issue 26). What it is instead is checked before any byte is
+read, and errors never quote the file's bytes.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import contextlib
 import errno
 import io
 import os
+import stat
 from typing import Any
 
 import torch
@@ -27,6 +33,52 @@ TEMP_SUFFIX = ".tmp"
 # real I/O errors (EIO, ENOSPC) through, so a save that may not be durable fails loudly.
 _DIR_FSYNC_UNSUPPORTED = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF, errno.EACCES,
                           errno.EPERM, errno.EISDIR}
+
+
+class NotReadable(ValueError):
+    """A file :func:`read_regular` refuses: what it is instead, as words for an error message."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_regular(path: str, limit: int) -> bytes:
+    """The bytes of ``path`` (a symlink is followed) if it is a regular file of at most ``limit`` bytes.
+    Raises :class:`NotReadable` (``is a FIFO, not a regular file``, ``is 3 GiB, more than ...``) before
+    reading anything, and OSError when it cannot be opened or read."""
+    before = os.stat(path)
+    if not stat.S_ISREG(before.st_mode):  # never opened: opening a FIFO blocks, a device may act on it
+        raise NotReadable(f"is {_kind(before.st_mode)}, not a regular file")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        opened = os.fstat(fd)  # what was opened, should the name have changed meanwhile
+        if not stat.S_ISREG(opened.st_mode):
+            raise NotReadable(f"is {_kind(opened.st_mode)}, not a regular file")
+        if opened.st_size > limit:
+            raise NotReadable(f"is {_size(opened.st_size)}, more than the {_size(limit)} such a file may have")
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise NotReadable(f"grew past {_size(limit)} while it was read")
+    finally:
+        os.close(fd)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def temp_path(path: str) -> str:

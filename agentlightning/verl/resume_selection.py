@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentlightning.verl.durable import TEMP_SUFFIX, temp_path
+from agentlightning.verl.durable import TEMP_SUFFIX, NotReadable, read_regular, temp_path
 from agentlightning.verl.errors import (
     CheckpointError,
     CheckpointIncompleteError,
@@ -126,23 +126,28 @@ class ResumeChoice:
     skipped: tuple[Skipped, ...] = ()
 
 
+#: A tracker holds one step number; a bigger file is no tracker (and is not read).
+MAX_TRACKER_BYTES = 4096
+
+
 def read_tracker(checkpoint_dir: str) -> tuple[int | None, str | None]:
     """``(step, None)`` from ``latest_checkpointed_iteration.txt``, or ``(None, problem)`` when it is
     missing, unreadable, empty or not a step number. Surrounding whitespace is allowed, as verl's
     ``int(text)`` allows it."""
     path = tracker_path(checkpoint_dir)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return None, TRACKER_MISSING
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = read_regular(path, MAX_TRACKER_BYTES)
+    except NotReadable as refused:
+        return None, str(refused)
     except OSError as err:
-        return None, f"cannot be read ({err})"
+        return None, f"cannot be read ({err.strerror or err})"
     text = raw.decode("ascii", errors="replace").strip()
     if not raw.strip():
         return None, "is empty (a kill during a plain open('w') write leaves it so)"
-    if not text.isdigit():
-        return None, f"holds {raw[:40]!r}, not a step number"
+    if not text.isdigit():  # its bytes are not quoted: the name may point at a file that is not ours to show
+        return None, f"holds {len(raw)} bytes that are not a step number"
     return int(text), None
 
 

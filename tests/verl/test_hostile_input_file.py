@@ -371,3 +371,36 @@ def test_a_value_the_reader_would_refuse_is_refused_at_save_and_no_file_is_writt
         input_file.write_input_state(str(tmp_path), 1, state)
     assert fragment in str(info.value)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "folder"])
+def test_anything_but_a_regular_file_is_refused_before_it_is_read(tmp_path, kind):
+    """A FIFO blocked the read forever and a link to /dev/zero grew memory without end (issue 26)."""
+    path = Path(layout.input_state_path(str(tmp_path)))
+    {"fifo": lambda: os.mkfifo(path), "dev_zero": lambda: path.symlink_to("/dev/zero"),
+     "folder": lambda: path.mkdir()}[kind]()
+    what = {"fifo": "is a FIFO", "dev_zero": "is a character device", "folder": "is a folder"}[kind]
+    with pytest.raises(errors.InputCheckpointCorruptError, match=f"{what}, not a regular file"):
+        input_file.read_input_checkpoint(str(tmp_path))
+
+
+def test_a_file_larger_than_an_input_file_can_be_is_refused_by_its_size(tmp_path):
+    path = Path(layout.input_state_path(str(tmp_path)))
+    with open(path, "wb") as f:  # sparse: 3 GiB claimed, nothing written
+        f.truncate(3 * GB)
+    with pytest.raises(errors.InputCheckpointCorruptError, match=r"is 3\.0 GiB, more than the 1\.0 GiB"):
+        input_file.read_input_checkpoint(str(tmp_path))
+
+
+def test_no_error_quotes_the_bytes_of_the_file(tmp_path):
+    secret = tmp_path / "private.txt"
+    secret.write_bytes(b"hunter2-password-of-somebody")
+    Path(layout.input_state_path(str(tmp_path))).symlink_to(secret)
+    with pytest.raises(errors.InputCheckpointCorruptError) as info:
+        input_file.read_input_checkpoint(str(tmp_path))
+    assert "hunter2" not in str(info.value) and "is not a torch zip archive" in str(info.value)
+    from agentlightning.verl import resume_selection
+
+    Path(layout.tracker_path(str(tmp_path))).symlink_to(secret)
+    step, problem = resume_selection.read_tracker(str(tmp_path))
+    assert step is None and "hunter2" not in problem and "not a step number" in problem
