@@ -51,6 +51,7 @@ CRASHED = "CRASHED"
 HUNG = "HUNG"
 NONDETERMINISTIC = "NONDETERMINISTIC"
 PROTOCOL = "PROTOCOL"
+HARNESS = "HARNESS"
 
 TABLE: tuple[Category, ...] = (
     Category(PASSED, ".", "#cfe9cf", False, "pass", "The job continued exactly as the uninterrupted run.", False),
@@ -84,6 +85,9 @@ TABLE: tuple[Category, ...] = (
     Category(PROTOCOL, "P", "#7f7f7f", True, "protocol",
              "The target broke the reporting rules (e.g. never said where it resumed, resumed from a step "
              "no run reached, or reported out of order).", True),
+    Category(HARNESS, "#", "#e7ba52", False, "harness error",
+             "The harness itself could not run or judge the cell (a full disk, a removed session folder, a "
+             "crashed pytest-xdist worker, its own bug); the headline says what happened and the fix.", True),
 )
 
 BY_NAME: dict[str, Category] = {c.name: c for c in TABLE}

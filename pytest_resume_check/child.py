@@ -156,12 +156,29 @@ def child_main(plan: RunPlan, conn: Any, control: Any = None) -> None:
     # multiprocessing gives the child its parent's start method; a trainer started by hand would
     # see the platform default, so loader workers must not go through the fork server.
     multiprocessing.set_start_method(None, force=True)
+    _drop_fork_server_pipe()
     _redirect_output(plan.log_path)
     if plan.world_size > 1:
         _launch_ranks(plan, conn, control)
     if plan.master_port:  # a distributed target on one rank (an elastic resume to 1) still gets its group
         os.environ.update(_rank_env(plan, 0))
     _run_target(plan, ConnectionSink(conn, 0 if plan.master_port else None), control)
+
+
+def _drop_fork_server_pipe() -> None:
+    """Close the fork server's liveness pipe, which multiprocessing hands every child it forks: a run does
+    not start processes through the server (see above), and a trainer that writes to every descriptor it
+    finds would otherwise make the server exit ("Not at EOF?") and fail every later run (issue 26)."""
+    import multiprocessing.forkserver
+
+    server = multiprocessing.forkserver._forkserver
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        server._forkserver_alive_fd = None
 
 
 def _rank_env(plan: RunPlan, rank: int) -> dict[str, str]:

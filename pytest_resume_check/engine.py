@@ -12,6 +12,7 @@ supervised runs), :class:`~.layout.Layout` (folders), :class:`~.references.Refer
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,15 +20,16 @@ from typing import Any
 
 from pytest_resume_check import events as ev
 from pytest_resume_check.faults import RECORD, FaultPlan, FileOp
+from pytest_resume_check.harness_errors import harness_finding
 from pytest_resume_check.interrupted import newest_complete, run_interrupted
 from pytest_resume_check.layout import Layout
-from pytest_resume_check.matrix import Cell, case_id
+from pytest_resume_check.matrix import Cell, case_id, crash_cells
 from pytest_resume_check.plan import KillSpec, RunPlan
 from pytest_resume_check.references import Reference, References
 from pytest_resume_check.results import DEFAULT_HANG_TIMEOUT, KILLED, CellResult, RunRecord, Verdict
 from pytest_resume_check.runner import Runner
 from pytest_resume_check.shared_runs import SharedFirstRuns
-from pytest_resume_check.targets import Target
+from pytest_resume_check.targets import Target, TargetError
 from pytest_resume_check.verdict import judge
 
 
@@ -93,8 +95,35 @@ class Engine:
         return [FileOp(e.extra["index"], e.text or "", e.path or "", e.extra.get("target"))
                 for e in record.events if e.kind == ev.FILE_OP]
 
+    def crash_cells(self, target: Target, mode: str) -> list[Cell]:
+        """The crash-consistency cells of ``target`` (its ``crash_save``): the save's file operations are
+        recorded by running the trainer once, the points sampled with this engine's seed."""
+        step, prior = target.crash_save
+        case = target.cases[0]
+        ops = self.record_ops(target, case, step, prior)
+        return crash_cells(target, case, ops, step, prior, mode, random.Random(f"{self.seed}:{target.name}:crash"))
+
     def run_cell(self, cell: Cell) -> CellResult:
-        """Reference (cached), interrupted runs, verdict."""
+        """Reference (cached), interrupted runs, verdict. An error of the harness itself (a full disk, a
+        session folder that went away, a bug) is the cell's ``HARNESS`` finding, and the session goes on;
+        a broken target (:class:`~.targets.TargetError`) and Ctrl-C are raised."""
+        try:
+            return self._run_cell(cell)
+        except TargetError:
+            raise
+        except Exception as exc:
+            workdir = self._existing_cell_folder(cell)
+            return CellResult(cell, Verdict(findings=[harness_finding(exc, self.root, workdir)]), None, [], workdir,
+                              self.seed)
+
+    def _existing_cell_folder(self, cell: Cell) -> Path | None:
+        try:
+            workdir = self.layout.cell(cell.target.name, cell.case_id, cell.resume_mode, cell.kill_id)
+            return workdir if workdir.is_dir() else None
+        except (OSError, ValueError):
+            return None
+
+    def _run_cell(self, cell: Cell) -> CellResult:
         started = time.monotonic()
         made = self.references.made(cell.target, cell.case)
         ref = self.reference(cell.target, cell.case)
@@ -106,5 +135,9 @@ class Engine:
         converge = ref.converge if self.shared is not None else None
         runs = run_interrupted(self.runner, cell.target, cell.case, cell.kills, cell.resume_mode, workdir,
                                cell.prior_checkpoints, first, converge, ref.values_dir)
+        if not workdir.is_dir():  # its files went away under it (another session's clean-up): nothing to judge
+            return CellResult(cell, Verdict(findings=[harness_finding(FileNotFoundError(str(workdir)), self.root,
+                                                                      None, workdir)]), ref.record, runs, None,
+                              self.seed, paid)
         verdict = judge(ref.record, runs, cell.target.contract, newest_complete(cell, runs))
         return CellResult(cell, verdict, ref.record, runs, workdir, self.seed, paid)

@@ -14,6 +14,7 @@ strictly inside the root it is given (issue 13: a target named ``..`` pointed th
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -55,9 +56,21 @@ def remove_inside(path: Path, root: Path, ignore_errors: bool = False) -> None:
             raise
 
 
+#: The longest folder name the harness makes, in bytes (file systems allow 255 bytes, not characters).
+MAX_NAME_BYTES = 120
+
+
 def safe_name(text: str) -> str:
-    """A folder name for ``text``: letters, digits and ``-_.=+,`` kept, anything else ``_``."""
-    return "".join(c if c.isalnum() or c in "-_.=+," else "_" for c in text)[:120]
+    """A folder name for ``text``: letters, digits and ``-_.=+,`` kept, anything else ``_``; cut to
+    :data:`MAX_NAME_BYTES` bytes of UTF-8 at a character boundary (issue 26: a case id of 100 non-ASCII
+    letters was cut to 120 characters, 300 bytes, and every file operation of its cells failed)."""
+    name = "".join(c if c.isalnum() or c in "-_.=+," else "_" for c in text)
+    raw = name.encode("utf-8")
+    if len(raw) <= MAX_NAME_BYTES:
+        return name
+    # Cut, with a digest of the whole text: two long ids that share their first bytes keep two folders.
+    tag = "-" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return raw[:MAX_NAME_BYTES - len(tag)].decode("utf-8", "ignore") + tag
 
 
 class Layout:

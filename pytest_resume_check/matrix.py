@@ -108,6 +108,16 @@ def parse_kill_id(text: str) -> tuple[KillSpec, ...]:
     return tuple(kills)
 
 
+#: A cell's name: ``target[case-mode-kill]`` (the case id may hold dashes; the kill id starts with ckpt or save).
+_CELL_NAME = re.compile(r"^(?P<target>[^\[]+)\[(?P<case>.*)-(?P<mode>auto|path)-(?P<kill>(?:ckpt|save)[^\]]*)\]$")
+
+
+def split_cell_name(name: str) -> tuple[str, str, str, str] | None:
+    """``(target, case id, resume mode, kill id)`` of a cell's name, None if ``name`` is none."""
+    match = _CELL_NAME.match(name)
+    return None if match is None else (match["target"], match["case"], match["mode"], match["kill"])
+
+
 @dataclass(frozen=True)
 class Cell:
     """One test of the matrix."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -263,6 +262,10 @@ class _XdistSeed:
         node.workerinput["resume_matrix_seed"] = self.seed
         node.workerinput["resume_matrix_node_ids"] = list(node.config.stash.get(NODE_IDS_KEY, ()))
 
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """A worker's services that failed to stop (or left processes running), said by the controller."""
+        _print_problems(node.config, list(getattr(node, "workeroutput", {}).get(WORKER_PROBLEMS, ())))
+
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
         """With the matrix on and xdist's default distribution, the cells of one case and resume mode go
         to one worker: they share a first run and a reference, which every worker that runs one of them
@@ -277,18 +280,34 @@ class _XdistSeed:
             def _split_scope(self, nodeid: str) -> str:
                 return case_group(nodeid)
 
+            def remove_node(self, node: Any) -> str | None:
+                """As xdist's, but the cell that was running when the worker crashed is not run again:
+                xdist reports it as crashed, and its scope's other cells go to another worker (xdist 3.8
+                queued the crashed cell again, which crashed every replacement worker in turn)."""
+                workload = self.assigned_work.pop(node)
+                if not self._pending_of(workload):
+                    return None
+                crashed = next(n for unit in workload.values() for n, done in unit.items() if not done)
+                for unit in workload.values():
+                    if crashed in unit:
+                        unit[crashed] = True
+                self.workqueue.update({scope: unit for scope, unit in workload.items() if not all(unit.values())})
+                for other in self.assigned_work:
+                    self._reschedule(other)
+                return crashed
+
         return ByCaseAndMode(config, log)
-
-
-#: A matrix cell's node id up to its resume mode: ``resume-matrix::target[case-auto`` of
-#: ``...[case-auto-ckpt3]``.
-_CASE_OF_CELL = re.compile(r"^(resume-matrix::[^\[]*\[.*?-(?:auto|path))-(?:ckpt|save)")
 
 
 def case_group(nodeid: str) -> str:
     """The xdist work unit of a test: a matrix cell's (target, case, resume mode), any other test alone."""
-    match = _CASE_OF_CELL.match(nodeid)
-    return match.group(1) if match else nodeid
+    from pytest_resume_check.matrix import split_cell_name
+
+    parts = split_cell_name(nodeid[len(NODE_PREFIX):]) if nodeid.startswith(NODE_PREFIX) else None
+    if parts is None:
+        return nodeid
+    target, case, mode, _ = parts
+    return f"{NODE_PREFIX}{target}[{case}-{mode}"
 
 
 def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
@@ -423,15 +442,7 @@ class ResumeMatrix(pytest.Collector):
         return target.with_options(cases=cases)
 
     def _crash_cells(self, target: Any, settings: Settings) -> list[Any]:
-        import random
-
-        from pytest_resume_check import matrix
-
-        step, prior = target.crash_save
-        case = target.cases[0]
-        ops = _engine(self.config).record_ops(target, case, step, prior)
-        rng = random.Random(f"{settings.seed}:{target.name}:crash")
-        return matrix.crash_cells(target, case, ops, step, prior, settings.mode, rng)
+        return _engine(self.config).crash_cells(target, settings.mode)
 
 
 class BrokenTarget(pytest.Item):
@@ -498,10 +509,13 @@ class ResumeCell(pytest.Item):
 
 def rerun_command(item: pytest.Item) -> str:
     """The command that reruns exactly this cell with the same seed (run from the same directory)."""
+    return _rerun_of(item.config, item.name)
+
+
+def _rerun_of(config: pytest.Config, name: str) -> str:
     from pytest_resume_check import report
 
-    settings = item.config.stash[SETTINGS_KEY]
-    config = item.config
+    settings = config.stash[SETTINGS_KEY]
     args = list(config.args) if config.args_source == pytest.Config.ArgsSource.ARGS else []
     options = []
     if settings.isolation:
@@ -510,7 +524,7 @@ def rerun_command(item: pytest.Item) -> str:
         options.append(OPT_EXHAUSTIVE)
     if config.getoption("resume_matrix_hang_timeout") is not None:  # the ini (or a target) is read again
         options.append(f"{OPT_HANG}={settings.hang_timeout:g}")
-    return report.rerun_command(item.name, settings.mode, settings.seed, args, options)
+    return report.rerun_command(name, settings.mode, settings.seed, args, options)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -573,17 +587,31 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if ENGINE_KEY in session.config.stash:
         from pytest_resume_check import starter
 
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        for problem in session.config.stash[ENGINE_KEY].close():  # services first: they may use the server
-            if reporter is not None:
-                reporter.write_line(problem, red=True)
-            else:
-                print(problem, file=sys.stderr)
+        problems = session.config.stash[ENGINE_KEY].close()  # services first: they may use the server
+        worker_output = getattr(session.config, "workeroutput", None)
+        if worker_output is not None:  # an xdist worker's output is not shown: its controller prints them
+            worker_output[WORKER_PROBLEMS] = problems
+        else:
+            _print_problems(session.config, problems)
         starter.stop_server()
         try:
             session.config.stash[ENGINE_KEY].layout.tidy()
         except OSError:  # the folder went away under the session: nothing left to tidy
             pass
+
+
+#: Key of ``config.workeroutput``: what went wrong when an xdist worker stopped its services.
+WORKER_PROBLEMS = "resume_check_problems"
+
+
+def _print_problems(config: pytest.Config, problems: list[str]) -> None:
+    """Print each line in red, whatever the verbosity (a service that failed to stop, processes it left)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    for problem in problems:
+        if reporter is not None:
+            reporter.write_line(problem, red=True)
+        else:
+            print(problem, file=sys.stderr)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -615,14 +643,44 @@ class _ResultCollector:
     def __init__(self, config: pytest.Config, results: list[dict[str, Any]]):
         self.config = config
         self.results = results
+        #: Node ids of matrix items that failed without being cells (a target whose matrix cannot be built).
+        self.broken: list[str] = []
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         cell = getattr(report, "resume_check_cell", None)
+        if cell is None and report.failed and report.when in ("call", "???"):  # "???": xdist's crashed worker
+            cell = self._unjudged(report)
         if cell is not None:
             self.results.append(cell)
         if report.nodeid.startswith(NODE_PREFIX):
             self._junit_classname(report)
+
+    def _unjudged(self, report: pytest.TestReport) -> dict[str, Any] | None:
+        """The JSON of a matrix cell that failed without a verdict, so the summary counts it as pytest does
+        (issue 26: a crashed xdist worker's cell was drawn as passed and missing from the JSON)."""
+        from pytest_resume_check import harness_errors, matrix
+        from pytest_resume_check import report as rp
+
+        if not report.nodeid.startswith(NODE_PREFIX):
+            return None
+        name = report.nodeid[len(NODE_PREFIX):]
+        parts = matrix.split_cell_name(name)
+        if parts is None:
+            self.broken.append(report.nodeid)
+            return None
+        target, case, mode, kill = parts
+        try:
+            kills = matrix.parse_kill_id(kill)
+        except ValueError:
+            kills = ()
+        lines = [ln.strip() for ln in str(report.longreprtext).strip().splitlines() if ln.strip()]
+        what = lines[-1] if lines else "no details"  # xdist: "worker 'gw0' crashed while running '...'"
+        template = harness_errors.MSG_WORKER_CRASHED if report.when == "???" else harness_errors.MSG_BUG
+        headline = template.format(what=what[:200], kept="")
+        cell = rp.unjudged_cell_json(target, case, mode, kills, kill, headline)
+        cell["rerun"] = _rerun_of(self.config, name)
+        return cell
 
     def _junit_classname(self, report: pytest.TestReport) -> None:
         """``resume-matrix.<target>``, so CI views group the cells by target (from the node id alone it
@@ -646,8 +704,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     failed = [r for r in results if categories.fails(r)]  # an XPASS fails, as pytest counts it
     expected = [r for r in results if categories.status(r) == categories.XFAIL]
     tr = terminalreporter
+    broken = config.pluginmanager.get_plugin("resume_check_results").broken
     tr.write_sep("=", f"resume matrix: {len(results)} cells, {len(failed)} failing, "
-                      f"{len(expected)} expected failures, seed {settings.seed}")
+                      f"{len(expected)} expected failures, "
+                      + (f"{len(broken)} target{'s' if len(broken) > 1 else ''} whose matrix could not be built, "
+                         if broken else "") + f"seed {settings.seed}")
     for line in summary.session_lines(results, width=min(100, tr._tw.fullwidth), more_hint=OPT_JSON):
         tr.write_line(line)
     if settings.json_path:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_resume_check.categories import status
+from pytest_resume_check.categories import HARNESS, status
 from pytest_resume_check.events import LOG_PREFIX
 from pytest_resume_check.layout import REFERENCE
 from pytest_resume_check.ledger import Ledger
@@ -160,6 +160,25 @@ def cell_json(result: CellResult) -> dict[str, Any]:
         "marks": {"reference": ref_marks, "composite": comp_marks},
         "story": story(result) if result.runs else NO_RUNS,
         "runs": [_run_json(r) for r in result.runs],
+    }
+    cell["status"] = status(cell)
+    return cell
+
+
+#: The story of a cell the harness could not judge (its worker crashed, or the harness failed).
+NOT_JUDGED = "not judged (see the headline)"
+
+
+def unjudged_cell_json(target: str, case_id: str, resume_mode: str, kills: Sequence[Any], kill: str,
+                       headline: str) -> dict[str, Any]:
+    """The JSON form of a matrix cell that has no verdict (its pytest-xdist worker crashed, or running it
+    raised outside the engine): a ``HARNESS`` cell, so the grid, the summary and the JSON count it."""
+    cell: dict[str, Any] = {
+        "target": target, "case": {}, "case_id": case_id, "resume_mode": resume_mode, "kill": kill,
+        "kills": [k.to_json() for k in kills], "passed": False, "xfail_reason": None, "categories": [HARNESS],
+        "headline": headline, "resumed_from": [], "state_diverged": None,
+        "findings": [{"category": HARNESS, "headline": headline, "step": None}], "reference": [], "composite": [],
+        "marks": {"reference": "", "composite": ""}, "story": NOT_JUDGED, "runs": [],
     }
     cell["status"] = status(cell)
     return cell

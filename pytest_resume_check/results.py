@@ -200,7 +200,8 @@ class CellResult:
 
     cell: Cell
     verdict: Verdict
-    reference: RunRecord
+    #: The case's first reference run (None when the harness failed before it had one).
+    reference: RunRecord | None
     runs: list[RunRecord] = field(default_factory=list)
     workdir: Path | None = None
     seed: int | None = None

@@ -17,6 +17,7 @@ import json
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import multiprocessing.spawn
 import os
 import signal
@@ -196,8 +197,10 @@ def _ensure_server(ctx: Any) -> None:
     target's imports in every child)."""
     global _server_started
     wanted = (*_preload, *_warmups)
-    if _server_started == wanted:
+    if _server_started == wanted and _server_alive():
         return
+    if _server_started and not _server_alive():
+        _server_started = ()  # it died (something killed it): ensure_running below reaps and restarts it
     if _server_started:
         stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
         if stop is None:  # cannot restart on this Python: children import the rest themselves
@@ -213,6 +216,24 @@ def _ensure_server(ctx: Any) -> None:
         multiprocessing.forkserver.ensure_running()
     _server_started = wanted
     _learn_failures(ctx, work["import"])
+
+
+def _server_alive() -> bool:
+    """Whether the fork server this process started still runs (a dead one is a zombie until reaped)."""
+    pid = multiprocessing.forkserver._forkserver._forkserver_pid
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
 
 
 def _sys_path() -> list[str]:
@@ -306,6 +327,10 @@ def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER) -> Child:
     if isolation == ISOLATION_FORKSERVER:
         process.start()
     else:  # a spawned interpreter is exec'd with the token, so its forked descendants show it too
+        # The resource tracker first, without the token: started inside, it would carry this run's token,
+        # the sweep after the run would kill it, and every later spawn warned "resource_tracker: process died
+        # unexpectedly ... might leak" (issue 26).
+        multiprocessing.resource_tracker.ensure_running()
         with _environment(RUN_TOKEN_ENV, plan.token):
             process.start()
     writer.close()  # the child holds the only write end: EOF means it (and its workers) are gone

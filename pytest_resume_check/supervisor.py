@@ -38,6 +38,9 @@ def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HA
     try:
         _read_events(child, record, hang_timeout, on_pause, started)
         interrupted = False
+    except _BadFrame as bad:  # something wrote to the channel that is no event: the run's word is void
+        record.events.append(ev.Event(ev.PROTOCOL, text=ERR_BAD_FRAME.format(detail=bad)))
+        record.outcome = CRASHED
     finally:
         # Interrupted (Ctrl-C, an error in the parent): kill at once, never wait for a paused child.
         if interrupted or record.outcome in (KILLED, HUNG):
@@ -77,13 +80,13 @@ def _read_events(child: starter.Child, record: RunRecord, hang_timeout: float,
         if child.conn in ready:
             last_event = time.monotonic()
             try:
-                raw = child.conn.recv_bytes()
+                received = _receive(child)
             except (EOFError, OSError):
                 _finish(record)
                 return
             if record.first_event_seconds is None:
                 record.first_event_seconds = time.monotonic() - started
-            for event in _decode(raw):
+            for event in received:
                 if event.kind != ev.PAUSED:
                     record.events.append(event)
                 if event.kind == ev.STEP_END and record.first_step_seconds is None:
@@ -214,7 +217,7 @@ def _drain_until(child: starter.Child, record: RunRecord, deadline: float,
         ready = wait([child.conn, sentinel], timeout=min(LIVENESS_POLL, max(0.0, deadline - time.monotonic())))
         if child.conn in ready:
             try:
-                record.events.extend(_decode(child.conn.recv_bytes()))
+                record.events.extend(_receive(child))
             except (EOFError, OSError):  # every process of the run closed the channel: it is exiting
                 child.wait_exit(max(0.0, deadline - time.monotonic()))
                 return
@@ -227,9 +230,36 @@ def _drain_written(child: starter.Child, record: RunRecord) -> None:
     """Record what an exited child wrote to the channel before it went (without waiting for more)."""
     while child.conn.poll(0):
         try:
-            record.events.extend(_decode(child.conn.recv_bytes()))
+            record.events.extend(_receive(child))
         except (EOFError, OSError):
             break
+
+
+#: The largest message the channel takes: a step's batch of reports is far smaller (batches are written at
+#: least once a second); a larger length is something else writing to the channel.
+MAX_FRAME = 256 * 1024 * 1024
+ERR_BAD_FRAME = ("wrote something to the harness's event channel that is no event ({detail}); the channel's "
+                 "descriptor belongs to the harness: a trainer must not write to descriptors it did not open")
+
+
+class _BadFrame(Exception):
+    """What came over the channel is not a message of events."""
+
+
+def _receive(child: starter.Child) -> list[ev.Event]:
+    """The events of the next channel message; raises EOFError/OSError when the channel is closed and
+    :class:`_BadFrame` when the message is no events (a length beyond :data:`MAX_FRAME`, bytes that do
+    not decode)."""
+    try:
+        raw = child.conn.recv_bytes(MAX_FRAME)
+    except OSError as exc:
+        if exc.errno is None:  # multiprocessing's "bad message length": no I/O error, a bad length
+            raise _BadFrame(f"a message length beyond {MAX_FRAME} bytes") from None
+        raise
+    try:
+        return _decode(raw)
+    except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+        raise _BadFrame(f"{len(raw)} bytes: {type(exc).__name__}: {str(exc)[:120]}") from None
 
 
 def _decode(raw: bytes) -> list[ev.Event]:

@@ -21,6 +21,7 @@ from pytest_resume_check.categories import (  # noqa: F401  (re-exported: tests 
     CRASHED,
     DUPLICATED,
     EPOCH,
+    HARNESS,
     HUNG,
     LOST,
     NONDETERMINISTIC,

@@ -80,6 +80,7 @@ def test_daemons_a_run_detaches_are_killed_with_the_run(tmp_path, isolation):
     detached = re.compile(r"run 2 \(resume from s\d\): ran to the end \(\d+ process(es)? it detached killed after "
                           r"it\)$")
     assert all(detached.search(story) for story in stories), stories
+    assert "resource_tracker" not in out  # spawn runs: no "process died unexpectedly ... might leak" warning
 
 
 def test_ctrl_c_mid_matrix_ends_pytest_and_leaves_no_process(tmp_path):

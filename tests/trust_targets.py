@@ -16,6 +16,8 @@ pass. Module-level functions, so a child process imports them by name; torch-fre
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import sys
 import threading
@@ -152,3 +154,40 @@ def two_rank_loop(run: Any) -> None:
             run.state(step, {"model": {"w": w}})
     finally:
         dist.destroy_process_group()
+
+
+def scribbler(run: Any) -> None:
+    """Writes bytes that are no event to every pipe and socket it holds (case key ``frame``: what), then
+    trains as :func:`churning_saver` would without the thread."""
+    import stat
+
+    frame = {"junk": b"\x00\x00\x00\x05hello", "huge": b"\x7f\xff\xff\xf0junk"}[run.case.get("frame", "junk")]
+    if not run.is_resume:
+        for fd in range(3, 256):
+            try:
+                mode = os.fstat(fd).st_mode
+                if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+                    os.write(fd, frame)
+            except OSError:
+                continue
+    _plain(run)
+
+
+def _plain(run: Any) -> None:
+    start, w, folder = _restore(run)
+    run.resumed(start, run.case.get("resumed_from") if folder is not None and run.case.get("resumed_from") else folder)
+    for step in range(start + 1, STEPS + 1):
+        run.consumed([step], step=step, epoch=0)
+        w = 0.5 * w + step
+        run.step_end(step)
+        if run.should_checkpoint(step):
+            if run.case.get("remove_root"):  # the session folder: <root>/<target>/<case>/<cell>/out
+                shutil.rmtree(run.checkpoint_dir.parents[3], ignore_errors=True)
+            run.checkpoint_published(step, _save(run.checkpoint_dir, step, w))
+
+
+def plain(run: Any) -> None:
+    """Six steps, checkpoints when asked (case key ``remove_root``: removes the session folder when it
+    checkpoints, as a second session with the same --basetemp would; ``resumed_from``: a resumed run
+    reports that path as what it restored)."""
+    _plain(run)

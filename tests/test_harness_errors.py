@@ -1,0 +1,143 @@
+"""Every error the harness meets is a failing cell with one line that names what happened and the fix, is
+in the JSON and the grid, and leaves the session running (issue 26): a full disk while it snapshots a
+folder, a session folder removed under it, bytes on its event channel that are no event, names too long
+for the file system, a crashed pytest-xdist worker. Torch-free: these run in the bare environment too.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+import trust_targets as tt
+
+from pytest_resume_check import harness_errors, matrix, shared_runs, starter
+from pytest_resume_check.categories import HARNESS, PROTOCOL
+from pytest_resume_check.engine import Engine
+from pytest_resume_check.layout import MAX_NAME_BYTES, safe_name
+from pytest_resume_check.matrix import Cell
+from pytest_resume_check.plan import KillSpec
+from pytest_resume_check.targets import resume_target
+
+plain = resume_target(steps=tt.STEPS, name="plain")(tt.plain)
+scribbler = resume_target(steps=tt.STEPS, name="scribbler", cases=[{"frame": "junk"}, {"frame": "huge"}])(tt.scribbler)
+
+
+@pytest.fixture
+def engine(tmp_path):
+    eng = Engine(tmp_path / "session", seed=2, hang_timeout=60)
+    yield eng
+    eng.close()
+
+
+def cell(target, case, *kills, mode="auto"):
+    return Cell(target, case, mode, tuple(kills), tt.STEPS)
+
+
+@pytest.mark.parametrize("case, words", [({"frame": "junk"}, "5 bytes: JSONDecodeError"),
+                                         ({"frame": "huge"}, "a message length beyond")])
+def test_bytes_on_the_event_channel_that_are_no_event_are_protocol_and_the_fork_server_survives(engine, case, words):
+    result = engine.run_cell(cell(scribbler, case, KillSpec(2)))
+    assert result.verdict.categories == [PROTOCOL]
+    assert "wrote something to the harness's event channel that is no event" in result.verdict.headline
+    assert words in result.verdict.headline
+    server = starter.server_pid()
+    after = engine.run_cell(cell(plain, {}, KillSpec(3)))  # the next target's runs start as before
+    assert after.verdict.findings == [], after.verdict.headline
+    assert starter.server_pid() == server
+
+
+def test_a_full_disk_while_a_folder_is_copied_is_one_harness_line_and_the_session_goes_on(engine, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(args[1]))
+
+    cells = [c for c in matrix.cells(plain, "quick", 2) if c.shares_prefix]
+    engine.register(cells)
+    monkeypatch.setattr(shared_runs.shutil, "copytree", full)
+    result = engine.run_cell(cells[0])
+    assert result.verdict.categories == [HARNESS]
+    assert result.verdict.headline.startswith(harness_errors.MSG_DISK_FULL.split("{")[0])
+    assert result.verdict.headline.endswith("Free space there, or point --basetemp at a bigger disk")
+    monkeypatch.undo()
+    again = engine.run_cell(cells[1])  # the disk has room again: the session goes on
+    assert again.verdict.findings == [], again.verdict.headline
+
+
+def test_a_session_folder_removed_while_a_cell_runs_is_named(engine):
+    result = engine.run_cell(cell(plain, {"remove_root": True}, KillSpec(2)))
+    assert result.verdict.categories == [HARNESS]
+    assert result.verdict.headline.startswith(f"HARNESS: the folder {engine.root} was removed while the cell ran")
+    assert "Give each session its own --basetemp" in result.verdict.headline
+
+
+def test_a_bug_of_the_harness_is_one_line_and_its_traceback_is_kept(engine, monkeypatch):
+    def broken(*args, **kwargs):
+        raise KeyError("no such event")
+
+    monkeypatch.setattr("pytest_resume_check.engine.judge", broken)
+    result = engine.run_cell(cell(plain, {}, KillSpec(2)))
+    assert result.verdict.categories == [HARNESS]
+    kept = result.workdir / harness_errors.TRACEBACK_FILE
+    assert result.verdict.headline == harness_errors.MSG_BUG.format(what="KeyError: 'no such event'",
+                                                                    kept=f" in {kept}")
+    assert "Traceback" in kept.read_text()
+
+
+def test_names_are_cut_to_bytes_the_file_system_takes_and_stay_apart():
+    long = "ä" * 100
+    assert len(safe_name(long).encode()) <= MAX_NAME_BYTES
+    assert safe_name(long + "1") != safe_name(long + "2")
+    assert safe_name("b4-take2") == "b4-take2"
+
+
+def test_a_case_id_of_many_non_ascii_letters_runs(engine):
+    target = plain.with_options(cases=[{"name": "ä" * 100}])
+    result = engine.run_cell(cell(target, target.cases[0], KillSpec(2)))
+    assert result.verdict.findings == [], result.verdict.headline
+
+
+def test_what_a_resume_names_outside_its_cell_is_not_kept(engine, tmp_path):
+    outside = tmp_path / "elsewhere"
+    (outside / "tree").mkdir(parents=True)
+    (outside / "tree" / "file").write_text("not the run's")
+    result = engine.run_cell(cell(plain, {"resumed_from": str(outside)}, KillSpec(2)))
+    assert not list(Path(result.runs[1].plan.log_path).parent.glob("restored-*"))
+    inside = engine.run_cell(cell(plain, {}, KillSpec(2)))  # its own checkpoint is kept as evidence
+    assert (Path(inside.runs[1].plan.log_path).parent / "restored-run1" / "state.json").exists()
+
+
+CRASHING_CONFTEST = """
+import os
+import trust_targets
+from pytest_resume_check import resume_target
+
+plain = resume_target(steps=trust_targets.STEPS, name="plain")(trust_targets.plain)
+
+
+def pytest_resume_check_cell_result(config, result):
+    if result.cell.kill_id == "ckpt2" and result.cell.resume_mode == "auto":
+        os._exit(3)  # the xdist worker dies with the cell
+"""
+
+
+def test_a_crashed_xdist_worker_is_a_failing_cell_in_the_summary_and_the_json(pytester, monkeypatch):
+    pytest.importorskip("xdist")
+    pytester.makeconftest(CRASHING_CONFTEST)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    result = pytester.runpytest_subprocess("--resume-matrix", "-n", "2", "-p", "no:cacheprovider",
+                                           "--resume-matrix-json=out.json", "--resume-matrix-seed=1")
+    outcomes = result.parseoutcomes()
+    failed = outcomes.get("failed", 0)
+    assert failed >= 1
+    result.stdout.fnmatch_lines([f"*resume matrix: * cells, {failed} failing, 0 expected failures, seed 1 *",
+                                 "*plain?default-auto-ckpt2?: HARNESS: the pytest-xdist worker running this cell "
+                                 "crashed*"])
+    assert failed == 1  # the crashed cell is not run again (it would crash every replacement worker)
+    cells = json.loads((pytester.path / "out.json").read_text())["cells"]
+    assert len(cells) == outcomes["passed"] + failed
+    crashed = [c for c in cells if c["status"] == HARNESS]
+    assert [(c["resume_mode"], c["kill"]) for c in crashed] == [("auto", "ckpt2")]
+    assert "worker 'gw" in crashed[0]["headline"] and "crashed while running" in crashed[0]["headline"]
