@@ -78,7 +78,7 @@ class Runner:
             faults=faults if faults is not None else (kill.fault if kill is not None else None),
             report_state=report_state, state_tolerance=target.state_tolerance, state_values_dir=state_values_dir,
             state_reference_dir=state_reference_dir, token=uuid.uuid4().hex, step_limit=_step_limit(target, case),
-            command=target.command, env=self.services.env_for(target),
+            command=target.command, env=self.services.env_for(target, self.hang_limit_of(target)),
             world_size=world, master_port=free_port() if distributed else 0,
             step_ranks=self._step_ranks.get((target.name, world)),
         )

@@ -184,3 +184,105 @@ def test_ctrl_c_stops_a_service_that_lives_in_a_session_of_its_own(tmp_path):
     while marked(canary) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert marked(canary) == [], out[-3000:]
+
+
+def _alive_pid(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+STARTED: list[int] = []
+
+
+@contextmanager
+def hanging_service():
+    """Starts a server in a session of its own, then never becomes ready."""
+    STARTED.append(subprocess.Popen(["sleep", "600"], start_new_session=True).pid)
+    time.sleep(600)
+    yield {}
+
+
+hanging_service.start_timeout = 1  # its own limit, instead of the target's hang limit
+
+
+@contextmanager
+def leaky_service():
+    """Starts a server in a session of its own and forgets to stop it."""
+    STARTED.append(subprocess.Popen(["sleep", "600"], start_new_session=True).pid)
+    yield {}
+
+
+@contextmanager
+def failing_stop_service():
+    yield {}
+    raise RuntimeError("the database would not shut down")
+
+
+hanging = resume_target(train, name="hanging", steps=6, services=[hanging_service])
+leaky = resume_target(train, name="leaky", steps=6, services=[leaky_service])
+failing_stop = resume_target(train, name="failing_stop", steps=6, services=[failing_stop_service])
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_a_service_that_hangs_while_starting_fails_its_cells_within_its_limit_and_others_run(engine, tmp_path):
+    STARTED.clear()
+    with pytest.raises(TargetError) as info:
+        engine.plan(hanging, hanging.cases[0], tmp_path / "w", 0)
+    assert "its service test_services.hanging_service failed to start: it did not start within 1 s" in str(info.value)
+    assert "the 1 process it had started were killed" in str(info.value)
+    assert STARTED and not _alive_pid(STARTED[0])
+    assert run_once(engine, served, tmp_path)  # another target's service starts and its runs go on
+    with pytest.raises(TargetError, match="did not start within 1 s"):  # not tried again
+        engine.plan(hanging, hanging.cases[0], tmp_path / "w", 0)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_what_a_service_leaves_running_is_ended_and_named(engine, tmp_path):
+    STARTED.clear()
+    run_once(engine, leaky, tmp_path)
+    assert _alive_pid(STARTED[0])
+    problems = engine.close()
+    assert len(problems) == 1 and problems[0].startswith(
+        "resume-check: service test_services.leaky_service left 1 process running after it stopped")
+    assert "sleep 600" in problems[0]
+    assert not _alive_pid(STARTED[0])
+
+
+def test_a_stop_that_raises_names_its_service(engine, tmp_path):
+    run_once(engine, failing_stop, tmp_path)
+    problems = engine.close()
+    assert len(problems) == 1 and problems[0].startswith(
+        "resume-check: service test_services.failing_stop_service raised while stopping: RuntimeError: the database "
+        "would not shut down (at ")
+
+
+FAILING_STOP_CONFTEST = '''
+    from contextlib import contextmanager
+
+    from pytest_resume_check.builtin import train_script
+    from pytest_resume_check.targets import resume_target
+
+
+    @contextmanager
+    def stubborn():
+        yield {}
+        raise RuntimeError("would not stop")
+
+
+    def train(run):
+        train_script.main(["--out", str(run.checkpoint_dir), "--epochs", "1"], run)
+
+
+    stopping = resume_target(train, name="stopping", steps=6, services=[stubborn])
+'''
+
+
+def test_a_failing_stop_is_printed_with_its_name_under_q_and_from_xdist_workers(pytester):
+    pytest.importorskip("xdist")
+    pytester.makeconftest(textwrap.dedent(FAILING_STOP_CONFTEST))
+    for args in (["-q"], ["-q", "-n", "2"]):
+        result = pytester.runpytest_subprocess("--resume-matrix", "-p", "no:cacheprovider", "-k", "ckpt1", *args)
+        result.stdout.fnmatch_lines(["*resume-check: service conftest.stubborn raised while stopping: RuntimeError: "
+                                     "would not stop*"])

@@ -46,6 +46,44 @@ STOP_GRACE = 2.0
 ACTOR_EXIT_TIMEOUT = 30.0
 TEMP_PREFIX = "rc-ray-"  # kept short: Ray's socket paths under it must fit in 107 bytes (a short TMPDIR too)
 
+#: Ray as on one machine only: with it unset Ray resolves its node address to the machine's outward IP (even
+#: with --node-ip-address=127.0.0.1) and its GCS, raylet and agents listen on every interface (issue 26).
+ENV_LOCAL_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+#: Ends the head when the process that started it is gone (SIGKILLed pytest): reads its stdin, a pipe only
+#: that process writes to, until EOF; then SIGTERM and SIGKILL to the head's process group and removes its
+#: folder. Runs in a session of its own, so a Ctrl-C at the terminal does not end it early.
+WATCHDOG = """
+import os, shutil, signal, sys, time
+pgid, temp, prefix = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+while True:
+    try:
+        if not os.read(0, 1):
+            break
+    except InterruptedError:
+        continue
+def members():
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[-1].split()
+            if int(fields[2]) == pgid and fields[0] != b"Z":
+                found.append(name)
+        except (OSError, ValueError, IndexError):
+            pass
+    return found
+for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 20.0)):
+    deadline = time.monotonic() + grace
+    while members() and time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+if os.path.basename(temp).startswith(prefix) and os.path.isdir(temp) and not os.path.islink(temp):
+    shutil.rmtree(temp, ignore_errors=True)
+"""
+
 ERR_NO_RAY = ("the Ray head needs the `ray` command, which comes with verl (pip install 'pytest-resume-check[verl]'); "
               "it was not found next to {python}")
 ERR_START = "the Ray head did not start within {timeout:.0f} s (exit code {code}); its output ends with:\n{tail}"
@@ -92,6 +130,9 @@ class RayHead:
         self.process: subprocess.Popen[bytes] | None = None
         self.temp_dir: Path | None = None
         self.address = ""
+        #: The watchdog that ends the head if this process dies, and the pipe it watches.
+        self.watchdog: subprocess.Popen[bytes] | None = None
+        self._watched: int | None = None
 
     @property
     def pgid(self) -> int | None:
@@ -123,6 +164,7 @@ class RayHead:
                                             env=env, start_new_session=True)
         finally:
             log.close()
+        self._start_watchdog()
         self.address = f"127.0.0.1:{port}"
         try:
             self._wait_ready(port)
@@ -131,10 +173,21 @@ class RayHead:
             raise
         return self.address
 
+    def _start_watchdog(self) -> None:
+        assert self.process is not None and self.temp_dir is not None
+        read, self._watched = os.pipe()  # the write end is not inheritable: only this process holds it
+        try:
+            self.watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG, str(self.process.pid), str(self.temp_dir),
+                                              TEMP_PREFIX], stdin=read, stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            os.close(read)
+
     def driver_env(self) -> dict[str, str]:
-        """What a driver needs in its environment to connect: the address (once started) and the token."""
+        """What a driver needs in its environment to connect: the address (once started), the token, and
+        Ray kept to loopback."""
         assert self.temp_dir is not None
-        env = {ENV_AUTH_MODE: "token", ENV_AUTH_TOKEN_PATH: str(self.temp_dir / TOKEN_FILE)}
+        env = {ENV_AUTH_MODE: "token", ENV_AUTH_TOKEN_PATH: str(self.temp_dir / TOKEN_FILE), **ENV_LOCAL_ONLY}
         if self.address:
             env[ENV_ADDRESS] = self.address
         return env
@@ -203,6 +256,16 @@ class RayHead:
         temp, self.temp_dir = self.temp_dir, None
         if temp is not None and temp.name.startswith(TEMP_PREFIX) and temp.is_dir() and not temp.is_symlink():
             shutil.rmtree(temp, ignore_errors=True)  # ours: made by mkdtemp in start(), nothing else
+        watched, self._watched = self._watched, None
+        if watched is not None:
+            os.close(watched)  # the watchdog finds the head gone, and exits
+        watchdog, self.watchdog = self.watchdog, None
+        if watchdog is not None:
+            try:
+                watchdog.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                watchdog.kill()
+                watchdog.wait()
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -228,3 +291,6 @@ def ray_head_service() -> Iterator[dict[str, str]]:
                                + ", ".join(f"{title} (pid {pid})" for pid, title in left))
     finally:
         head.stop()
+
+
+ray_head_service.start_timeout = START_TIMEOUT + 30  # type: ignore[attr-defined]  # its own limit is the one said

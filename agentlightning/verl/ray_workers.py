@@ -136,5 +136,13 @@ def connect_driver() -> None:
     from ray._raylet import Config
 
     Config.initialize("")
+    # Likewise whether Ray is kept to this machine (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which the session's
+    # head sets so that it listens on loopback only): read at import, it decides whether 127.0.0.1 in the
+    # address is replaced by the machine's outward IP, where the head does not listen.
+    from ray._private import ray_constants
+
+    flag = os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR)
+    if flag is not None and hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
+        ray_constants.ENABLE_RAY_CLUSTER = flag.strip().lower() in ("1", "true")
     ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, configure_logging=False)
 

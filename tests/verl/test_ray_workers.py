@@ -146,3 +146,73 @@ def test_the_ray_target_passes_its_matrix_and_leaves_nothing(tmp_path):
                 if str(tmp) in ray_cluster.process_title(pid)]
     assert leftover == [], "Ray processes outlived the session"
     shutil.rmtree(tmp)  # made by mkdtemp above
+
+
+def _listening(pids: set[int]) -> list[str]:
+    """The local addresses the processes ``pids`` listen on (TCP, from /proc: no `ss` needed)."""
+    inodes = {}
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes[target[8:-1]] = pid
+        except OSError:
+            continue
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                address = fields[1].split(":")[0]
+                raw = bytes.fromhex(address)
+                if len(raw) == 4:
+                    found.append(".".join(str(b) for b in raw[::-1]))
+                else:  # four little-endian 32-bit words
+                    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+                    found.append(":".join(words[i:i + 2].hex() for i in range(0, 16, 2)))
+    return found
+
+
+LOOPBACK = {"127.0.0.1", "0000:0000:0000:0000:0000:ffff:7f00:0001", "0000:0000:0000:0000:0000:0000:0000:0001"}
+
+
+def test_the_ray_head_listens_on_loopback_only():
+    head = ray_cluster.RayHead()
+    head.start()
+    try:
+        addresses = _listening(set(ray_cluster.group_members(head.pgid)))
+    finally:
+        head.stop()
+    assert addresses, "the head listens on nothing?"
+    assert set(addresses) <= LOOPBACK, addresses
+
+
+OWNER = """
+import time
+from agentlightning.verl import ray_cluster
+head = ray_cluster.RayHead()
+head.start()
+print(head.pgid, head.temp_dir, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_pytest_takes_its_ray_head_with_it():
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        pgid, temp = owner.stdout.readline().split()  # the head accepts drivers now
+        groups = {int(pgid)}
+        assert ray_cluster.group_members(int(pgid)) and Path(temp).is_dir()
+    finally:
+        owner.kill()  # SIGKILL: no clean-up of its own runs
+        owner.wait()
+    deadline = time.monotonic() + 60  # generous: the watchdog's SIGTERM, 2 s of grace, then SIGKILL
+    while any(ray_cluster.group_members(g) for g in groups) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(ray_cluster.group_members(g) for g in groups)
+    deadline = time.monotonic() + 30
+    while Path(temp).exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not Path(temp).exists()
