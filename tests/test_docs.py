@@ -397,20 +397,57 @@ def test_verl_finding_reproduces_with_its_documented_command(pytester):
 
 @needs_verl
 def test_quickstart_figures_come_from_the_command_it_shows(tmp_path):
-    """docs/quickstart.md's counts (cells, expected failures, the outcome line, the verl_stock_sync grid)
-    are what its command prints in this repository (issue 14: the page said 197 cells while the same
-    command ran 426). Its timings are not checked: they depend on the machine."""
-    command = "pytest --resume-matrix -m resume_matrix -n auto"
+    """docs/quickstart.md's one-target command prints the summary the page shows (issue 14: the page said
+    197 cells while the same command ran 426). Its timings are not checked: they depend on the machine.
+    The whole main job is not run here (issue 26: inside the suite it hit its time limit on a loaded
+    machine); its counts are checked from its matrix below."""
+    command = ("pytest --resume-matrix -m resume_matrix --resume-matrix-target=verl_stock_sync -n auto "
+               "--resume-matrix-seed=1234")
     assert f"```bash\n{command}\n```" in (DOCS / "quickstart.md").read_text()
     shown = text_block_after("quickstart.md", command)
-    done = run_pytest(("--resume-matrix", "-m", "resume_matrix", "-n", "2", "--resume-matrix-seed=1234", "-p",
-                       "no:cacheprovider", f"--basetemp={tmp_path / 'bt'}"), ROOT, timeout=1200, env={"COLUMNS": "80"})
+    args = shlex.split(command)[1:]
+    args[args.index("auto")] = "2"
+    done = run_pytest((*args, "-p", "no:cacheprovider", f"--basetemp={tmp_path / 'bt'}"), ROOT, timeout=1200,
+                      env={"COLUMNS": "80"})  # generous: it takes about a minute on 2 idle cores
     assert done.returncode == 0, done.stdout[-3000:]
     real = [line.rstrip() for line in done.stdout.splitlines()]
     summary_line = next(line for line in shown if "resume matrix:" in line)
     assert summary_line in real
-    grid = shown[shown.index(next(ln for ln in shown if ln.startswith("verl_stock_sync:"))):][:6]
-    at = real.index(grid[0])
-    assert real[at:at + 6] == grid
+    at = real.index(summary_line)
+    grids = shown[shown.index(summary_line) + 1:shown.index("[...]", shown.index(summary_line))]
+    assert real[at + 1:at + 1 + len(grids)] == grids
     outcome = re.search(r"(\d+ passed, \d+ xfailed)", shown[-1]).group(1)
     assert outcome in real[-1]
+
+
+@needs_verl
+def test_quickstart_counts_the_cells_of_the_main_job(tmp_path):
+    """"684 cells, 38 of them expected failures": the matrix of this repository's targets, built as the
+    plugin builds it (crash cells from each target's recorded save), without running a cell."""
+    from conftest import RESUME_TARGETS
+
+    from pytest_resume_check import matrix
+    from pytest_resume_check.engine import Engine
+
+    engine = Engine(tmp_path, seed=1234)
+    cells = []
+    try:
+        for target in RESUME_TARGETS:
+            cells += matrix.cells(target, "quick", 1234)
+            if target.crash_save:
+                cells += engine.crash_cells(target, "quick")
+    finally:
+        engine.close()
+    text = (DOCS / "quickstart.md").read_text()
+    expected = sum(1 for c in cells if c.xfail_reason)
+    assert f"{len(cells)} cells,\n{expected} of them expected failures" in text, (len(cells), expected)
+
+
+def test_every_test_the_guarantees_name_exists():
+    """docs/guarantees.md names the test that holds each promise; each must exist (a renamed test would
+    leave a promise unheld)."""
+    named = re.findall(r"`(tests/[\w/]+\.py)::(test_\w+)`", (DOCS / "guarantees.md").read_text())
+    assert len(named) >= 30
+    for path, name in named:
+        source = (ROOT / path).read_text()
+        assert re.search(rf"^def {name}\(", source, re.M), f"{path}::{name} is named in guarantees.md but missing"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import trust_targets as tt
@@ -132,3 +133,16 @@ def test_a_rank_that_cannot_reach_the_kill_point_is_named_after_the_hang_limit(t
     assert result.verdict.categories == ["HUNG"]
     assert result.verdict.headline.startswith("HUNG: run 1 of 1: rank 1 did not report the end of step 2 within the "
                                               "hang limit (3 s) while rank 0 waited at the kill point")
+
+
+def test_two_rank_verdicts_are_the_same_idle_and_beside_cpu_burners(tmp_path):
+    """benchmarks/load_verdicts.py, once: the bundled DDP loop and the loop of issue 26, each matrix idle and
+    beside two CPU burners, every cell's JSON compared (status, categories, headline, composite ledger)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("torchdata")
+    pytest.importorskip("xdist")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "load_verdicts.py"
+    done = subprocess.run([sys.executable, str(script), "--runs", "1", "--burners", "2"], capture_output=True,
+                          text=True, timeout=1800)  # generous: about two minutes on 2 cores beside the suite
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "differing cells in all: 0" in done.stdout

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,9 @@ BUGS = {
     "stale_rank": "rank 1 resumes from the checkpoint before the newest where there is one (it distrusts the newest)",
     "elastic_epoch": "after a resume at another world size the resumed epoch is not set on the new sampler",
     "term_ignored": "the SIGTERM handler only logs: the job trains on until SIGKILL, saving nothing",
-    "async_unawaited": "the checkpoint is written with DCP's async_save and published before its future completes",
+    "async_unawaited": ("the checkpoint is written with DCP's async_save and published before its future completes "
+                        "(the background write starts only once publishing returned, so a kill at publication "
+                        "always comes first, whatever the load)"),
 }
 
 
@@ -170,10 +173,13 @@ class _Loop:
 
         folder = self.run.checkpoint_dir / f"step_{self.step}"
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        published = None
         if self.bug == "async_unawaited":
             if self.pending is not None:
                 self.pending.result()
-            self.pending = dcp.async_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder),
+            published = threading.Event()
+            self.pending = dcp.async_save({"model": model_state, "optim": optim_state},
+                                          storage_writer=_gated_writer(folder, published),
                                           process_group=self.save_group)
         else:
             dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder))
@@ -188,6 +194,8 @@ class _Loop:
             _write_durably(self.run.checkpoint_dir / LATEST, folder.name.encode())
         dist.barrier()
         self.run.checkpoint_published(self.step, folder)
+        if published is not None:
+            published.set()
 
     def _resume_source(self) -> Path | None:
         run = self.run
@@ -225,6 +233,20 @@ def _new_group() -> Any:
     import torch.distributed as dist
 
     return dist.new_group(backend="gloo")
+
+
+def _gated_writer(folder: Path, gate: threading.Event) -> Any:
+    """DCP's file writer, whose writing waits for ``gate``: the async_unawaited bug's background write starts
+    only after the checkpoint was published, so the planted race always goes the same way (issue 26: under
+    load the write sometimes won, and the bug was missed)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    class GatedWriter(FileSystemWriter):
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            gate.wait()
+            return super().write_data(plan, planner)
+
+    return GatedWriter(str(folder))
 
 
 def _from_rank0(number: int) -> int:
