@@ -51,6 +51,7 @@ CRASHED = "CRASHED"
 HUNG = "HUNG"
 NONDETERMINISTIC = "NONDETERMINISTIC"
 PROTOCOL = "PROTOCOL"
+TARGET_ERROR = "TARGET_ERROR"
 HARNESS = "HARNESS"
 
 TABLE: tuple[Category, ...] = (
@@ -85,6 +86,9 @@ TABLE: tuple[Category, ...] = (
     Category(PROTOCOL, "P", "#7f7f7f", True, "protocol",
              "The target broke the reporting rules (e.g. never said where it resumed, resumed from a step "
              "no run reached, or reported out of order).", True),
+    Category(TARGET_ERROR, "B", "#a55194", True, "broken target",
+             "The target could not be run at all (a preload module that fails to import, a warm-up that leaves "
+             "threads running, a service that fails to start); the headline names it and the fix.", True),
     Category(HARNESS, "#", "#e7ba52", False, "harness error",
              "The harness itself could not run or judge the cell (a full disk, a removed session folder, a "
              "crashed pytest-xdist worker, its own bug); the headline says what happened and the fix.", True),

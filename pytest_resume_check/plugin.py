@@ -481,9 +481,19 @@ class ResumeCell(pytest.Item):
                                  ("resume_mode", cell.resume_mode), ("kill", cell.kill_id)]
 
     def runtest(self) -> None:
-        from pytest_resume_check import report
+        from pytest_resume_check import categories, report
+        from pytest_resume_check.targets import TargetError
 
-        result = _engine(self.config).run_cell(self.cell)
+        try:
+            result = _engine(self.config).run_cell(self.cell)
+        except TargetError as exc:  # the target cannot run at all: one line, and the cell is counted
+            cell = self.cell
+            headline = f"{categories.TARGET_ERROR}: {exc}"
+            self.cell_json = report.unjudged_cell_json(cell.target.name, cell.case_id, cell.resume_mode, cell.kills,
+                                                       cell.kill_id, headline, categories.TARGET_ERROR, cell.case)
+            self.cell_json["xfail_reason"] = cell.xfail_reason  # counted as pytest counts it
+            self.cell_json["rerun"] = rerun_command(self)
+            raise ResumeCheckFailure(headline) from None
         self.stash[RESULT_KEY] = result
         self.cell_json = report.cell_json(result)
         self.cell_json["rerun"] = rerun_command(self)
@@ -620,7 +630,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if isinstance(item, ResumeCell) and call.when == "call" and hasattr(item, "cell_json"):
         # Carried on the report, so an xdist controller receives it with the report.
         rep.resume_check_cell = item.cell_json
-        paid = item.stash[RESULT_KEY].reference_seconds
+        paid = item.stash[RESULT_KEY].reference_seconds if RESULT_KEY in item.stash else 0.0
         if paid:
             rep.user_properties.append(("reference_seconds", round(paid, 3)))
     return rep

@@ -31,6 +31,7 @@ from pytest_resume_check.categories import (  # noqa: F401  (re-exported: tests 
     SILENT_IO_ERROR,
     STALE_RESUME,
     STATE_DIVERGED,
+    TARGET_ERROR,
     VERDICT_CATEGORIES,
 )
 from pytest_resume_check.faults import ERROR

@@ -283,7 +283,7 @@ def test_ci_workflow_runs_its_matrix_command_on_the_example_project(pytester):
 
 # -- the verdicts and findings the pages quote --------------------------------------------------------------
 
-TEMPLATE_CATEGORIES = ("CRASHED", "HUNG", "NONDETERMINISTIC", "PROTOCOL")
+TEMPLATE_CATEGORIES = ("CRASHED", "HUNG", "NONDETERMINISTIC", "PROTOCOL", "TARGET_ERROR", "HARNESS")
 
 
 def template_pattern(template: str) -> re.Pattern[str]:
@@ -292,15 +292,21 @@ def template_pattern(template: str) -> re.Pattern[str]:
 
 
 def test_report_page_example_lines_of_process_verdicts_match_the_message_templates():
-    templates = [vd.MSG_CRASHED, vd.MSG_HUNG, vd.MSG_NONDETERMINISTIC, vd.MSG_PROTOCOL, vd.MSG_STEPS]
+    from pytest_resume_check import harness_errors, starter, supervisor
+
+    templates = [vd.MSG_CRASHED, vd.MSG_HUNG, vd.MSG_NONDETERMINISTIC, vd.MSG_PROTOCOL, vd.MSG_STEPS,
+                 vd.MSG_HUNG_STALLED.format(who="{who}", what=supervisor.ERR_PEERS.replace("{s}", "")),
+                 "TARGET_ERROR: " + starter.ERR_PRELOAD, harness_errors.MSG_DISK_FULL, harness_errors.MSG_FOLDER_GONE,
+                 harness_errors.MSG_WORKER_CRASHED]
     shown = [line for lang, body in blocks("reading-a-report.md") if lang == "text"
              for line in body.splitlines() if line.startswith(TEMPLATE_CATEGORIES)]
-    assert len(shown) == 5
+    assert len(shown) == 10
     for line in shown:
         assert any(template_pattern(t).match(line) for t in templates), line
     # The PROTOCOL example for a missing resumed() call is the ledger's own message.
     from pytest_resume_check.ledger import compose
-    with pytest.raises(Exception, match=re.escape(shown[3].split(": ", 1)[1])):
+    never = next(line for line in shown if "never reported which checkpoint" in line)
+    with pytest.raises(Exception, match=re.escape(never.split(": ", 1)[1])):
         compose([[], []])
 
 

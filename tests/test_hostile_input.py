@@ -102,8 +102,11 @@ def test_a_preload_module_that_fails_fails_only_its_target_with_one_line_naming_
     result = run_matrix(project, *(module for module, _, _ in BROKEN_PRELOADS))
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.assert_outcomes(passed=GOOD_CELLS, failed=GOOD_CELLS * len(BROKEN_PRELOADS))
-    result.stdout.fnmatch_lines_random([starter.ERR_PRELOAD.format(target=module, module=module, error=error)
+    result.stdout.fnmatch_lines_random(["TARGET_ERROR: " + starter.ERR_PRELOAD.format(target=module, module=module,
+                                                                                      error=error)
                                         for module, _, error in BROKEN_PRELOADS])
+    broken = GOOD_CELLS * len(BROKEN_PRELOADS)  # every cell of theirs is counted, as pytest counts it
+    result.stdout.fnmatch_lines([f"*resume matrix: {GOOD_CELLS + broken} cells, {broken} failing,*"])
     assert "EOFError" not in result.stdout.str()
 
 
