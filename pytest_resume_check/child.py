@@ -59,18 +59,17 @@ class ConnectionSink:
         # handler may interrupt them and make its own.
         self._pending: collections.deque[bytes] = collections.deque()
         self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._pid = os.getpid()  # the process these belong to (a process forked from it starts afresh)
-        self._writer: threading.Thread | None = None
-        self._start_lock = threading.Lock()
+        self._pid = 0  # the process whose writer thread serves this sink
         self._failure: OSError | None = None
         self._written_at = time.monotonic()
         # The ranks of a run share one channel: each write holds an flock on a file descriptor of its
         # own, which a rank killed while holding it gives back by dying.
         self._lock_fd = os.open(lock_path, os.O_RDONLY) if lock_path else None
+        self._start()
 
     def send(self, event: ev.Event) -> None:
         if self._pid != os.getpid():
-            self._forked()
+            self._start()
         if self._rank is not None:
             event = dataclasses.replace(event, rank=self._rank)
         self._pending.append(event.to_wire())
@@ -79,15 +78,13 @@ class ConnectionSink:
         elif time.monotonic() - self._written_at >= LIFE_INTERVAL:
             # A long step that keeps reporting is alive: write what it reported so far, without waiting.
             self._written_at = time.monotonic()
-            self._ensure_writer()
             self._requests.put(None)
 
     def flush(self) -> None:
         """Return once every event sent before this call is on the channel (raises the OSError of a
         channel that broke)."""
         if self._pid != os.getpid():
-            self._forked()
-        self._ensure_writer()
+            self._start()
         self._written_at = time.monotonic()
         done = _thread.allocate_lock()
         done.acquire()
@@ -96,26 +93,20 @@ class ConnectionSink:
         if self._failure is not None:
             raise self._failure
 
-    def _ensure_writer(self) -> None:
-        if self._writer is not None:
-            return
-        with self._start_lock:  # the first boundary of this process
-            if self._writer is None:
-                writer = threading.Thread(target=self._write_loop, name="resume-check-events", daemon=True)
-                writer.start()
-                self._writer = writer
-
-    def _forked(self) -> None:
-        """In a process forked from the one that made this sink (a helper the trainer forks that
-        reports too): the parent's queued events and its writer thread are not this process's."""
+    def _start(self) -> None:
+        """A writer thread of this process's own, with its own queue: started when the sink is made (so no
+        report call, and no handler interrupting one, ever starts it), and again in a process forked from
+        the one that made the sink (a helper the trainer forks that reports too), whose parent's queued
+        events and writer are not its own."""
+        if self._pid:
+            self._pending = collections.deque()
+            self._requests = queue.SimpleQueue()
+            self._failure = None
+        threading.Thread(target=self._write_loop, args=(self._requests,), name="resume-check-events",
+                         daemon=True).start()
         self._pid = os.getpid()
-        self._pending = collections.deque()
-        self._requests = queue.SimpleQueue()
-        self._start_lock = threading.Lock()
-        self._writer = None
 
-    def _write_loop(self) -> None:
-        requests = self._requests
+    def _write_loop(self, requests: queue.SimpleQueue[Any]) -> None:
         while True:
             done = requests.get()
             batch = []
