@@ -65,6 +65,8 @@ def run_matrix(cwd: Path, target: str, seed: int, out: Path, workers: int) -> tu
         raise SystemExit(f"{target}: no JSON written (exit {done.returncode}):\n{done.stdout[-3000:]}\n"
                          f"{done.stderr[-2000:]}")
     cells = json.loads(out.read_text())["cells"]
+    if not cells:  # nothing compared is no evidence
+        raise SystemExit(f"{target}: the matrix ran no cell (exit {done.returncode}):\n{done.stdout[-3000:]}")
     return {f"{c['target']}[{c['case_id']}-{c['resume_mode']}-{c['kill']}]": c for c in cells}, seconds
 
 

@@ -59,17 +59,19 @@ class ConnectionSink:
         # handler may interrupt them and make its own.
         self._pending: collections.deque[bytes] = collections.deque()
         self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._pid = 0  # the process whose writer thread serves this sink
+        self._pid = 0  # the process whose writer thread serves this sink (0: none yet)
         self._failure: OSError | None = None
         self._written_at = time.monotonic()
         # The ranks of a run share one channel: each write holds an flock on a file descriptor of its
         # own, which a rank killed while holding it gives back by dying.
+        self._lock_path = lock_path
         self._lock_fd = os.open(lock_path, os.O_RDONLY) if lock_path else None
         self._start()
+        # A process forked from this one (a helper the trainer forks that reports too) gets a writer and
+        # queues of its own at once: its parent's queued events and writer thread are not its.
+        os.register_at_fork(after_in_child=self._start)
 
     def send(self, event: ev.Event) -> None:
-        if self._pid != os.getpid():
-            self._start()
         if self._rank is not None:
             event = dataclasses.replace(event, rank=self._rank)
         self._pending.append(event.to_wire())
@@ -83,8 +85,6 @@ class ConnectionSink:
     def flush(self) -> None:
         """Return once every event sent before this call is on the channel (raises the OSError of a
         channel that broke)."""
-        if self._pid != os.getpid():
-            self._start()
         self._written_at = time.monotonic()
         done = _thread.allocate_lock()
         done.acquire()
@@ -95,13 +95,14 @@ class ConnectionSink:
 
     def _start(self) -> None:
         """A writer thread of this process's own, with its own queue: started when the sink is made (so no
-        report call, and no handler interrupting one, ever starts it), and again in a process forked from
-        the one that made the sink (a helper the trainer forks that reports too), whose parent's queued
-        events and writer are not its own."""
+        report call, and no handler interrupting one, ever starts it), and in a process forked from it
+        right after the fork."""
         if self._pid:
             self._pending = collections.deque()
             self._requests = queue.SimpleQueue()
             self._failure = None
+            if self._lock_path:  # an flock belongs to an open file: the parent's excludes nobody here
+                self._lock_fd = os.open(self._lock_path, os.O_RDONLY)
         threading.Thread(target=self._write_loop, args=(self._requests,), name="resume-check-events",
                          daemon=True).start()
         self._pid = os.getpid()
@@ -153,7 +154,8 @@ def child_main(plan: RunPlan, conn: Any, control: Any = None) -> None:
         _launch_ranks(plan, conn, control)
     if plan.master_port:  # a distributed target on one rank (an elastic resume to 1) still gets its group
         os.environ.update(_rank_env(plan, 0))
-    _run_target(plan, ConnectionSink(conn, 0 if plan.master_port else None), control)
+    # The lock file also for one process: a helper it forks that reports writes to the same channel.
+    _run_target(plan, ConnectionSink(conn, 0 if plan.master_port else None, plan.log_path), control)
 
 
 def _drop_fork_server_pipe() -> None:

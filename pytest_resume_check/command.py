@@ -141,6 +141,7 @@ def _serve(run: RunContext, sock: socket.socket, proc: subprocess.Popen[bytes]) 
     answered too); returns how many calls it made."""
     buffer = bytearray()
     calls = 0
+    skipping = False  # the rest of a line that was too long
     while True:
         ready, _, _ = select.select([sock], [], [], EXIT_POLL)
         if not ready:
@@ -164,13 +165,18 @@ def _serve(run: RunContext, sock: socket.socket, proc: subprocess.Popen[bytes]) 
                 break
             line = bytes(buffer[:end])
             del buffer[:end + 1]
+            if skipping:  # the end of the line that was too long: answered already
+                skipping = False
+                continue
             calls += 1
             _answer(run, sock, line)
-        if len(buffer) > MAX_LINE:
+        if len(buffer) > MAX_LINE and not skipping:
             calls += 1
             _answer(run, sock, bytes(buffer[:200]), f"sent a line longer than {MAX_LINE} bytes")
-            buffer.clear()
-    if buffer.strip():
+            skipping = True
+        if skipping:
+            buffer.clear()  # dropped up to the line's end
+    if buffer.strip() and not skipping:
         calls += 1
         _answer(run, sock, bytes(buffer))
     return calls

@@ -490,8 +490,8 @@ class ResumeCell(pytest.Item):
             cell = self.cell
             headline = f"{categories.TARGET_ERROR}: {exc}"
             self.cell_json = report.unjudged_cell_json(cell.target.name, cell.case_id, cell.resume_mode, cell.kills,
-                                                       cell.kill_id, headline, categories.TARGET_ERROR, cell.case)
-            self.cell_json["xfail_reason"] = cell.xfail_reason  # counted as pytest counts it
+                                                       cell.kill_id, headline, categories.TARGET_ERROR, cell.case,
+                                                       cell.xfail_reason)  # counted as pytest counts it
             self.cell_json["rerun"] = rerun_command(self)
             raise ResumeCheckFailure(headline) from None
         self.stash[RESULT_KEY] = result

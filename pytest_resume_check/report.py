@@ -170,13 +170,15 @@ NOT_JUDGED = "not judged (see the headline)"
 
 
 def unjudged_cell_json(target: str, case_id: str, resume_mode: str, kills: Sequence[Any], kill: str,
-                       headline: str, category: str = HARNESS, case: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                       headline: str, category: str = HARNESS, case: Mapping[str, Any] | None = None,
+                       xfail_reason: str | None = None) -> dict[str, Any]:
     """The JSON form of a matrix cell that has no verdict (its pytest-xdist worker crashed, running it raised
     outside the engine: ``HARNESS``; its target cannot be run: ``TARGET_ERROR``), so the grid, the summary
     and the JSON count it."""
     cell: dict[str, Any] = {
         "target": target, "case": dict(case or {}), "case_id": case_id, "resume_mode": resume_mode, "kill": kill,
-        "kills": [k.to_json() for k in kills], "passed": False, "xfail_reason": None, "categories": [category],
+        "kills": [k.to_json() for k in kills], "passed": False, "xfail_reason": xfail_reason,
+        "categories": [category],
         "headline": headline, "resumed_from": [], "state_diverged": None,
         "findings": [{"category": category, "headline": headline, "step": None}], "reference": [], "composite": [],
         "marks": {"reference": "", "composite": ""}, "story": NOT_JUDGED, "runs": [],

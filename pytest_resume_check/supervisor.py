@@ -5,7 +5,9 @@ hang limit. A run ends in one of the outcomes below; no process of the run outli
 from __future__ import annotations
 
 import os
+import select
 import signal
+import struct
 import time
 from collections.abc import Callable
 from multiprocessing.connection import wait
@@ -80,7 +82,7 @@ def _read_events(child: starter.Child, record: RunRecord, hang_timeout: float,
         if child.conn in ready:
             last_event = time.monotonic()
             try:
-                received = _receive(child)
+                received = _receive(child, hang_timeout)
             except (EOFError, OSError):
                 _finish(record)
                 return
@@ -169,10 +171,14 @@ def _kill_one_rank(child: starter.Child, record: RunRecord, rank: int, pid: int)
 
 def _awaited(record: RunRecord) -> list[int]:
     """The ranks besides rank 0 whose step ends an all-ranks kill or a snapshot waits for: those that
-    report steps (learned from a finished run of the target; all of them until one finished)."""
+    report steps (learned from a finished run of the target; all of them until one finished), but not a
+    rank that said it resumed from another step than rank 0 (its steps are not rank 0's: the verdict says
+    STALE_RESUME, and waiting for a step it may never number so would only delay that)."""
     plan = record.plan
     ranks = range(1, plan.world_size) if plan.step_ranks is None else plan.step_ranks
-    return sorted(r for r in ranks if 0 < r < plan.world_size)
+    resumed = record.resumed_by_rank
+    lead = resumed.get(0, (None, None))[0]
+    return sorted(r for r in ranks if 0 < r < plan.world_size and resumed.get(r, (lead, None))[0] == lead)
 
 
 def _wait_for_peers(child: starter.Child, record: RunRecord, step: int, hang_timeout: float, doing: str) -> bool:
@@ -217,7 +223,7 @@ def _drain_until(child: starter.Child, record: RunRecord, deadline: float,
         ready = wait([child.conn, sentinel], timeout=min(LIVENESS_POLL, max(0.0, deadline - time.monotonic())))
         if child.conn in ready:
             try:
-                record.events.extend(_receive(child))
+                record.events.extend(_receive(child, max(LIVENESS_POLL, deadline - time.monotonic())))
             except (EOFError, OSError):  # every process of the run closed the channel: it is exiting
                 child.wait_exit(max(0.0, deadline - time.monotonic()))
                 return
@@ -230,7 +236,7 @@ def _drain_written(child: starter.Child, record: RunRecord) -> None:
     """Record what an exited child wrote to the channel before it went (without waiting for more)."""
     while child.conn.poll(0):
         try:
-            record.events.extend(_receive(child))
+            record.events.extend(_receive(child, LIVENESS_POLL, alive=False))
         except (EOFError, OSError):
             break
 
@@ -246,20 +252,41 @@ class _BadFrame(Exception):
     """What came over the channel is not a message of events."""
 
 
-def _receive(child: starter.Child) -> list[ev.Event]:
-    """The events of the next channel message; raises EOFError/OSError when the channel is closed and
-    :class:`_BadFrame` when the message is no events (a length beyond :data:`MAX_FRAME`, bytes that do
-    not decode)."""
-    try:
-        raw = child.conn.recv_bytes(MAX_FRAME)
-    except OSError as exc:
-        if exc.errno is None:  # multiprocessing's "bad message length": no I/O error, a bad length
-            raise _BadFrame(f"a message length beyond {MAX_FRAME} bytes") from None
-        raise
+def _receive(child: starter.Child, timeout: float, alive: bool = True) -> list[ev.Event]:
+    """The events of the next channel message (one is ready to be read); raises EOFError when the channel
+    is closed and :class:`_BadFrame` when the message is no events: a length beyond :data:`MAX_FRAME`, bytes
+    that do not decode, or a message that does not arrive in full within ``timeout`` seconds while the run
+    lives (a length made up by something else writing to the channel). Read from the descriptor itself, as
+    multiprocessing frames it (a 4-byte big-endian length, -1 and 8 more bytes for longer ones), so no read
+    waits longer than ``timeout``. Of a run that exited (``alive`` False), a cut message is its end."""
+    fd = child.conn.fileno()
+    deadline = time.monotonic() + timeout
+    size = struct.unpack("!i", _read_exactly(fd, 4, deadline, alive))[0]
+    if size == -1:
+        size = struct.unpack("!Q", _read_exactly(fd, 8, deadline, alive))[0]
+    if not 0 <= size <= MAX_FRAME:
+        raise _BadFrame(f"a message length of {size} bytes")
+    raw = _read_exactly(fd, size, deadline, alive)
     try:
         return _decode(raw)
     except (ValueError, TypeError, AttributeError, RecursionError) as exc:
         raise _BadFrame(f"{len(raw)} bytes: {type(exc).__name__}: {str(exc)[:120]}") from None
+
+
+def _read_exactly(fd: int, n: int, deadline: float, alive: bool) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            if alive:
+                raise _BadFrame(f"a message of {n} bytes that did not arrive in full")
+            raise EOFError("the run ended in the middle of a message")
+        chunk = os.read(fd, min(n - got, 1 << 20))
+        if not chunk:
+            raise EOFError("the channel closed in the middle of a message")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
 
 
 def _decode(raw: bytes) -> list[ev.Event]:

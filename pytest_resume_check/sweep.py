@@ -25,12 +25,12 @@ RUN_TOKEN_ENV = "PYTEST_RESUME_CHECK_RUN"
 PROC = "/proc"
 
 
-def escaped(token: str, server_pid: int | None = None) -> list[int]:
-    """Live pids (never this process, never zombies) carrying ``token`` in their environment, or
-    children of ``server_pid``."""
+def escaped(token: str, server_pid: int | None = None, variable: str = RUN_TOKEN_ENV) -> list[int]:
+    """Live pids (never this process, never zombies) carrying ``token`` in their environment (as
+    ``variable``), or children of ``server_pid``."""
     if not os.path.isdir(PROC):
         return []
-    needle = f"{RUN_TOKEN_ENV}={token}".encode() + b"\0" if token else None
+    needle = f"{variable}={token}".encode() + b"\0" if token else None
     me = os.getpid()
     found = []
     for name in os.listdir(PROC):

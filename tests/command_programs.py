@@ -39,6 +39,10 @@ def main(mode: str, out: str) -> None:
                 "kill_ready": json.dumps({"call": "kill_ready", "text": "here", "extra": {}})}[mode]
         print("answer:", call(sock, reader, line))
         return
+    if mode == "long_line":  # one line longer than the harness reads, then a call it must answer in turn
+        print("answer:", call(sock, reader, "x" * (17 << 20)))
+        print("answer:", call(sock, reader, json.dumps({"call": "log", "text": "after"})))
+        return
     if mode == "helper":  # a forked helper inherits the socket and outlives the program
         if os.fork() == 0:
             time.sleep(120)

@@ -232,3 +232,12 @@ def test_a_program_that_never_reports_hangs_with_advice_for_programs(tmp_path):
     assert result.verdict.categories == [vd.HUNG]
     assert "the program (" in result.verdict.headline and "client.connect()" in result.verdict.headline
     assert "spawn" not in result.verdict.headline
+
+
+def test_a_line_longer_than_the_harness_reads_is_one_violation_and_the_next_call_is_answered(engine):
+    result = judge(engine, program("long_line"), {}, KillSpec(1))
+    assert result.verdict.categories == [vd.PROTOCOL]
+    assert "sent a line longer than 16777216 bytes" in result.verdict.headline
+    assert sum(e.kind == "protocol" for e in result.reference.events) == 1
+    log = Path(result.reference.plan.log_path).read_text()
+    assert "answer: {'ok': False" in log and "answer: {'ok': True, 'value': None}" in log

@@ -38,7 +38,7 @@ def cell(target, case, *kills, mode="auto"):
 
 
 @pytest.mark.parametrize("case, words", [({"frame": "junk"}, "5 bytes: JSONDecodeError"),
-                                         ({"frame": "huge"}, "a message length beyond")])
+                                         ({"frame": "huge"}, "a message length of 2147483632 bytes")])
 def test_bytes_on_the_event_channel_that_are_no_event_are_protocol_and_the_fork_server_survives(engine, case, words):
     result = engine.run_cell(cell(scribbler, case, KillSpec(2)))
     assert result.verdict.categories == [PROTOCOL]
@@ -48,6 +48,16 @@ def test_bytes_on_the_event_channel_that_are_no_event_are_protocol_and_the_fork_
     after = engine.run_cell(cell(plain, {}, KillSpec(3)))  # the next target's runs start as before
     assert after.verdict.findings == [], after.verdict.headline
     assert starter.server_pid() == server
+
+
+def test_a_made_up_message_length_cannot_make_the_harness_wait_past_the_hang_limit(tmp_path):
+    """Four bytes claim a message of 1 MiB that never comes while the run waits at its kill point: the
+    harness gives up after the hang limit (it used to wait for the bytes forever)."""
+    engine = Engine(tmp_path / "session", seed=2, hang_timeout=2)
+    target = scribbler.with_options(cases=[{"frame": "short"}])
+    record = engine.run(engine.plan(target, target.cases[0], tmp_path / "w", 0, kill=KillSpec(2)), target)
+    texts = [e.text for e in record.events if e.kind == "protocol"]
+    assert texts and "a message of 1048576 bytes that did not arrive in full" in texts[0]
 
 
 def test_a_full_disk_while_a_folder_is_copied_is_one_harness_line_and_the_session_goes_on(engine, monkeypatch):

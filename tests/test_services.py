@@ -220,7 +220,29 @@ def failing_stop_service():
     raise RuntimeError("the database would not shut down")
 
 
+@contextmanager
+def daemonizing_service():
+    """Starts a server that detaches (setsid, its parent gone) and forgets to stop it."""
+    subprocess.run(["sh", "-c", "setsid sleep 601 >/dev/null 2>&1 < /dev/null &"], check=True)
+    yield {}
+
+
+THREADS: list[int] = []
+
+
+@contextmanager
+def thread_bound_service():
+    """A resource bound to the thread that made it (a sqlite connection, an event loop)."""
+    import threading
+
+    THREADS.append(threading.get_ident())
+    yield {}
+    THREADS.append(threading.get_ident())
+
+
 hanging = resume_target(train, name="hanging", steps=6, services=[hanging_service])
+daemonizing = resume_target(train, name="daemonizing", steps=6, services=[daemonizing_service])
+thread_bound = resume_target(train, name="thread_bound", steps=6, services=[thread_bound_service])
 leaky = resume_target(train, name="leaky", steps=6, services=[leaky_service])
 failing_stop = resume_target(train, name="failing_stop", steps=6, services=[failing_stop_service])
 
@@ -286,3 +308,24 @@ def test_a_failing_stop_is_printed_with_its_name_under_q_and_from_xdist_workers(
         result = pytester.runpytest_subprocess("--resume-matrix", "-p", "no:cacheprovider", "-k", "ckpt1", *args)
         result.stdout.fnmatch_lines(["*resume-check: service conftest.stubborn raised while stopping: RuntimeError: "
                                      "would not stop*"])
+
+
+def _sleepers(seconds: str) -> list[int]:
+    return [int(n) for n in filter(str.isdigit, os.listdir("/proc")) if _alive_pid(int(n))
+            and Path(f"/proc/{n}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", seconds.encode()]]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_a_daemon_a_service_detached_is_found_by_its_environment_and_ended(engine, tmp_path):
+    run_once(engine, daemonizing, tmp_path)
+    assert _sleepers("601")
+    problems = engine.close()
+    assert len(problems) == 1 and "service test_services.daemonizing_service left 1 process running" in problems[0]
+    assert _sleepers("601") == []
+
+
+def test_a_service_starts_and_stops_on_one_thread(engine, tmp_path):
+    THREADS.clear()
+    run_once(engine, thread_bound, tmp_path)
+    assert engine.close() == []
+    assert len(THREADS) == 2 and THREADS[0] == THREADS[1]

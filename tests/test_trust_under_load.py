@@ -84,6 +84,14 @@ def test_a_sigterm_handler_that_saves_publishes_and_exits_passes_every_time(engi
         assert result.runs[1].resumed_step == 3
 
 
+def test_a_helper_the_trainer_forks_reports_on_the_same_channel_without_garbling_it(engine):
+    forking = resume_target(steps=tt.STEPS, name="forking_logger")(tt.forking_logger)
+    result = judge(engine, forking, "ckpt3")
+    assert result.verdict.findings == [], result.verdict.headline
+    logs = [e.text for e in result.reference.events if e.kind == "log"]
+    assert any(t.startswith("helper") for t in logs) and any(t.startswith("trainer") for t in logs)
+
+
 def test_a_snapshot_is_taken_while_every_process_of_the_run_is_stopped(engine):
     """The shared first run's copy of its checkpoint folder: a thread of the trainer keeps renaming and
     deleting files there, which made the copy fail with a raw shutil.Error; stopped, it cannot."""
@@ -146,3 +154,18 @@ def test_two_rank_verdicts_are_the_same_idle_and_beside_cpu_burners(tmp_path):
                           text=True, timeout=1800)  # generous: about two minutes on 2 cores beside the suite
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "differing cells in all: 0" in done.stdout
+
+
+def test_a_rank_that_resumed_elsewhere_is_not_waited_for():
+    """Its steps are not rank 0's (the verdict says STALE_RESUME); waiting for rank 0's step number from it
+    could only last the hang limit."""
+    from pytest_resume_check import events as ev
+    from pytest_resume_check import supervisor
+    from pytest_resume_check.plan import RunPlan
+    from pytest_resume_check.results import RunRecord
+
+    plan = RunPlan("t", ("m", "", "f"), {}, 0, "/nonexistent", "/nonexistent/run.log", world_size=3)
+    resumed = [ev.Event(ev.RESUMED, step=4, rank=0), ev.Event(ev.RESUMED, step=1, rank=1),
+               ev.Event(ev.RESUMED, step=4, rank=2)]
+    assert supervisor._awaited(RunRecord(plan, resumed)) == [2]
+    assert supervisor._awaited(RunRecord(plan, [])) == [1, 2]

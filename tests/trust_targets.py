@@ -161,7 +161,8 @@ def scribbler(run: Any) -> None:
     trains as :func:`churning_saver` would without the thread."""
     import stat
 
-    frame = {"junk": b"\x00\x00\x00\x05hello", "huge": b"\x7f\xff\xff\xf0junk"}[run.case.get("frame", "junk")]
+    frame = {"junk": b"\x00\x00\x00\x05hello", "huge": b"\x7f\xff\xff\xf0junk",
+             "short": b"\x00\x10\x00\x00junk"}[run.case.get("frame", "junk")]
     if not run.is_resume:
         for fd in range(3, 256):
             try:
@@ -191,3 +192,27 @@ def plain(run: Any) -> None:
     checkpoints, as a second session with the same --basetemp would; ``resumed_from``: a resumed run
     reports that path as what it restored)."""
     _plain(run)
+
+
+def forking_logger(run: Any) -> None:
+    """Forks a helper that logs long lines for a while, as the trainer logs long lines too: both write to
+    the run's channel, messages far above what a pipe writes in one piece."""
+    start, w, folder = _restore(run)
+    run.resumed(start, folder)
+    helper = os.fork()
+    if helper == 0:
+        until = time.monotonic() + 2.5
+        while time.monotonic() < until:
+            run.log("helper " + "h" * 8000)
+            time.sleep(0.001)
+        os._exit(0)
+    for step in range(start + 1, STEPS + 1):
+        run.consumed([step], step=step, epoch=0)
+        for _ in range(50):
+            run.log("trainer " + "t" * 8000)
+        w = 0.5 * w + step
+        run.step_end(step)
+        if run.should_checkpoint(step):
+            run.checkpoint_published(step, _save(run.checkpoint_dir, step, w))
+        time.sleep(0.3)
+    os.waitpid(helper, 0)
