@@ -22,13 +22,10 @@ reported with the service's name.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -89,7 +86,7 @@ class _Service:
     def start(self, limit: float | None) -> bool:
         """Start it; False if it did not within ``limit`` seconds (it goes on trying, unwatched)."""
         before = set(_children())
-        with _environment(SERVICE_TOKEN_ENV, self.token):  # what the start execs carries it
+        with sweep.environment(SERVICE_TOKEN_ENV, self.token):  # what the start execs carries it
             self._thread.start()
             in_time = self._started.wait(limit)
         self._note(set(_children()) - before)
@@ -149,21 +146,7 @@ class _Service:
 
     def end(self, timeout: float = 10.0) -> int:
         """SIGKILL what it started until none of it is left; how many there were."""
-        killed: set[int] = set()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            left = self.alive()
-            if not left:
-                break
-            for pid in left:
-                killed.add(pid)
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            _reap(left)
-            time.sleep(0.01)
-        return len(killed)
+        return sweep.kill_until_gone(self.alive, timeout, reap=True)
 
 
 class Services:
@@ -244,19 +227,6 @@ class Services:
         return problems
 
 
-@contextlib.contextmanager
-def _environment(name: str, value: str) -> Iterator[None]:
-    saved = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = saved
-
-
 def _stat(pid: int) -> tuple[str, int, int, int, int] | None:
     """(state, parent, process group, session, start time) of ``pid`` from ``/proc`` (None: gone)."""
     try:
@@ -280,15 +250,6 @@ def _processes() -> dict[int, tuple[str, int, int, int, int]]:
 def _children() -> list[int]:
     me = os.getpid()
     return [pid for pid, info in _processes().items() if info[1] == me]
-
-
-def _reap(pids: set[int]) -> None:
-    """Reap those of ``pids`` that are this process's children (else they stay zombies of ours)."""
-    for pid in pids:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
 
 
 def _title(pid: int) -> str:

@@ -33,7 +33,7 @@ from pytest_resume_check import _server_setup
 from pytest_resume_check._server_setup import WARMUP_ENV
 from pytest_resume_check.child import child_main
 from pytest_resume_check.plan import SIGNAL_TERM, RunPlan
-from pytest_resume_check.sweep import RUN_TOKEN_ENV
+from pytest_resume_check.sweep import RUN_TOKEN_ENV, environment
 from pytest_resume_check.targets import ISOLATION_FORKSERVER, ISOLATIONS, TargetError
 
 _CHILD_MODULES = ("pytest_resume_check.child",)
@@ -212,7 +212,7 @@ def _ensure_server(ctx: Any) -> None:
     # not inherit it.
     ctx.set_forkserver_preload(["pytest_resume_check._preload_begin", "pytest_resume_check._preload_end"])
     work = {"import": [m for m in _preload if m not in _fatal], "call": _warmups, "path": _sys_path()}
-    with _environment(WARMUP_ENV, json.dumps(work)):
+    with environment(WARMUP_ENV, json.dumps(work)):
         multiprocessing.forkserver.ensure_running()
     _server_started = wanted
     _learn_failures(ctx, work["import"])
@@ -331,7 +331,7 @@ def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER) -> Child:
         # the sweep after the run would kill it, and every later spawn warned "resource_tracker: process died
         # unexpectedly ... might leak" (issue 26).
         multiprocessing.resource_tracker.ensure_running()
-        with _environment(RUN_TOKEN_ENV, plan.token):
+        with environment(RUN_TOKEN_ENV, plan.token):
             process.start()
     writer.close()  # the child holds the only write end: EOF means it (and its workers) are gone
     if control_reader is not None:
@@ -342,20 +342,6 @@ def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER) -> Child:
 def server_pid() -> int | None:
     """The running fork server's pid (it adopts orphans of the runs it forked), if there is one."""
     return multiprocessing.forkserver._forkserver._forkserver_pid if _server_started else None
-
-
-@contextlib.contextmanager
-def _environment(name: str, value: str) -> Iterator[None]:
-    """``name=value`` in this process's environment while the block runs."""
-    saved = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = saved
 
 
 def stop_server() -> None:

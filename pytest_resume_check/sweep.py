@@ -16,9 +16,11 @@ elsewhere the process group is all there is):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable, Iterable, Iterator
 
 #: The environment variable that marks every process of one run (value: the run's token).
 RUN_TOKEN_ENV = "PYTEST_RESUME_CHECK_RUN"
@@ -78,10 +80,16 @@ def group_not_stopped(pgid: int) -> list[int]:
 
 def sweep(token: str, server_pid: int | None = None, timeout: float = 10.0) -> int:
     """SIGKILL every process :func:`escaped` finds until none is left; return how many there were."""
+    return kill_until_gone(lambda: escaped(token, server_pid), timeout)
+
+
+def kill_until_gone(find: Callable[[], Iterable[int]], timeout: float = 10.0, reap: bool = False) -> int:
+    """SIGKILL what ``find()`` returns until it returns nothing (or ``timeout`` passes); how many were
+    killed. ``reap``: also reap those that are this process's children (else they stay its zombies)."""
     killed: set[int] = set()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        alive = escaped(token, server_pid)
+        alive = set(find())
         if not alive:
             break
         for pid in alive:
@@ -90,8 +98,28 @@ def sweep(token: str, server_pid: int | None = None, timeout: float = 10.0) -> i
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+            if reap:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
         time.sleep(0.01)
     return len(killed)
+
+
+@contextlib.contextmanager
+def environment(name: str, value: str) -> Iterator[None]:
+    """``name=value`` in this process's environment while the block runs: what is exec'd meanwhile
+    inherits it (a run's or a service's token, the fork server's preload list)."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
 
 
 def stop_servers() -> None:
