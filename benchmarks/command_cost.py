@@ -30,9 +30,9 @@ from pathlib import Path
 
 from pytest_resume_check.builtin import train_script
 from pytest_resume_check.builtin.targets import script_example
-from pytest_resume_check.layout import Layout
-from pytest_resume_check.plan import CommandSpec
-from pytest_resume_check.runner import Runner
+from pytest_resume_check.process.layout import Layout
+from pytest_resume_check.process.runner import Runner
+from pytest_resume_check.records.plan import CommandSpec
 from pytest_resume_check.targets import resume_target
 
 CASE = script_example.cases[0]

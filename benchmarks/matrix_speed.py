@@ -76,8 +76,8 @@ def _passed(stdout: str) -> int:
 
 def steps_executed(out: Path, kill_points: int, share: bool) -> int:
     from agentlightning.verl import resume_target as rt
+    from pytest_resume_check.cells.matrix import Cell
     from pytest_resume_check.engine import Engine
-    from pytest_resume_check.matrix import Cell
     from pytest_resume_check.run import KillSpec
 
     # A run of exactly `kill_points` steps: refill 6 per step over 2 epochs.
@@ -97,7 +97,7 @@ def steps_executed(out: Path, kill_points: int, share: bool) -> int:
 def overhead_per_step(repeat: int = 3) -> dict[str, float]:
     from agentlightning.verl import resume_target as rt
     from agentlightning.verl.cpu_builder import build_cpu_trainer
-    from pytest_resume_check.child import ConnectionSink
+    from pytest_resume_check.child.main import ConnectionSink
     from pytest_resume_check.run import RunContext, RunPlan
 
     reader, writer = Pipe(duplex=False)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from pytest_resume_check.builtin import ddp
 from pytest_resume_check.builtin.targets import ddp_loop
-from pytest_resume_check.layout import Layout
-from pytest_resume_check.runner import Runner
+from pytest_resume_check.process.layout import Layout
+from pytest_resume_check.process.runner import Runner
 
 
 def main() -> None:

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from agentlightning.verl import resume_target as rt
 from agentlightning.verl.ray_cluster import RayHead, ray_head_service
-from pytest_resume_check.layout import Layout
-from pytest_resume_check.runner import Runner
+from pytest_resume_check.process.layout import Layout
+from pytest_resume_check.process.runner import Runner
 from pytest_resume_check.targets import resume_target
 
 CASE = rt.RAY_CASES[0]

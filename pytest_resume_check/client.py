@@ -141,8 +141,8 @@ class Run:
         """Crash cells: watch this process's file operations during the save the harness names."""
         import importlib.util
 
-        from pytest_resume_check.faults import FaultPlan
-        from pytest_resume_check.recorder import Recorder
+        from pytest_resume_check.child.recorder import Recorder
+        from pytest_resume_check.records.faults import FaultPlan
 
         if importlib.util.find_spec("torch") is not None:
             import torch  # noqa: F401  (so torch.save to a path is watched too)

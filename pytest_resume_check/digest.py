@@ -5,14 +5,14 @@
 then digests each component itself and a divergence names the component and the first differing key.
 The digest must cover *everything* that decides the future (model, optimizer, loader position,
 buffers, epoch, step, RNG state); a partial digest makes the early stop unsound. No torch or numpy
-import: values are inspected by duck typing (see :mod:`pytest_resume_check.state`).
+import: values are inspected by duck typing (see :mod:`pytest_resume_check.records.state`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pytest_resume_check.state import combine, leaf_digests
+from pytest_resume_check.records.state import combine, leaf_digests
 
 
 def digest_of(value: Any) -> str:

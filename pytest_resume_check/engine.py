@@ -18,19 +18,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_resume_check import events as ev
-from pytest_resume_check.faults import RECORD, FaultPlan, FileOp
-from pytest_resume_check.harness_errors import harness_finding
-from pytest_resume_check.interrupted import newest_complete, run_interrupted
-from pytest_resume_check.layout import Layout
-from pytest_resume_check.matrix import Cell, case_id, crash_cells
-from pytest_resume_check.plan import KillSpec, RunPlan
-from pytest_resume_check.references import Reference, References
-from pytest_resume_check.results import DEFAULT_HANG_TIMEOUT, KILLED, CellResult, RunRecord, Verdict
-from pytest_resume_check.runner import Runner
-from pytest_resume_check.shared_runs import SharedFirstRuns
+from pytest_resume_check.cells.interrupted import newest_complete, run_interrupted
+from pytest_resume_check.cells.matrix import Cell, crash_cells
+from pytest_resume_check.cells.references import Reference, References
+from pytest_resume_check.cells.shared_runs import SharedFirstRuns
+from pytest_resume_check.judge.harness_errors import harness_finding
+from pytest_resume_check.judge.verdict import judge
+from pytest_resume_check.process.layout import Layout
+from pytest_resume_check.process.runner import Runner
+from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.faults import RECORD, FaultPlan, FileOp
+from pytest_resume_check.records.names import case_id
+from pytest_resume_check.records.plan import KillSpec, RunPlan
+from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT, KILLED, CellResult, RunRecord, Verdict
 from pytest_resume_check.targets import Target, TargetError
-from pytest_resume_check.verdict import judge
 
 
 class Engine:

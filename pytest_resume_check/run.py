@@ -16,9 +16,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from pytest_resume_check import events as ev
 from pytest_resume_check.client import plain_ids
-from pytest_resume_check.plan import (  # noqa: F401  (re-exported: targets import them from here)
+from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.plan import (  # noqa: F401  (re-exported: targets import them from here)
     RESUME_AUTO,
     RESUME_DISABLED,
     RESUME_MODES,
@@ -27,7 +27,7 @@ from pytest_resume_check.plan import (  # noqa: F401  (re-exported: targets impo
     KillSpec,
     RunPlan,
 )
-from pytest_resume_check.state import (
+from pytest_resume_check.records.state import (
     DIGEST_COMPONENT,
     combine,
     first_not_close,

@@ -24,19 +24,14 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from pytest_resume_check.plan import CommandSpec
+from pytest_resume_check.records.errors import TargetError
+from pytest_resume_check.records.names import ISOLATION_FORKSERVER, ISOLATIONS, case_id
+from pytest_resume_check.records.plan import CommandSpec
 from pytest_resume_check.run import RESUME_AUTO, RESUME_MODES, RESUME_PATH, RunContext
 
 ENTRY_POINT_GROUP = "pytest_resume_check.targets"
 
 #: Isolation modes: children forked from a preloaded server, or fresh interpreters.
-ISOLATION_FORKSERVER = "forkserver"
-ISOLATION_SPAWN = "spawn"
-ISOLATIONS = (ISOLATION_FORKSERVER, ISOLATION_SPAWN)
-
-
-class TargetError(Exception):
-    """A target declaration or its loading is broken; the message names the target and the fix."""
 
 
 #: A target name or case id that cannot be a folder name (issue 13: a target named ``..`` made the
@@ -79,8 +74,6 @@ def describe_error(exc: BaseException) -> str:
 def check_cases(name: str, cases: Sequence[Mapping[str, Any]]) -> None:
     """Raise :class:`TargetError` if an explicit case ``id`` cannot name a folder, or two cases get one id
     (they would share a reference and a folder, and one would be judged against the other's runs)."""
-    from pytest_resume_check.matrix import case_id
-
     seen: dict[str, Mapping[str, Any]] = {}
     for case in cases:
         if "id" in case:
@@ -160,7 +153,7 @@ class Target:
     #: A command target's program (see :func:`command_target`); None for a target function.
     command: CommandSpec | None = None
     #: Services the runs share, each a factory returning a context manager that yields environment
-    #: variables for the runs (see :mod:`pytest_resume_check.services`).
+    #: variables for the runs (see :mod:`pytest_resume_check.process.services`).
     services: tuple[Callable[[], Any], ...] = ()
     #: Ranks per run (more than one: the harness launches them, see docs/distributed.md).
     world_size: int = 1
@@ -347,7 +340,7 @@ def command_target(
     """
     import sys as _sys
 
-    from pytest_resume_check.command import command_spec, run_command
+    from pytest_resume_check.child.command import command_spec, run_command
 
     cases = options.pop("cases", ({},))
     try:

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_resume_check import categories, summary, verdict
+from pytest_resume_check import categories
+from pytest_resume_check.judge import verdict
+from pytest_resume_check.report import summary
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "reading-a-report.md"
 

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_resume_check import verdict as vd
 from pytest_resume_check.builtin.targets import script_example
+from pytest_resume_check.cells.matrix import Cell
 from pytest_resume_check.client import FD_ENV
 from pytest_resume_check.engine import Engine
-from pytest_resume_check.faults import CRASH, POWER, FaultPlan
-from pytest_resume_check.matrix import Cell
-from pytest_resume_check.plan import CommandSpec
+from pytest_resume_check.judge import verdict as vd
+from pytest_resume_check.records.faults import CRASH, POWER, FaultPlan
+from pytest_resume_check.records.plan import CommandSpec
 from pytest_resume_check.run import KillSpec
 from pytest_resume_check.targets import TargetError, resume_target
 
@@ -185,7 +185,7 @@ def rank_program(*extra: str):
 
 @pytest.mark.parametrize("kill", ["ckpt3", "ckpt3+1", "ckpt4:rank1"])
 def test_a_command_target_runs_one_program_per_rank(engine, kill):
-    from pytest_resume_check.matrix import parse_kill_id
+    from pytest_resume_check.records.kill_ids import parse_kill_id
 
     result = judge(engine, rank_program(), {}, *parse_kill_id(kill))
     assert result.verdict.findings == []

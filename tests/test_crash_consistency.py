@@ -11,13 +11,13 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 
-from pytest_resume_check import faults  # noqa: E402
-from pytest_resume_check import matrix as mx  # noqa: E402
-from pytest_resume_check import verdict as vd  # noqa: E402
 from pytest_resume_check.builtin import loop  # noqa: E402
 from pytest_resume_check.builtin.targets import builtin_loop  # noqa: E402
+from pytest_resume_check.cells import matrix as mx  # noqa: E402
+from pytest_resume_check.cells.matrix import Cell  # noqa: E402
 from pytest_resume_check.engine import Engine  # noqa: E402
-from pytest_resume_check.matrix import Cell  # noqa: E402
+from pytest_resume_check.judge import verdict as vd  # noqa: E402
+from pytest_resume_check.records import faults  # noqa: E402
 from pytest_resume_check.run import KillSpec  # noqa: E402
 from pytest_resume_check.targets import resume_target  # noqa: E402
 

@@ -18,13 +18,14 @@ pytest.importorskip("torchdata")
 
 import distributed_targets as planted  # noqa: E402
 
-from pytest_resume_check import matrix  # noqa: E402
-from pytest_resume_check import report as rp  # noqa: E402
-from pytest_resume_check import verdict as vd  # noqa: E402
 from pytest_resume_check.builtin import ddp  # noqa: E402
 from pytest_resume_check.builtin.targets import builtin_loop, ddp_loop  # noqa: E402
+from pytest_resume_check.cells import matrix  # noqa: E402
+from pytest_resume_check.cells.matrix import Cell  # noqa: E402
 from pytest_resume_check.engine import Engine  # noqa: E402
-from pytest_resume_check.matrix import Cell  # noqa: E402
+from pytest_resume_check.judge import verdict as vd  # noqa: E402
+from pytest_resume_check.records import kill_ids
+from pytest_resume_check.report import text as rp  # noqa: E402
 from pytest_resume_check.targets import resume_target  # noqa: E402
 
 
@@ -37,7 +38,7 @@ def engine(tmp_path_factory):
 
 def run(engine, target, kill_id, case=None):
     case = case if case is not None else target.cases[0]
-    cell = Cell(target, case, "auto", matrix.parse_kill_id(kill_id), int(target.steps(case)))
+    cell = Cell(target, case, "auto", kill_ids.parse_kill_id(kill_id), int(target.steps(case)))
     return engine.run_cell(cell)
 
 
@@ -152,13 +153,13 @@ def test_a_trainer_without_a_sigterm_handler_dies_without_saving(engine):
 
 def test_kill_ids_of_the_distributed_kinds_round_trip():
     for text in ("ckpt6:rank1", "ckpt5+1:term2", "ckpt3:ws3", "ckpt5+1:term2.5:ws1", "ckpt1_ckpt4+1:rank1:ws1"):
-        assert matrix.kill_id(matrix.parse_kill_id(text)) == text
+        assert kill_ids.kill_id(kill_ids.parse_kill_id(text)) == text
     with pytest.raises(ValueError, match="unknown suffix 'sigint' .*use :term<grace seconds>, :rank<rank>"):
-        matrix.parse_kill_id("ckpt3:sigint")
+        kill_ids.parse_kill_id("ckpt3:sigint")
     with pytest.raises(ValueError, match=":term and :rank cannot be combined"):
-        matrix.parse_kill_id("ckpt3+1:term2:rank1")
-    assert not Cell(ddp_loop, {}, "auto", matrix.parse_kill_id("ckpt3:ws1"), 12).shares_prefix
-    assert Cell(ddp_loop, {}, "auto", matrix.parse_kill_id("ckpt3"), 12).shares_prefix
+        kill_ids.parse_kill_id("ckpt3+1:term2:rank1")
+    assert not Cell(ddp_loop, {}, "auto", kill_ids.parse_kill_id("ckpt3:ws1"), 12).shares_prefix
+    assert Cell(ddp_loop, {}, "auto", kill_ids.parse_kill_id("ckpt3"), 12).shares_prefix
 
 
 def test_the_bundled_matrix_has_every_distributed_kind():
@@ -189,10 +190,10 @@ def test_bad_distributed_options_name_the_fix(options, message):
 
 
 def test_the_grid_gives_each_distributed_kind_a_row():
-    from pytest_resume_check import summary
+    from pytest_resume_check.report import summary
 
     def cell(kill_id, passed=True, categories=()):
-        kills = matrix.parse_kill_id(kill_id)
+        kills = kill_ids.parse_kill_id(kill_id)
         return {"target": "ddp", "case_id": "shuffle", "resume_mode": "auto", "kill": kill_id,
                 "kills": [k.to_json() for k in kills], "passed": passed, "categories": list(categories),
                 "xfail_reason": None}
@@ -220,9 +221,9 @@ def test_publishing_before_the_async_save_completed_fails_the_resume(engine, kil
 
 
 def _record(events, world_size=2, outcome="done", kill=None):
-    from pytest_resume_check import events as ev
-    from pytest_resume_check.plan import RunPlan
-    from pytest_resume_check.results import RunRecord
+    from pytest_resume_check.records import events as ev
+    from pytest_resume_check.records.plan import RunPlan
+    from pytest_resume_check.records.results import RunRecord
 
     plan = RunPlan("t", ("m", "", "f"), {}, 0, "/nonexistent", "/nonexistent/run.log", kill=kill,
                    world_size=world_size)
@@ -240,7 +241,7 @@ def _steps(*steps, start=1):
 
 
 def test_the_global_ledger_is_step_by_step_and_rank_by_rank():
-    from pytest_resume_check.ledger import Ledger
+    from pytest_resume_check.records.ledger import Ledger
 
     ledger = Ledger.from_events(_record(_steps((0, 1), (2, 3))).events)
     assert [(e.id, e.rank) for e in ledger] == [(0, 0), (1, 1), (2, 0), (3, 1)]
@@ -249,7 +250,7 @@ def test_the_global_ledger_is_step_by_step_and_rank_by_rank():
 
 
 def test_ranks_that_swap_inputs_fail_their_own_ledgers_under_an_any_order_contract():
-    from pytest_resume_check.plan import KillSpec
+    from pytest_resume_check.records.plan import KillSpec
     from pytest_resume_check.targets import EXACTLY_ONCE
 
     reference = _record(_steps((0, 1), (2, 3)))

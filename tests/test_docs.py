@@ -22,7 +22,7 @@ import pytest
 from optional import requires
 
 from pytest_resume_check import plugin
-from pytest_resume_check import verdict as vd
+from pytest_resume_check.judge import verdict as vd
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -292,7 +292,8 @@ def template_pattern(template: str) -> re.Pattern[str]:
 
 
 def test_report_page_example_lines_of_process_verdicts_match_the_message_templates():
-    from pytest_resume_check import harness_errors, starter, supervisor
+    from pytest_resume_check.judge import harness_errors
+    from pytest_resume_check.process import starter, supervisor
 
     templates = [vd.MSG_CRASHED, vd.MSG_HUNG, vd.MSG_NONDETERMINISTIC, vd.MSG_PROTOCOL, vd.MSG_STEPS,
                  vd.MSG_HUNG_STALLED.format(who="{who}", what=supervisor.ERR_PEERS.replace("{s}", "")),
@@ -304,7 +305,7 @@ def test_report_page_example_lines_of_process_verdicts_match_the_message_templat
     for line in shown:
         assert any(template_pattern(t).match(line) for t in templates), line
     # The PROTOCOL example for a missing resumed() call is the ledger's own message.
-    from pytest_resume_check.ledger import compose
+    from pytest_resume_check.records.ledger import compose
     never = next(line for line in shown if "never reported which checkpoint" in line)
     with pytest.raises(Exception, match=re.escape(never.split(": ", 1)[1])):
         compose([[], []])
@@ -432,7 +433,7 @@ def test_quickstart_counts_the_cells_of_the_main_job(tmp_path):
     plugin builds it (crash cells from each target's recorded save), without running a cell."""
     from conftest import RESUME_TARGETS
 
-    from pytest_resume_check import matrix
+    from pytest_resume_check.cells import matrix
     from pytest_resume_check.engine import Engine
 
     engine = Engine(tmp_path, seed=1234)

@@ -247,7 +247,7 @@ def declares_the_known_bug(block: str, tmp_path: Path) -> None:
     matrix" per case (tests/test_docs.py runs them and sees them fail as declared)."""
     import runpy
 
-    from pytest_resume_check import matrix
+    from pytest_resume_check.cells import matrix
 
     target = runpy.run_path(str(EXAMPLES / "planted" / "conftest.py"))["torchdata_sampler"]
     declared = [c for c in matrix.cells(target, matrix.FULL, seed=1234) if c.xfail_reason]

@@ -15,11 +15,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 
-from pytest_resume_check import verdict as vd  # noqa: E402
 from pytest_resume_check.builtin import loop  # noqa: E402
 from pytest_resume_check.builtin.targets import builtin_loop  # noqa: E402
+from pytest_resume_check.cells.matrix import Cell  # noqa: E402
 from pytest_resume_check.engine import Engine  # noqa: E402
-from pytest_resume_check.matrix import Cell  # noqa: E402
+from pytest_resume_check.judge import verdict as vd  # noqa: E402
 from pytest_resume_check.run import KillSpec  # noqa: E402
 from pytest_resume_check.targets import resume_target  # noqa: E402
 
@@ -191,7 +191,7 @@ BUG_CELLS = [
 
 @pytest.mark.parametrize(("fn", "case"), BUG_CELLS, ids=[fn.__name__ for fn, _ in BUG_CELLS])
 def test_shared_prefixes_and_early_stops_give_the_verdicts_of_full_runs(tmp_path, fn, case):
-    from pytest_resume_check import matrix
+    from pytest_resume_check.cells import matrix
 
     t = target(fn, cases=[case])
     cells = [c for c in matrix.cells(t, matrix.QUICK, seed=7) if c.resume_mode == "auto"]

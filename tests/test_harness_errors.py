@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 import trust_targets as tt
 
-from pytest_resume_check import harness_errors, matrix, shared_runs, starter
 from pytest_resume_check.categories import HARNESS, PROTOCOL
+from pytest_resume_check.cells import matrix, shared_runs
+from pytest_resume_check.cells.matrix import Cell
 from pytest_resume_check.engine import Engine
-from pytest_resume_check.layout import MAX_NAME_BYTES, safe_name
-from pytest_resume_check.matrix import Cell
-from pytest_resume_check.plan import KillSpec
+from pytest_resume_check.judge import harness_errors
+from pytest_resume_check.process import starter
+from pytest_resume_check.process.layout import MAX_NAME_BYTES, safe_name
+from pytest_resume_check.records.plan import KillSpec
 from pytest_resume_check.targets import resume_target
 
 plain = resume_target(steps=tt.STEPS, name="plain")(tt.plain)

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_resume_check import layout, plugin, starter, targets
-from pytest_resume_check.layout import Layout, check_inside, remove_inside
-from pytest_resume_check.runner import MAX_HANG_TIMEOUT, hang_limit
+from pytest_resume_check import plugin, targets
+from pytest_resume_check.process import layout, starter
+from pytest_resume_check.process.layout import Layout, check_inside, remove_inside
+from pytest_resume_check.process.runner import MAX_HANG_TIMEOUT, hang_limit
 
 #: Two steps, a JSON checkpoint per step: three cells in quick mode with auto resume only.
 TRAINER = """

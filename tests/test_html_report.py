@@ -18,9 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_resume_check import categories, html, matrix, summary, verdict
-from pytest_resume_check.faults import CRASH, ERRNOS, ERROR, POWER, TORN, FaultPlan
-from pytest_resume_check.plan import KillSpec
+from pytest_resume_check import categories
+from pytest_resume_check.judge import verdict
+from pytest_resume_check.records import kill_ids
+from pytest_resume_check.records.faults import CRASH, ERRNOS, ERROR, POWER, TORN, FaultPlan
+from pytest_resume_check.records.plan import KillSpec
+from pytest_resume_check.report import html, summary
 
 PAYLOAD = '</script><img src=x onerror="alert(1)">&amp; <b>'
 CHROMIUM = shutil.which("chromium")
@@ -48,7 +51,7 @@ def cell(target="t", case="c", mode="auto", kill=None, passed=True, categories=(
     ref_marks, comp_marks = verdict.entry_marks(reference, composite)
     runs = [{"outcome": "killed", "exitcode": -9, "seconds": 0.1}, {"outcome": "done", "exitcode": 0, "seconds": 0.2}]
     data = {"target": target, "case": {"id": case}, "case_id": case, "resume_mode": mode,
-            "kill": matrix.kill_id(kills), "kills": [k.to_json() for k in kills], "passed": passed,
+            "kill": kill_ids.kill_id(kills), "kills": [k.to_json() for k in kills], "passed": passed,
             "xfail_reason": xfail_reason, "categories": list(categories), "headline": headline,
             "resumed_from": list(resumed_from), "reference": reference, "composite": composite,
             "marks": {"reference": ref_marks, "composite": comp_marks}, "story": STORY, "runs": runs, **extra}
@@ -141,7 +144,7 @@ def synthetic_matrix(n_cells=1200, failing_every=4, steps=60):
                     ref = ledger(steps, take=4, n=40)
                     at = max(1, kills[0].checkpoint_step)  # the checkpoint resumed from
                     comp = [r for r in ref if r[1] <= at] + [[r[0], r[1], r[2], 1] for r in ref if r[1] > at + 1]
-                    name = f"target{t}[case{c}-{mode}-{matrix.kill_id(kills)}]"
+                    name = f"target{t}[case{c}-{mode}-{kill_ids.kill_id(kills)}]"
                     cells.append(cell(f"target{t}", f"case{c}", mode, kills, passed=False, categories=["LOST"],
                                       headline=f"LOST 4 inputs after resume from step_{at}",
                                       reference=ref, composite=comp, resumed_from=[at],
@@ -291,7 +294,7 @@ def test_failing_cells_fold_per_target_with_the_first_one_open():
 
 
 def test_html_module_needs_only_the_standard_library():
-    code = ("import sys; before = set(sys.modules); import pytest_resume_check.html; "
+    code = ("import sys; before = set(sys.modules); import pytest_resume_check.report.html; "
             "print(sorted({m.split('.')[0] for m in set(sys.modules) - before}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     new = set(json.loads(out.stdout.replace("'", '"')))
@@ -487,10 +490,10 @@ def planted_cells(tmp_path_factory):
     """Cell JSON of real runs: a dropped buffer tail (LOST) and a tail read twice (DUPLICATED)."""
     pytest.importorskip("torch")
     pytest.importorskip("torchdata")
-    from pytest_resume_check import report
     from pytest_resume_check.builtin import loop
+    from pytest_resume_check.cells.matrix import Cell
     from pytest_resume_check.engine import Engine
-    from pytest_resume_check.matrix import Cell
+    from pytest_resume_check.report import text as report
     from pytest_resume_check.targets import resume_target
 
     engine = Engine(tmp_path_factory.mktemp("html-engine"), seed=7, hang_timeout=20)

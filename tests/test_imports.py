@@ -23,14 +23,14 @@ from optional import MISSING_REASON, requires
 
 import agentlightning
 import pytest_resume_check
-from pytest_resume_check._server_setup import WARMUP_ENV
+from pytest_resume_check.process._server_setup import WARMUP_ENV
 
 PACKAGES = (pytest_resume_check, agentlightning)
 OURS = {package.__name__ for package in PACKAGES}
 
-#: The pytest side of the plugin; every other module of pytest_resume_check is engine and can be used
-#: from a script, so it must not import pytest.
-PYTEST_SIDE = ("pytest_resume_check.plugin", "pytest_resume_check.fixtures", "pytest_resume_check.hookspecs")
+#: The pytest side of the plugin (the ``plugin`` subpackage and the hook specs); every other module of
+#: pytest_resume_check is engine and can be used from a script, so it must not import pytest.
+PYTEST_SIDE_PREFIXES = ("pytest_resume_check.plugin", "pytest_resume_check.hookspecs")
 
 #: Optional dependencies: a module whose import stops at one of these, not installed, is skipped, not
 #: failed. omegaconf comes with verl (agentlightning.verl.trainer imports it before verl); the last three are
@@ -51,10 +51,10 @@ FROZEN_GC = "frozen GC objects"
 PRELOAD_ENTRIES = {
     # Points fds 1 and 2 at /dev/null while the server imports and warms up the targets' modules;
     # file descriptors are not among the compared state, so it has nothing to be excused for.
-    "pytest_resume_check._preload_begin": (),
+    "pytest_resume_check.process._preload_begin": (),
     # Makes the server the subreaper of its children (it reaps orphaned loader workers at once) and
     # freezes its heap, so no forked child's first collection copies it.
-    "pytest_resume_check._preload_end": (SUBREAPER, FROZEN_GC),
+    "pytest_resume_check.process._preload_end": (SUBREAPER, FROZEN_GC),
 }
 
 #: Runs in a fresh interpreter: ``-c PROBE module report.json [first.json]``, where first.json lists
@@ -125,7 +125,13 @@ def modules_of(package) -> list[str]:
 
 
 MODULES = [name for package in PACKAGES for name in modules_of(package)]
-ENGINE_MODULES = [name for name in MODULES if name.startswith("pytest_resume_check") and name not in PYTEST_SIDE]
+
+
+def on_pytest_side(name: str) -> bool:
+    return any(name == prefix or name.startswith(prefix + ".") for prefix in PYTEST_SIDE_PREFIXES)
+
+
+ENGINE_MODULES = [name for name in MODULES if name.startswith("pytest_resume_check") and not on_pytest_side(name)]
 
 
 def clean_env() -> dict[str, str]:
@@ -198,7 +204,7 @@ def test_engine_modules_never_import_pytest(module, tmp_path):
     result = probe(module, tmp_path)
     skip_if_a_dependency_is_missing(module, result)
     pulled = sorted({"pytest", "_pytest"} & top_level(result["imported"]))
-    assert not pulled, f"{module} imports {pulled}: only {', '.join(PYTEST_SIDE)} may"
+    assert not pulled, f"{module} imports {pulled}: only {', '.join(PYTEST_SIDE_PREFIXES)} may"
 
 
 # -- cheap imports -------------------------------------------------------------------------------------
@@ -236,9 +242,9 @@ def test_computing_the_matrix_steps_imports_neither_torch_nor_verl():
 @requires("torch", "torchdata")
 def test_a_run_through_the_engine_leaves_no_warmup_list_in_the_environment(tmp_path, monkeypatch):
     from pytest_resume_check.builtin.targets import builtin_loop
+    from pytest_resume_check.cells.matrix import Cell
     from pytest_resume_check.engine import Engine
-    from pytest_resume_check.matrix import Cell
-    from pytest_resume_check.plan import KillSpec
+    from pytest_resume_check.records.plan import KillSpec
 
     monkeypatch.delenv(WARMUP_ENV, raising=False)
     assert any(":" in entry for entry in builtin_loop.preload)  # the run has a warm-up to pass on

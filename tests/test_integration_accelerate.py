@@ -23,13 +23,13 @@ from accelerate import Accelerator  # noqa: E402
 from accelerate.state import AcceleratorState, GradientState  # noqa: E402
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration  # noqa: E402
 
-from pytest_resume_check import events as ev  # noqa: E402
-from pytest_resume_check import verdict as vd  # noqa: E402
 from pytest_resume_check.builtin import accelerate_example as ex  # noqa: E402
+from pytest_resume_check.cells.matrix import Cell  # noqa: E402
 from pytest_resume_check.engine import Engine  # noqa: E402
 from pytest_resume_check.integrations import accelerate as integration  # noqa: E402
 from pytest_resume_check.integrations.accelerate import MARKER, ResumeCheck  # noqa: E402
-from pytest_resume_check.matrix import Cell  # noqa: E402
+from pytest_resume_check.judge import verdict as vd  # noqa: E402
+from pytest_resume_check.records import events as ev  # noqa: E402
 from pytest_resume_check.run import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, KillSpec, RunContext, RunPlan  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"

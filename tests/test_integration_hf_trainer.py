@@ -22,13 +22,13 @@ pytest.importorskip("transformers")
 
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
-from pytest_resume_check import events as ev  # noqa: E402
-from pytest_resume_check import verdict as vd  # noqa: E402
 from pytest_resume_check.builtin import hf_trainer_example as ex  # noqa: E402
+from pytest_resume_check.cells.matrix import Cell  # noqa: E402
 from pytest_resume_check.engine import Engine  # noqa: E402
 from pytest_resume_check.integrations import hf_trainer  # noqa: E402
 from pytest_resume_check.integrations.hf_trainer import ResumeCheck  # noqa: E402
-from pytest_resume_check.matrix import Cell  # noqa: E402
+from pytest_resume_check.judge import verdict as vd  # noqa: E402
+from pytest_resume_check.records import events as ev  # noqa: E402
 from pytest_resume_check.run import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, KillSpec, RunContext, RunPlan  # noqa: E402
 
 SHUFFLE, ACCUM, MLM = ex.CASES  # 6 steps (3 an epoch), 4 steps (2 an epoch, accumulation 2, 2 workers), 4 steps

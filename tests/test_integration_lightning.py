@@ -22,16 +22,16 @@ pytest.importorskip("lightning")
 import lightning.pytorch as L  # noqa: E402
 import torch  # noqa: E402
 
-from pytest_resume_check import events as ev  # noqa: E402
-from pytest_resume_check import verdict as vd  # noqa: E402
 from pytest_resume_check.builtin import lightning_example as ex  # noqa: E402
+from pytest_resume_check.cells.matrix import QUICK, Cell, cells  # noqa: E402
 from pytest_resume_check.engine import Engine  # noqa: E402
 from pytest_resume_check.integrations.lightning import (  # noqa: E402
     CHECKPOINT_PATTERN,
     EpochEndResumeFix,
     ResumeCheck,
 )
-from pytest_resume_check.matrix import QUICK, Cell, cells  # noqa: E402
+from pytest_resume_check.judge import verdict as vd  # noqa: E402
+from pytest_resume_check.records import events as ev  # noqa: E402
 from pytest_resume_check.run import KillSpec, RunContext, RunPlan  # noqa: E402
 from pytest_resume_check.targets import resume_target  # noqa: E402
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_resume_check import events as ev
-from pytest_resume_check import verdict as vd
-from pytest_resume_check.ledger import Ledger, ResumeReportMissing, compose
-from pytest_resume_check.plan import KillSpec, RunPlan
-from pytest_resume_check.results import DONE, KILLED, RAISED, RunRecord
+from pytest_resume_check.judge import verdict as vd
+from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.ledger import Ledger, ResumeReportMissing, compose
+from pytest_resume_check.records.plan import KillSpec, RunPlan
+from pytest_resume_check.records.results import DONE, KILLED, RAISED, RunRecord
 from pytest_resume_check.targets import Contract
 
 

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from pytest_resume_check import matrix
+from pytest_resume_check.cells import matrix
+from pytest_resume_check.records import kill_ids
 from pytest_resume_check.run import KillSpec
 
 
@@ -46,12 +47,12 @@ def test_short_runs_get_every_step_even_in_quick_mode():
 @pytest.mark.parametrize("kills", [(KillSpec(3),), (KillSpec(3, 1),), (KillSpec(0, 2),),
                                    (KillSpec(1), KillSpec(5, 1))])
 def test_kill_ids_round_trip(kills):
-    assert matrix.parse_kill_id(matrix.kill_id(kills)) == kills
+    assert kill_ids.parse_kill_id(kill_ids.kill_id(kills)) == kills
 
 
 def test_bad_kill_id_names_the_expected_form():
     with pytest.raises(ValueError, match="ckpt3"):
-        matrix.parse_kill_id("step3")
+        kill_ids.parse_kill_id("step3")
 
 
 def test_cells_cover_auto_and_path_resume_unsaved_steps_and_double_kills():

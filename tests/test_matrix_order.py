@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 pytest.importorskip("verl")
 
-from pytest_resume_check import summary  # noqa: E402
+from pytest_resume_check.report import summary  # noqa: E402
 
 SEEDS = [int(s) for s in os.environ.get("RESUME_CHECK_ORDER_SEEDS", "1").split(",") if s.strip()]
 

@@ -8,7 +8,8 @@ import json
 import pytest
 from optional import requires
 
-from pytest_resume_check import matrix, summary
+from pytest_resume_check.records import kill_ids
+from pytest_resume_check.report import summary
 
 CONFTEST = """
 from pytest_resume_check import resume_target
@@ -64,7 +65,7 @@ def test_summary_shows_a_grid_per_target_and_the_smallest_failing_kill_point(pro
 
 def with_kills(cell):
     """A hand-made cell JSON with its structured kill points, as report.cell_json writes them."""
-    return {**cell, "kills": [k.to_json() for k in matrix.parse_kill_id(cell["kill"])]}
+    return {**cell, "kills": [k.to_json() for k in kill_ids.parse_kill_id(cell["kill"])]}
 
 
 def test_grid_marks_each_category_and_expected_failures():

@@ -20,8 +20,8 @@ def test_loading_the_plugin_imports_neither_torch_nor_the_engine(pytester):
         def test_nothing_heavy_loaded():
             assert "torch" not in sys.modules
             assert "pytest_resume_check.engine" not in sys.modules
-            assert "pytest_resume_check.runner" not in sys.modules
-            assert "pytest_resume_check.supervisor" not in sys.modules
+            assert "pytest_resume_check.process.runner" not in sys.modules
+            assert "pytest_resume_check.process.supervisor" not in sys.modules
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")

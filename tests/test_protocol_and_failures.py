@@ -6,10 +6,10 @@ from __future__ import annotations
 import misbehaving_target as misbehaving
 import pytest
 
-from pytest_resume_check import verdict as vd
+from pytest_resume_check.cells.matrix import Cell
 from pytest_resume_check.engine import Engine
-from pytest_resume_check.matrix import Cell
-from pytest_resume_check.plan import KillSpec
+from pytest_resume_check.judge import verdict as vd
+from pytest_resume_check.records.plan import KillSpec
 from pytest_resume_check.targets import resume_target
 
 TARGET = resume_target(misbehaving.train, name="misbehaving", steps=misbehaving.STEPS)

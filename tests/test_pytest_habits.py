@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from _pytest.mark.expression import Expression
 
-from pytest_resume_check import summary
-from pytest_resume_check.runner import Runner
+from pytest_resume_check.process.runner import Runner
+from pytest_resume_check.report import summary
 from pytest_resume_check.targets import TargetError, resume_target
 
 TRAINER = Path(__file__).with_name("project_trainer.py")

@@ -13,8 +13,8 @@ import os
 
 import pytest
 
-from pytest_resume_check.faults import CRASH, ERROR, RECORD, FaultPlan
-from pytest_resume_check.recorder import Recorder
+from pytest_resume_check.child.recorder import Recorder
+from pytest_resume_check.records.faults import CRASH, ERROR, RECORD, FaultPlan
 
 
 class Killed(Exception):

@@ -23,7 +23,7 @@ import pytest
 
 from pytest_resume_check.builtin import train_script
 from pytest_resume_check.engine import Engine
-from pytest_resume_check.results import DONE
+from pytest_resume_check.records.results import DONE
 from pytest_resume_check.run import RunContext
 from pytest_resume_check.targets import TargetError, resume_target
 

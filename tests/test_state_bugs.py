@@ -29,9 +29,9 @@ pytest.importorskip("torch")
 
 import state_bug_trainer as trainer  # noqa: E402
 
-from pytest_resume_check import verdict as vd  # noqa: E402
+from pytest_resume_check.cells.matrix import Cell  # noqa: E402
 from pytest_resume_check.engine import Engine  # noqa: E402
-from pytest_resume_check.matrix import Cell  # noqa: E402
+from pytest_resume_check.judge import verdict as vd  # noqa: E402
 from pytest_resume_check.run import KillSpec  # noqa: E402
 from pytest_resume_check.targets import resume_target  # noqa: E402
 

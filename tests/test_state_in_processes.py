@@ -5,11 +5,11 @@ from __future__ import annotations
 import plain_state_target as plain
 import pytest
 
-from pytest_resume_check import verdict as vd
+from pytest_resume_check.cells.matrix import Cell
 from pytest_resume_check.engine import Engine
-from pytest_resume_check.matrix import Cell
-from pytest_resume_check.plan import KillSpec
-from pytest_resume_check.results import CONVERGED, DONE
+from pytest_resume_check.judge import verdict as vd
+from pytest_resume_check.records.plan import KillSpec
+from pytest_resume_check.records.results import CONVERGED, DONE
 from pytest_resume_check.targets import resume_target
 
 KILLS = [(KillSpec(2),), (KillSpec(4, 1),), (KillSpec(1), KillSpec(3))]

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_resume_check import events as ev
-from pytest_resume_check import state as st
-from pytest_resume_check import verdict as vd
-from pytest_resume_check.plan import RESUME_DISABLED, RESUME_PATH, KillSpec, RunPlan
-from pytest_resume_check.results import CONVERGED, DONE, KILLED, RunRecord
+from pytest_resume_check.judge import verdict as vd
+from pytest_resume_check.records import events as ev
+from pytest_resume_check.records import state as st
+from pytest_resume_check.records.plan import RESUME_DISABLED, RESUME_PATH, KillSpec, RunPlan
+from pytest_resume_check.records.results import CONVERGED, DONE, KILLED, RunRecord
 from pytest_resume_check.targets import Contract, TargetError, resume_target
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import async_saver_target as saver
 import pytest
 
+from pytest_resume_check.cells.matrix import Cell
 from pytest_resume_check.engine import Engine
-from pytest_resume_check.matrix import Cell
-from pytest_resume_check.plan import KillSpec
+from pytest_resume_check.records.plan import KillSpec
 from pytest_resume_check.targets import resume_target
 
 TARGET = resume_target(saver.train, name="async_saver", steps=saver.STEPS)

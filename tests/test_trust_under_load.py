@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import trust_targets as tt
 
-from pytest_resume_check import matrix
+from pytest_resume_check.cells import matrix
+from pytest_resume_check.cells.matrix import Cell
 from pytest_resume_check.engine import Engine
-from pytest_resume_check.matrix import Cell
-from pytest_resume_check.results import DONE, HUNG
+from pytest_resume_check.records import kill_ids
+from pytest_resume_check.records.results import DONE, HUNG
 from pytest_resume_check.targets import resume_target
 
 
@@ -31,7 +32,7 @@ def engine(tmp_path_factory):
 
 def judge(engine, target, kill_id, case=None):
     case = case if case is not None else target.cases[0]
-    cell = Cell(target, case, "auto", matrix.parse_kill_id(kill_id), int(target.steps(case)))
+    cell = Cell(target, case, "auto", kill_ids.parse_kill_id(kill_id), int(target.steps(case)))
     return engine.run_cell(cell)
 
 
@@ -45,8 +46,8 @@ long_step_logger = resume_target(steps=2, hang_timeout=3, name="long_step_logger
 #: moment that deadlocked a SIGTERM handler that saves (the call held the sink's lock).
 SIGNAL_INSIDE_A_REPORT = textwrap.dedent("""
     import os, signal, multiprocessing
-    from pytest_resume_check import events as ev
-    from pytest_resume_check.child import ConnectionSink
+    from pytest_resume_check.records import events as ev
+    from pytest_resume_check.child.main import ConnectionSink
 
     reader, writer = multiprocessing.Pipe(duplex=False)
 
@@ -159,10 +160,10 @@ def test_two_rank_verdicts_are_the_same_idle_and_beside_cpu_burners(tmp_path):
 def test_a_rank_that_resumed_elsewhere_is_not_waited_for():
     """Its steps are not rank 0's (the verdict says STALE_RESUME); waiting for rank 0's step number from it
     could only last the hang limit."""
-    from pytest_resume_check import events as ev
-    from pytest_resume_check import supervisor
-    from pytest_resume_check.plan import RunPlan
-    from pytest_resume_check.results import RunRecord
+    from pytest_resume_check.process import supervisor
+    from pytest_resume_check.records import events as ev
+    from pytest_resume_check.records.plan import RunPlan
+    from pytest_resume_check.records.results import RunRecord
 
     plan = RunPlan("t", ("m", "", "f"), {}, 0, "/nonexistent", "/nonexistent/run.log", world_size=3)
     resumed = [ev.Event(ev.RESUMED, step=4, rank=0), ev.Event(ev.RESUMED, step=1, rank=1),

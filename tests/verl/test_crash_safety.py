@@ -1,7 +1,7 @@
 """Crash safety of the Agent Lightning trainer's checkpoints, in-process and fast.
 
 The file operations of one save are recorded in order with the harness's own recorder
-(:class:`pytest_resume_check.recorder.Recorder`, the one the crash matrix installs in its child
+(:class:`pytest_resume_check.child.recorder.Recorder`, the one the crash matrix installs in its child
 processes). A kill before each of them is simulated by stopping the run there and copying the
 checkpoint directory as it stands at that moment (what a SIGKILL leaves), a power loss by also cutting
 every file back to what was fsynced, and an I/O error by raising ``OSError`` instead of the operation
@@ -32,8 +32,8 @@ from agentlightning.verl.cpu_builder import build_cpu_trainer  # noqa: E402
 from agentlightning.verl.schedule import mixed_latency  # noqa: E402
 from agentlightning.verl.stock_trainer import StockCpuRayPPOTrainer  # noqa: E402
 from agentlightning.verl.testing import RecordingObserver, SimulatedKill  # noqa: E402
-from pytest_resume_check.faults import ERROR, INJECTED, POWER, RECORD, FaultPlan, apply_after_kill  # noqa: E402
-from pytest_resume_check.recorder import Recorder  # noqa: E402
+from pytest_resume_check.child.recorder import Recorder  # noqa: E402
+from pytest_resume_check.records.faults import ERROR, INJECTED, POWER, RECORD, FaultPlan, apply_after_kill  # noqa: E402
 
 OPTIONS = {"latency_profile": mixed_latency}  # groups are in flight at both checkpoints
 TRACKER = layout.TRACKER_FILENAME

@@ -25,10 +25,10 @@ pytest.importorskip("ray")
 
 from agentlightning.verl import ray_cluster  # noqa: E402
 from agentlightning.verl import resume_target as rt  # noqa: E402
-from pytest_resume_check import verdict as vd  # noqa: E402
+from pytest_resume_check.cells.matrix import Cell  # noqa: E402
 from pytest_resume_check.engine import Engine  # noqa: E402
-from pytest_resume_check.matrix import Cell  # noqa: E402
-from pytest_resume_check.results import KILLED  # noqa: E402
+from pytest_resume_check.judge import verdict as vd  # noqa: E402
+from pytest_resume_check.records.results import KILLED  # noqa: E402
 from pytest_resume_check.run import KillSpec, RunContext  # noqa: E402
 from pytest_resume_check.targets import resume_target  # noqa: E402
 

@@ -20,10 +20,11 @@ pytest.importorskip("verl")
 
 from agentlightning.verl import input_file  # noqa: E402
 from agentlightning.verl import resume_target as rt  # noqa: E402
-from pytest_resume_check import matrix  # noqa: E402
-from pytest_resume_check import verdict as vd  # noqa: E402
+from pytest_resume_check.cells import matrix  # noqa: E402
+from pytest_resume_check.cells.matrix import Cell  # noqa: E402
 from pytest_resume_check.engine import Engine  # noqa: E402
-from pytest_resume_check.matrix import Cell  # noqa: E402
+from pytest_resume_check.judge import verdict as vd  # noqa: E402
+from pytest_resume_check.records import kill_ids
 from pytest_resume_check.run import KillSpec, RunContext  # noqa: E402
 from pytest_resume_check.targets import resume_target  # noqa: E402
 
@@ -111,7 +112,7 @@ def test_carried_over_groups_survive_a_sigkill_for_every_latency_profile(engine,
         ("auto", (KillSpec(carrying[0] if carrying else 1), KillSpec(picked + 2, 1))),
     ]:
         result = run(engine, rt.agentlightning_async, case, *kills, mode=mode)
-        assert result.passed, f"{matrix.kill_id(kills)} ({mode}): {result.verdict.headline}"
+        assert result.passed, f"{kill_ids.kill_id(kills)} ({mode}): {result.verdict.headline}"
         assert result.verdict.resumed_from == [k.checkpoint_step for k in kills]
         stored = input_file.read_input_checkpoint(os.path.join(result.runs[0].plan.checkpoint_dir,
                                                                f"global_step_{kills[0].checkpoint_step}"))

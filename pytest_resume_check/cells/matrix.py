@@ -1,0 +1,275 @@
+"""Matrix axes and cells: which runs to make for a target, and where to kill them.
+
+A cell is (target, case, resume mode, kill point). A kill point is a list of :class:`KillSpec`, one
+per killed run; the run after the last kill goes to the end. Kill-point selection is boundary-aware:
+``full`` takes every step; ``quick`` takes the first and last steps, each epoch boundary and the steps
+beside it, and a seeded random sample of the rest.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pytest_resume_check.records import faults
+from pytest_resume_check.records.kill_ids import kill_id
+from pytest_resume_check.records.names import case_id
+from pytest_resume_check.records.plan import RESUME_AUTO, RESUME_PATH, SIGNAL_TERM, KillSpec
+from pytest_resume_check.targets import ERR_RAISED, ERR_STEPS_RETURNED, Target, TargetError, describe_error
+
+QUICK = "quick"
+FULL = "full"
+MODES = (QUICK, FULL)
+
+#: In quick mode, how many further kill steps are drawn at random besides the boundary ones.
+QUICK_RANDOM_SAMPLE = 3
+#: In quick mode, at most this many steps where the trainer holds buffered inputs.
+QUICK_BUFFERED_SAMPLE = 4
+#: Runs of at most this many steps get every step as a kill point even in quick mode.
+QUICK_EVERY_STEP_UP_TO = 12
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One test of the matrix."""
+
+    target: Target
+    case: Mapping[str, Any]
+    resume_mode: str
+    kills: tuple[KillSpec, ...]
+    steps: int
+    xfail_reason: str | None = None
+    #: Earlier checkpoints the first run also writes (the case's other single-kill steps before the
+    #: kill), as a trainer with a periodic schedule would. Lets cells share one run's prefix.
+    prior_checkpoints: tuple[int, ...] = ()
+    #: For crash-consistency cells: the recorded file operations of the save the fault hits.
+    save_ops: tuple[faults.FileOp, ...] = ()
+
+    @property
+    def shares_prefix(self) -> bool:
+        """A single kill right after a checkpoint: its first run is a prefix of its group's run."""
+        k = self.kills[0]
+        return (len(self.kills) == 1 and k.extra_steps == 0 and k.checkpoint_step > 0 and k.fault is None
+                and k == KillSpec(k.checkpoint_step))  # a plain SIGKILL of every rank
+
+    @property
+    def group(self) -> tuple[str, str, str]:
+        """Cells of one group differ only in where their single kill lands."""
+        return (self.target.name, self.case_id, self.resume_mode)
+
+    @property
+    def case_id(self) -> str:
+        return case_id(self.case)
+
+    @property
+    def kill_id(self) -> str:
+        return kill_id(self.kills)
+
+    @property
+    def id(self) -> str:
+        return f"{self.case_id}-{self.resume_mode}-{self.kill_id}"
+
+
+def kill_steps(steps: int, boundaries: Sequence[int], mode: str, rng: random.Random,
+               buffered: Sequence[int] = ()) -> list[int]:
+    """Steps to checkpoint-and-kill at, for a run of ``steps`` steps."""
+    every = list(range(1, steps + 1))
+    if mode == FULL or steps <= QUICK_EVERY_STEP_UP_TO:
+        return every
+    chosen = {1, steps}
+    for b in boundaries:
+        chosen.update(s for s in (b - 1, b, b + 1) if 1 <= s <= steps)
+    held = sorted(s for s in set(buffered) if 1 <= s <= steps and s not in chosen)
+    chosen.update(held if len(held) <= QUICK_BUFFERED_SAMPLE else rng.sample(held, QUICK_BUFFERED_SAMPLE))
+    rest = [s for s in every if s not in chosen]
+    chosen.update(rng.sample(rest, min(QUICK_RANDOM_SAMPLE, len(rest))))
+    return sorted(chosen)
+
+
+def kill_points(steps: int, boundaries: Sequence[int], mode: str, rng: random.Random,
+                resume_modes: Sequence[str], buffered: Sequence[int] = ()) -> list[tuple[str, tuple[KillSpec, ...]]]:
+    """(resume mode, kills) for one case.
+
+    Auto resume gets every selected step killed right after its checkpoint, an unsaved-steps kill
+    (including one before any checkpoint) and a double kill. Explicit-path resume gets the first and
+    middle steps and each epoch boundary, an unsaved step after each boundary (every step in ``full``)
+    and a double kill.
+    """
+    selected = kill_steps(steps, boundaries, mode, rng, buffered)
+    points: list[tuple[str, tuple[KillSpec, ...]]] = []
+    if RESUME_AUTO in resume_modes:
+        points += [(RESUME_AUTO, (KillSpec(k),)) for k in selected]
+        unsaved = [0, steps // 2] if mode == QUICK else list(range(0, steps - 1))
+        points += [(RESUME_AUTO, (KillSpec(k, 1 if k else 2),)) for k in sorted(set(unsaved)) if k + 2 <= steps]
+        points += [(RESUME_AUTO, kills) for kills in _double_kills(steps, mode)]
+    if RESUME_PATH in resume_modes:
+        # Epoch boundaries in both modes: that is where loaders go wrong, whichever way a resume finds
+        # its checkpoint (issue 19: a path-only target with a boundary bug passed every quick cell).
+        edges = {b for b in boundaries if 1 <= b <= steps}
+        points += [(RESUME_PATH, (KillSpec(k),)) for k in sorted({1, max(1, steps // 2)} | edges) if k <= steps]
+        unsaved = range(1, steps - 1) if mode == FULL else sorted(b for b in edges if b < steps - 1)
+        points += [(RESUME_PATH, (KillSpec(k, 1),)) for k in unsaved]
+        points += [(RESUME_PATH, kills) for kills in _double_kills(steps, QUICK)]
+    return points
+
+
+def distributed_points(steps: int, boundaries: Sequence[int], mode: str, world_size: int, elastic: Sequence[int],
+                       preemption: Sequence[float]) -> list[tuple[str, tuple[KillSpec, ...]]]:
+    """(resume mode, kills) of the distributed kinds, all in auto mode.
+
+    One rank alone (the last) killed right after a checkpoint and one unsaved step later, at the middle
+    and each epoch boundary; SIGTERM with each grace period at the end of a step with unsaved work (the
+    first, the middle, each boundary; every step in ``full``); a resume at each other world size from a
+    checkpoint at each boundary and the middle of each epoch (where a world size divides the data of a
+    typical target), and one unsaved step after the first middle.
+    """
+    edges = sorted({b for b in boundaries if 1 <= b <= steps})
+    middle = max(1, steps // 2)
+    points: list[tuple[str, tuple[KillSpec, ...]]] = []
+    if world_size > 1:
+        last = world_size - 1
+        points += [(RESUME_AUTO, (KillSpec(k, 0, rank=last),)) for k in sorted({middle, *edges}) if k < steps]
+        points += [(RESUME_AUTO, (KillSpec(middle, 1, rank=last),))] if middle + 1 <= steps else []
+    for grace in preemption:
+        ends = range(1, steps + 1) if mode == FULL else sorted({1, middle + 1, *edges})
+        points += [(RESUME_AUTO, (KillSpec(k - 1, 1, signal=SIGNAL_TERM, grace=grace),)) for k in ends
+                   if 1 <= k <= steps]
+    middles, before = [], 0
+    for edge in edges or [steps]:
+        middles.append(max(1, before + (edge - before) // 2))
+        before = edge
+    for world in elastic:
+        at = sorted({*middles, *(b for b in edges if b < steps)})
+        points += [(RESUME_AUTO, (KillSpec(k, 0, resume_world_size=world),)) for k in at]
+        points += [(RESUME_AUTO, (KillSpec(middles[0], 1, resume_world_size=world),))] if middles[0] < steps else []
+    return points
+
+
+def _double_kills(steps: int, mode: str) -> list[tuple[KillSpec, ...]]:
+    """Runs killed twice: the second kill lands in the already resumed run."""
+    if steps < 3:
+        return []
+    pairs = [(1, steps - 1)] if mode == QUICK else [(a, b) for a in range(1, steps) for b in (a + 1,)]
+    return [(KillSpec(a), KillSpec(b, 1 if b < steps else 0)) for a, b in pairs]
+
+
+def cells(target: Target, mode: str, seed: int) -> list[Cell]:
+    """All cells of one target, in a stable order (the same on every xdist worker)."""
+    if mode not in MODES:
+        raise ValueError(f"matrix mode must be one of {list(MODES)}, not {mode!r}")
+    out = []
+    for case in target.cases:
+        steps = _steps(target, case)
+        boundaries = list(_ask(target, "boundaries", case, target.boundaries, case)) if target.boundaries else []
+        rng = random.Random(f"{seed}:{target.name}:{case_id(case)}")
+        buffered = list(_ask(target, "buffered", case, target.buffered, case)) if target.buffered else []
+        points = kill_points(steps, boundaries, mode, rng, target.resume_modes, buffered)
+        if target.world_size > 1 or target.elastic or target.preemption:
+            points += distributed_points(steps, boundaries, mode, target.world_size, target.elastic,
+                                         target.preemption)
+        singles = {(m, k[0].checkpoint_step) for m, k in points
+                   if len(k) == 1 and k[0] == KillSpec(k[0].checkpoint_step)}
+        for resume_mode, kills in points:
+            cell = Cell(target, case, resume_mode, kills, steps)
+            if cell.shares_prefix:
+                at = kills[0].checkpoint_step
+                prior = tuple(sorted(s for m, s in singles if m == resume_mode and 0 < s < at))
+                cell = Cell(target, case, resume_mode, kills, steps, None, prior)
+            reason = next((why for pred, why in target.expected_failures
+                           if _ask(target, "expected_failures", case, pred, cell)), None)
+            out.append(Cell(target, case, resume_mode, kills, steps, reason, cell.prior_checkpoints))
+    return out
+
+
+def _ask(target: Target, function: str, case: Mapping[str, Any], fn: Callable[[Any], Any], arg: Any) -> Any:
+    """``fn(arg)``, one of the target's own functions (named ``function``, asked about ``case``); what it
+    raises becomes a :class:`TargetError` naming the target, the function and the case, so one broken
+    target cannot abort the session (issue 13)."""
+    try:
+        return fn(arg)
+    except Exception as exc:
+        raise TargetError(ERR_RAISED.format(name=target.name, function=function, case_id=case_id(case),
+                                            error=describe_error(exc))) from exc
+
+
+def _steps(target: Target, case: Mapping[str, Any]) -> int:
+    """``target.steps(case)``, which must be a whole number of at least 1."""
+    value = _ask(target, "steps", case, target.steps, case)
+    try:
+        steps = int(value)
+    except (TypeError, ValueError):
+        steps = 0
+    if steps < 1 or steps != value:
+        raise TargetError(ERR_STEPS_RETURNED.format(name=target.name, case_id=case_id(case), value=value))
+    return steps
+
+
+#: In quick mode, how many op indices get each I/O error kind besides ENOSPC-once (which gets all).
+QUICK_ERROR_SAMPLE = 3
+
+
+def tearable_files(ops: Sequence[faults.FileOp]) -> list[tuple[str, int]]:
+    """(final path, index of the op that gave it its final name and content) of every file the save
+    wrote *without* making its content durable first. Only such a file can be found torn (half
+    written) under its final name after a crash: one written in place, renamed before an fsync, or
+    written by ``torch.save(path)`` (which never fsyncs). Files fsynced before their rename cannot."""
+    written: dict[str, tuple[int, bool]] = {}  # path -> (finalising op, durable)
+    for op in ops:
+        if op.kind in ("open", "torch.save"):
+            written[op.path] = (op.index, False)
+        elif op.kind == "fsync" and op.path in written:
+            written[op.path] = (written[op.path][0], True)
+        elif op.kind == "close" and op.path in written:
+            written[op.path] = (op.index, written[op.path][1])
+        elif op.kind in ("replace", "rename") and op.path in written and op.target:
+            durable = written.pop(op.path)[1]
+            written[op.target] = (op.index, durable)
+    return sorted(((p, i) for p, (i, durable) in written.items() if not durable), key=lambda item: item[1])
+
+
+def crash_points(ops: Sequence[faults.FileOp], mode: str) -> list[int]:
+    """Op indices to fault. ``full``: every op and the end. ``quick``: every op that is not a write,
+    the first and last write of each run of writes to one file, and the end."""
+    total = len(ops)
+    if mode == FULL:
+        return list(range(total + 1))
+    chosen = {total}
+    for op in ops:
+        if op.kind != "write":
+            chosen.add(op.index)
+            continue
+        before = ops[op.index - 1] if op.index else None
+        after = ops[op.index + 1] if op.index + 1 < total else None
+        if not (before and before.kind == "write" and before.path == op.path) or not (
+                after and after.kind == "write" and after.path == op.path):
+            chosen.add(op.index)
+    return sorted(chosen)
+
+
+def crash_cells(target: Target, case: Mapping[str, Any], ops: Sequence[faults.FileOp], step: int, prior: int,
+                mode: str, rng: random.Random) -> list[Cell]:
+    """Cells of the crash-consistency axis for the save of checkpoint ``step`` (a checkpoint of
+    ``prior`` exists before it): a kill before each chosen op and after the last (plain and with
+    power loss), a half-written copy of every file that was not durable when it got its final name,
+    and I/O errors at the ops (ENOSPC at each chosen op; EIO and persistent ENOSPC at a sample in
+    quick mode, at every op in full mode)."""
+    total = len(ops)
+    points = crash_points(ops, mode)
+    at_ops = [i for i in points if i < total]
+    sample = at_ops if mode == FULL else sorted(rng.sample(at_ops, min(QUICK_ERROR_SAMPLE, len(at_ops))))
+    plans = [faults.FaultPlan(step, faults.CRASH, i, total=total) for i in points]
+    plans += [faults.FaultPlan(step, faults.POWER, i, total=total) for i in points]
+    plans += [faults.FaultPlan(step, faults.TORN, min(i + 1, total), file=path, total=total)
+              for path, i in tearable_files(ops)]
+    plans += [faults.FaultPlan(step, faults.ERROR, i, faults.ERRNOS["enospc"], total=total) for i in at_ops]
+    plans += [faults.FaultPlan(step, faults.ERROR, i, faults.ERRNOS["eio"], total=total) for i in sample]
+    plans += [faults.FaultPlan(step, faults.ERROR, i, faults.ERRNOS["enospc"], True, total=total) for i in sample]
+    steps = int(target.steps(case))
+    out = []
+    for plan in plans:
+        cell = Cell(target, case, RESUME_AUTO, (KillSpec(step, 0, plan),), steps, None, (prior,), tuple(ops))
+        reason = next((why for pred, why in target.expected_failures if pred(cell)), None)
+        out.append(replace(cell, xfail_reason=reason))
+    return out

@@ -1,0 +1,106 @@
+"""Shared first runs: cells of one (target, case, resume mode) that are killed right after a checkpoint
+differ only in the step, so one first run serves them all.
+
+That run checkpoints at every kill step of the group and pauses after each while the harness copies
+the checkpoint directory (exactly what a kill at that moment would leave on disk). Each cell then
+starts from its copy, with the first run's events up to its checkpoint as its own first run.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pytest_resume_check.cells.matrix import Cell
+from pytest_resume_check.process.layout import Layout
+from pytest_resume_check.process.runner import Runner
+from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.plan import RESUME_AUTO, KillSpec
+from pytest_resume_check.records.results import KILLED, RunRecord
+
+
+@dataclass
+class _Prefix:
+    """The shared first run of a group: its record, its folder (with snapshot copies) and the
+    checkpoint directory it wrote to."""
+
+    record: RunRecord
+    workdir: Path
+    live: Path
+
+
+class SharedFirstRuns:
+    """The first runs of the groups of a matrix, each run once, when its first cell needs it."""
+
+    def __init__(self, runner: Runner, layout: Layout):
+        self.runner = runner
+        self.layout = layout
+        self._steps: dict[tuple[str, str, str], list[int]] = {}
+        self._prefixes: dict[tuple[str, str, str], _Prefix | None] = {}
+
+    def register(self, cells: Sequence[Cell]) -> None:
+        """Learn the whole matrix, so each group's run checkpoints at all of its cells' steps."""
+        for cell in cells:
+            if cell.shares_prefix:
+                steps = self._steps.setdefault(cell.group, [])
+                for step in (*cell.prior_checkpoints, cell.kills[0].checkpoint_step):
+                    if step not in steps:
+                        steps.append(step)
+
+    def first_run(self, cell: Cell, workdir: Path) -> tuple[RunRecord, str | None] | None:
+        """The first run of ``cell`` cut from its group's run, its files copied into ``workdir``, and
+        the checkpoint path it published last; None when the cell cannot share (it runs on its own)."""
+        if not (cell.shares_prefix and cell.group in self._steps):
+            return None
+        prefix = self._prefix(cell)
+        step = cell.kills[0].checkpoint_step
+        snapshot = Layout.snapshot(prefix.workdir, step) if prefix is not None else None
+        if snapshot is None or not snapshot.exists():
+            return None
+        out = Layout.out(workdir, cell.resume_mode)
+        # Moved, not copied: each snapshot serves the one cell killed at its step, and a copy per cell
+        # would keep the disk use of a group quadratic in its kill steps until the session ends.
+        shutil.move(snapshot, out)
+        events, published = [], None
+        # Up to the pause at this checkpoint: by then every rank had reported the step's end (what a kill
+        # there would have left on the channel, too).
+        for event in prefix.record.events:
+            if event.kind == ev.PAUSED:
+                if event.step == step:
+                    break
+                continue
+            if event.path and event.path.startswith(str(prefix.live)):
+                event = replace(event, path=str(out) + event.path[len(str(prefix.live)):])
+            events.append(event)
+            if event.kind == ev.CHECKPOINT and event.step == step and not event.rank:
+                published = event.path
+        kill = cell.kills[0]
+        events.append(ev.Event(ev.KILL_READY, text=kill.describe()))
+        log = Layout.log(workdir, 0)  # the shared run's output so far, kept with the cell it served
+        shutil.copyfile(Layout.log(prefix.workdir, 0), log)
+        plan = replace(prefix.record.plan, checkpoint_dir=str(out), log_path=str(log),
+                       kill=kill, checkpoint_steps=frozenset((*cell.prior_checkpoints, step)), pause_steps=frozenset())
+        record = RunRecord(plan, events, KILLED, prefix.record.exitcode, None, 0.0, prefix.record.hang_timeout,
+                           prefix.record.pid, prefix.record.isolation)
+        return record, published
+
+    def _prefix(self, cell: Cell) -> _Prefix | None:
+        if cell.group not in self._prefixes:
+            self._prefixes[cell.group] = self._run_prefix(cell)
+        return self._prefixes[cell.group]
+
+    def _run_prefix(self, cell: Cell) -> _Prefix | None:
+        steps = sorted(self._steps[cell.group])
+        workdir = self.layout.fresh(self.layout.prefix(cell.target.name, cell.case_id, cell.resume_mode))
+        plan = self.runner.plan(cell.target, cell.case, workdir, 0, out=Layout.out(workdir, cell.resume_mode),
+                                resume_mode=RESUME_AUTO, kill=KillSpec(steps[-1]), checkpoint_steps=steps,
+                                pause_steps=steps)
+        live = Path(plan.checkpoint_dir)
+
+        def snapshot(step: int) -> None:  # the run's processes are stopped meanwhile (supervisor)
+            shutil.copytree(live, Layout.snapshot(workdir, step), symlinks=True)
+
+        record = self.runner.run(plan, cell.target, on_pause=snapshot)
+        return _Prefix(record, workdir, live) if record.outcome == KILLED else None

@@ -1,0 +1,257 @@
+"""Command targets: the harness runs any program and hears its reports over an inherited socket.
+
+``resume_target.command(argv, ...)`` declares a target whose runs start ``argv`` (placeholders such as
+``{checkpoint_dir}`` filled in per run) from the run's child process. The program reports through
+:mod:`pytest_resume_check.client` or the line protocol it documents; :func:`run_command`, the target
+function of every command target, answers each line by making the same call on the run's
+``RunContext``. So kills, crash cells and verdicts are those of Python targets: a kill point blocks the
+answer, and the SIGKILL of the run's process group ends the program with its child (the program is in
+that group unless it leaves it; then the run's token finds it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_resume_check.client import CONTEXT_ENV, FD_ENV, PROTOCOL
+from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.errors import TargetError
+from pytest_resume_check.records.names import case_id
+from pytest_resume_check.records.plan import CommandSpec
+from pytest_resume_check.run import RunContext
+
+#: What ``{name}`` in a command's arguments can name (``{case[key]}`` reads one case parameter).
+PLACEHOLDERS = ("python", "checkpoint_dir", "resume_mode", "resume_path", "seed", "is_resume", "case", "case_id")
+
+ERR_PLACEHOLDER = ("command target {name!r}: argument {arg!r} {problem}; placeholders are "
+                   + ", ".join("{{" + p + "}}" for p in PLACEHOLDERS) + " and {{case[key]}} (write {{{{ and }}}} "
+                   "for literal braces)")
+ERR_SILENT = ("the command {argv} exited with code 0 without reporting anything; it must report through "
+              "pytest_resume_check.client (run = client.connect(); run.consumed(...); run.step_end(...)) or the "
+              "line protocol on the socket in ${fd_env}")
+
+
+class CommandFailed(Exception):
+    """The command exited with an error, or never reported; the run is judged as a target that raised."""
+
+
+def fill(argv: Sequence[str], values: Mapping[str, Any]) -> list[str]:
+    """``argv`` with its placeholders filled from ``values`` (raises KeyError, IndexError, ValueError)."""
+    return [str(arg).format_map(values) for arg in argv]
+
+
+def placeholder_values(run: Any) -> dict[str, Any]:
+    """The values of the placeholders for one run (``run`` has the RunContext's attributes)."""
+    return {"python": sys.executable, "checkpoint_dir": str(run.checkpoint_dir), "resume_mode": run.resume_mode,
+            "resume_path": str(run.resume_path or ""), "seed": run.seed, "is_resume": int(bool(run.is_resume)),
+            "case": dict(run.case), "case_id": case_id(run.case)}
+
+
+def check_argv(name: str, argv: Sequence[str], cases: Sequence[Mapping[str, Any]]) -> None:
+    """Fill ``argv`` for every case with sample values, so a bad placeholder fails at declaration."""
+    class Sample:
+        checkpoint_dir, resume_mode, resume_path, seed, is_resume = "/ckpt", "auto", "/ckpt/step_1", 0, False
+
+    for case in cases:
+        sample = Sample()
+        sample.case = case  # type: ignore[attr-defined]
+        for arg in argv:
+            try:
+                fill([arg], placeholder_values(sample))
+            except KeyError as exc:
+                problem = f"names {{{exc.args[0]}}}, which is not a placeholder"
+                if str(arg).find("{case[") >= 0:
+                    problem = f"reads case key {exc.args[0]!r}, which case {dict(case)} does not have"
+                raise TargetError(ERR_PLACEHOLDER.format(name=name, arg=arg, problem=problem)) from None
+            except (IndexError, ValueError, AttributeError) as exc:
+                raise TargetError(ERR_PLACEHOLDER.format(name=name, arg=arg, problem=f"cannot be filled ({exc})")) \
+                    from None
+
+
+def run_command(run: RunContext) -> None:
+    """The target function of every command target: start the program, answer its reports."""
+    spec = run.plan.command
+    if spec is None:
+        raise CommandFailed("run_command is the target function of command targets; declare one with "
+                            "resume_target.command([...])")
+    argv = fill(spec.argv, placeholder_values(run))
+    ours, theirs = socket.socketpair()
+    context = {"protocol": PROTOCOL, "checkpoint_dir": str(run.checkpoint_dir), "resume_mode": run.resume_mode,
+               "resume_path": str(run.resume_path) if run.resume_path else None, "seed": run.seed,
+               "case": dict(run.case), "is_resume": run.is_resume,
+               "faults": run.plan.faults.to_json() if run.plan.faults is not None else None}
+    env = {**os.environ, **dict(spec.env), FD_ENV: str(theirs.fileno()), CONTEXT_ENV: json.dumps(context)}
+    try:
+        proc = subprocess.Popen(argv, cwd=spec.cwd, env=env, pass_fds=(theirs.fileno(),))
+    except OSError as exc:
+        raise CommandFailed(f"the command {argv} could not start: {exc}") from exc
+    finally:
+        theirs.close()
+    try:
+        calls = _serve(run, ours, proc)
+        code = proc.wait()
+    finally:
+        if proc.poll() is None:  # the run stopped early (converged, step limit, an error): end the program too
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        ours.close()
+    if code != 0:
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        raise CommandFailed(f"its last output lines:\n{_tail(run.plan.log_path)}\nthe command {argv} {how}")
+    if calls == 0:
+        raise CommandFailed(ERR_SILENT.format(argv=argv, fd_env=FD_ENV))
+
+
+def _tail(log_path: str, lines: int = 15) -> str:
+    """The last lines the program wrote (its output shares the run's log file), so the run's error carries
+    the program's own traceback (an injected I/O error is recognised by its text)."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return "    (the log cannot be read)"
+    return "\n".join("    " + line for line in text.splitlines()[-lines:])
+
+
+#: Seconds between checks whether the program exited while its socket stays open (a process it forked holds
+#: the other end: the program is done when it exits, whatever its children hold; issue 26).
+EXIT_POLL = 0.2
+#: The longest line the harness reads; a longer one is a protocol violation (state digests are short).
+MAX_LINE = 16 * 1024 * 1024
+#: What a line that cannot be a call raises while it is decoded and dispatched: deep nesting overflows the
+#: decoder's recursion, ``1e400`` is infinity, which is no step number.
+_BAD_LINE = (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError)
+
+
+def _serve(run: RunContext, sock: socket.socket, proc: subprocess.Popen[bytes]) -> int:
+    """Answer the program's lines until it closes its end or exits (then what it wrote before it exited is
+    answered too); returns how many calls it made."""
+    buffer = bytearray()
+    calls = 0
+    skipping = False  # the rest of a line that was too long
+    while True:
+        ready, _, _ = select.select([sock], [], [], EXIT_POLL)
+        if not ready:
+            if proc.poll() is None:
+                continue
+            sock.setblocking(False)  # exited: take what is already there, wait for nothing more
+            try:
+                chunk = sock.recv(1 << 20)
+            except BlockingIOError:
+                chunk = b""
+            if not chunk:
+                break
+        else:
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                break
+        buffer += chunk
+        while True:
+            end = buffer.find(b"\n")
+            if end < 0:
+                break
+            line = bytes(buffer[:end])
+            del buffer[:end + 1]
+            if skipping:  # the end of the line that was too long: answered already
+                skipping = False
+                continue
+            calls += 1
+            _answer(run, sock, line)
+        if len(buffer) > MAX_LINE and not skipping:
+            calls += 1
+            _answer(run, sock, bytes(buffer[:200]), f"sent a line longer than {MAX_LINE} bytes")
+            skipping = True
+        if skipping:
+            buffer.clear()  # dropped up to the line's end
+    if buffer.strip() and not skipping:
+        calls += 1
+        _answer(run, sock, bytes(buffer))
+    return calls
+
+
+def _answer(run: RunContext, sock: socket.socket, raw: bytes, problem: str | None = None) -> None:
+    """Make the call ``raw`` names and send the program its answer; a line that is no call is a protocol
+    violation the program is told about."""
+    try:
+        if problem is not None:
+            raise ValueError(problem)
+        request = json.loads(raw)
+        if not isinstance(request, dict):
+            raise TypeError(f"a line must be a JSON object, not {type(request).__name__}")
+        answer: dict[str, Any] = {"ok": True, "value": _dispatch(run, request)}
+    except _BAD_LINE as exc:
+        what = f"{type(exc).__name__}: {str(exc)[:200]}"
+        text = (f"sent {raw[:200].decode('utf-8', 'replace').strip()!r}, which is not a call of the protocol "
+                f"({what}); each line is one JSON object such as " '{"call": "step_end", "step": 3}')
+        run._violation(text)
+        answer = {"ok": False, "error": text}
+    try:
+        sock.setblocking(True)
+        sock.sendall((json.dumps(answer) + "\n").encode("utf-8"))
+    except OSError:  # the program is gone; its calls so far are recorded
+        pass
+
+
+#: Calls only the client makes, and only in crash cells (where it records the program's own save).
+INTERNAL_CALLS = ("file_op", "kill_ready")
+
+
+def _dispatch(run: RunContext, request: Mapping[str, Any]) -> Any:
+    call = request["call"]
+    step = request.get("step")
+    if call in INTERNAL_CALLS and run.plan.faults is None:
+        raise ValueError(f"{call!r} is the client's own call in crash cells; a program does not make it")
+    if call == "resumed":
+        run.resumed(int(step), request.get("path"))
+    elif call in ("consumed", "trained"):
+        getattr(run, call)(request["ids"], step=int(step), epoch=int(request["epoch"]))
+    elif call == "step_end":
+        run.step_end(int(step))
+    elif call == "should_checkpoint":
+        return run.should_checkpoint(int(step))
+    elif call == "checkpoint_published":
+        run.checkpoint_published(int(step), request.get("path"))
+    elif call == "state":
+        components = request["components"]
+        if not isinstance(components, dict):
+            raise TypeError("state components must be a JSON object")
+        run.state(int(step), components)
+    elif call == "log":
+        run.log(str(request["text"]))
+    elif call == "file_op":
+        run._send(ev.Event(ev.FILE_OP, path=request["path"], text=request["kind"],
+                           extra={"index": request["index"], "target": request.get("target")}))
+    elif call == "kill_ready":
+        run._await_kill(str(request["text"]), dict(request.get("extra") or {}))
+    else:
+        raise ValueError(f"unknown call {call!r}")
+    return None
+
+
+def command_spec(name: str, argv: Sequence[str], cwd: str | os.PathLike[str] | None, env: Mapping[str, str] | None,
+                 cases: Sequence[Mapping[str, Any]], declared_in: str | None) -> CommandSpec:
+    """Validate a command target's program and where it runs (relative to the declaring file's folder)."""
+
+    if isinstance(argv, (str, bytes)) or not argv:
+        raise TargetError(f"command target {name!r}: give the command as a list of arguments, e.g. "
+                          "['{python}', 'train.py', '--out', '{checkpoint_dir}'], not "
+                          f"{argv!r}")
+    check_argv(name, argv, cases)
+    base = Path(declared_in).parent if declared_in else Path.cwd()
+    folder = base / cwd if cwd is not None else base
+    if not folder.is_dir():
+        raise TargetError(f"command target {name!r}: cwd {str(folder)!r} is not a folder; give cwd= relative to "
+                          f"{base} or absolute")
+    return CommandSpec(tuple(str(a) for a in argv), str(folder.resolve()),
+                       tuple((str(k), str(v)) for k, v in (env or {}).items()))

@@ -1,0 +1,289 @@
+"""Child side of one run: builds the target, sends its events, obeys the plan.
+
+This module is imported in every child process (and preloaded in the fork server); it imports
+nothing heavy.
+"""
+
+from __future__ import annotations
+
+import _thread
+import collections
+import dataclasses
+import fcntl
+import importlib
+import importlib.util
+import multiprocessing
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.names import RUN_TOKEN_ENV
+from pytest_resume_check.records.plan import RunPlan
+from pytest_resume_check.run import Converged, RunContext
+from pytest_resume_check.targets import load_target_fn
+
+#: Exit code of a child whose target raised.
+EXIT_TARGET_RAISED = 70
+
+
+#: Events that are held back and sent with the next step boundary (one pipe write per step).
+_BATCHED = frozenset({ev.CONSUMED, ev.TRAINED, ev.STATE, ev.LOG})
+#: Seconds after which batched reports are written without waiting for a boundary: a step longer than
+#: the hang limit that keeps reporting is alive (issue 26), and the supervisor hears it at least this often.
+LIFE_INTERVAL = 1.0
+
+
+class ConnectionSink:
+    """Writes events to the event channel. Reports inside a step are batched and written together at
+    the step's end (or any checkpoint, pause, kill point, error or exit), so a SIGKILL loses only what
+    the step did after its last boundary - work a kill undoes anyway.
+
+    Safe from any thread (a trainer may publish its checkpoints from a background saver) and from signal
+    handlers (a SIGTERM handler that saves and publishes, issue 26): a report call only appends to a
+    queue, and a boundary waits until this process's writer thread has written everything queued before
+    it. Only the writer touches the channel, so a handler that interrupts a report call on the main
+    thread never waits for a lock that call holds, and no two writes interleave. Each thread's events
+    arrive in the order it sent them; a handler's come after those of the call it interrupted that were
+    queued before it ran."""
+
+    def __init__(self, conn: Any, rank: int | None = None, lock_path: str | None = None):
+        self._conn = conn
+        self._rank = rank
+        # Appends and pops of a deque and puts of a SimpleQueue are atomic and reentrant: a signal
+        # handler may interrupt them and make its own.
+        self._pending: collections.deque[bytes] = collections.deque()
+        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pid = 0  # the process whose writer thread serves this sink (0: none yet)
+        self._failure: OSError | None = None
+        self._written_at = time.monotonic()
+        # The ranks of a run share one channel: each write holds an flock on a file descriptor of its
+        # own, which a rank killed while holding it gives back by dying.
+        self._lock_path = lock_path
+        self._lock_fd = os.open(lock_path, os.O_RDONLY) if lock_path else None
+        self._start()
+        # A process forked from this one (a helper the trainer forks that reports too) gets a writer and
+        # queues of its own at once: its parent's queued events and writer thread are not its.
+        os.register_at_fork(after_in_child=self._start)
+
+    def send(self, event: ev.Event) -> None:
+        if self._rank is not None:
+            event = dataclasses.replace(event, rank=self._rank)
+        self._pending.append(event.to_wire())
+        if event.kind not in _BATCHED:
+            self.flush()
+        elif time.monotonic() - self._written_at >= LIFE_INTERVAL:
+            # A long step that keeps reporting is alive: write what it reported so far, without waiting.
+            self._written_at = time.monotonic()
+            self._requests.put(None)
+
+    def flush(self) -> None:
+        """Return once every event sent before this call is on the channel (raises the OSError of a
+        channel that broke)."""
+        self._written_at = time.monotonic()
+        done = _thread.allocate_lock()
+        done.acquire()
+        self._requests.put(done)
+        done.acquire()  # a signal interrupts this wait; its handler's own reports are written meanwhile
+        if self._failure is not None:
+            raise self._failure
+
+    def _start(self) -> None:
+        """A writer thread of this process's own, with its own queue: started when the sink is made (so no
+        report call, and no handler interrupting one, ever starts it), and in a process forked from it
+        right after the fork."""
+        if self._pid:
+            self._pending = collections.deque()
+            self._requests = queue.SimpleQueue()
+            self._failure = None
+            if self._lock_path:  # an flock belongs to an open file: the parent's excludes nobody here
+                self._lock_fd = os.open(self._lock_path, os.O_RDONLY)
+        threading.Thread(target=self._write_loop, args=(self._requests,), name="resume-check-events",
+                         daemon=True).start()
+        self._pid = os.getpid()
+
+    def _write_loop(self, requests: queue.SimpleQueue[Any]) -> None:
+        while True:
+            done = requests.get()
+            batch = []
+            while self._pending:
+                batch.append(self._pending.popleft())
+            try:
+                if batch:
+                    self._write(b"\n".join(batch))
+            except OSError as exc:  # the supervisor is gone: the run is over anyway
+                self._failure = exc
+            except BaseException as exc:  # never leave a report call waiting
+                self._failure = OSError(f"the event writer failed: {exc!r}")
+            finally:
+                if done is not None:
+                    done.release()
+
+    def _write(self, raw: bytes) -> None:
+        if self._lock_fd is None:
+            self._conn.send_bytes(raw)
+            return
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            self._conn.send_bytes(raw)
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+
+def child_main(plan: RunPlan, conn: Any, control: Any = None) -> None:
+    """Entry point of a child process (started by :mod:`pytest_resume_check.process.starter`)."""
+    os.environ.update(plan.env)  # what the target's services tell its runs (e.g. where a shared server is)
+    if plan.token:  # inherited by every process the run starts, so escaped ones are found later
+        os.environ[RUN_TOKEN_ENV] = plan.token
+    try:
+        # Own process group, so one killpg also ends the loader workers this run forks.
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    # multiprocessing gives the child its parent's start method; a trainer started by hand would
+    # see the platform default, so loader workers must not go through the fork server.
+    multiprocessing.set_start_method(None, force=True)
+    _drop_fork_server_pipe()
+    _redirect_output(plan.log_path)
+    if plan.world_size > 1:
+        _launch_ranks(plan, conn, control)
+    if plan.master_port:  # a distributed target on one rank (an elastic resume to 1) still gets its group
+        os.environ.update(_rank_env(plan, 0))
+    # The lock file also for one process: a helper it forks that reports writes to the same channel.
+    _run_target(plan, ConnectionSink(conn, 0 if plan.master_port else None, plan.log_path), control)
+
+
+def _drop_fork_server_pipe() -> None:
+    """Close the fork server's liveness pipe, which multiprocessing hands every child it forks: a run does
+    not start processes through the server (see above), and a trainer that writes to every descriptor it
+    finds would otherwise make the server exit ("Not at EOF?") and fail every later run (issue 26)."""
+    import multiprocessing.forkserver
+
+    server = multiprocessing.forkserver._forkserver
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        server._forkserver_alive_fd = None
+
+
+def _rank_env(plan: RunPlan, rank: int) -> dict[str, str]:
+    """What ``torch.distributed``'s ``env://`` rendezvous (and torchrun's workers) read."""
+    return {"WORLD_SIZE": str(plan.world_size), "LOCAL_WORLD_SIZE": str(plan.world_size), "RANK": str(rank),
+            "LOCAL_RANK": str(rank), "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(plan.master_port)}
+
+
+def _run_target(plan: RunPlan, sink: ConnectionSink, control: Any, rank: int = 0) -> None:
+    """Build and drive the target in this process, report how it ended, and exit."""
+    code = 0
+    try:
+        recorder = _recorder(plan, sink)
+        fn = load_target_fn(plan.target_ref)
+        run = RunContext(plan, sink, control, recorder, rank)
+        if recorder is not None:
+            recorder.on_kill = run._await_kill
+        fn(run)
+        if plan.world_size > 1:
+            sink.flush()  # the launcher reports done once every rank has finished
+        else:
+            sink.send(ev.Event(ev.DONE))
+    except Converged:
+        sink.flush()
+    except BaseException:  # report everything, SystemExit included: the parent decides what it means
+        text = traceback.format_exc()
+        try:  # the pipe first: on a full disk the log write below fails, the pipe does not
+            sink.send(ev.Event(ev.ERROR, text=text))
+        except OSError:
+            pass
+        _write_quietly(sys.stderr, text)
+        code = EXIT_TARGET_RAISED
+    _write_quietly(sys.stdout, "")
+    _write_quietly(sys.stderr, "")
+    # Skip interpreter teardown: atexit handlers of a half-built trainer must not block the exit.
+    os._exit(code)
+
+
+#: Exit code of a launcher whose rank died (it ended the other ranks, as torchrun's agent does).
+EXIT_RANK_DIED = 71
+LOOPBACK = "127.0.0.1"
+
+
+def _launch_ranks(plan: RunPlan, conn: Any, control: Any) -> None:
+    """The launcher of a multi-rank run (this process, never returns): fork one process per rank with
+    ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and a loopback ``MASTER_ADDR``/``MASTER_PORT``; report their
+    pids; when one rank dies (a signal or a non-zero exit) kill the others, as torchrun's agent does; when
+    all ranks finished, report ``done``. The ranks stay in this process group, so a group kill ends all."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # preemption is for the ranks; SIGKILL still ends us
+    pids: dict[int, int] = {}
+    for rank in range(plan.world_size):
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.environ.update(_rank_env(plan, rank))
+            _run_target(plan, ConnectionSink(conn, rank, plan.log_path), control if rank == 0 else None, rank)
+        pids[pid] = rank
+    sink = ConnectionSink(conn, None, plan.log_path)
+    sink.send(ev.Event(ev.RANKS, extra={"pids": sorted(pids, key=pids.__getitem__)}))
+    failed = False
+    while pids:
+        pid, status = os.wait()
+        rank = pids.pop(pid, None)
+        if rank is None or os.waitstatus_to_exitcode(status) == 0 or failed:
+            continue
+        failed = True
+        how = os.waitstatus_to_exitcode(status)
+        what = f"signal {-how}" if how < 0 else f"exit code {how}"
+        _write_quietly(sys.stderr, f"[launcher] rank {rank} ended with {what}; ending ranks "
+                                   f"{sorted(pids.values())}\n")
+        for other in pids:
+            try:
+                os.kill(other, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    if not failed:
+        sink.send(ev.Event(ev.DONE))
+    os._exit(EXIT_RANK_DIED if failed else 0)
+
+
+def _write_quietly(stream: Any, text: str) -> None:
+    """Write and flush, ignoring a log that cannot take it (a full disk)."""
+    try:
+        stream.write(text)
+        stream.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _recorder(plan: RunPlan, sink: ConnectionSink) -> Any:
+    """The file-operation recorder of a run with a fault plan (None otherwise)."""
+    if plan.faults is None:
+        return None
+    from pytest_resume_check.child.recorder import Recorder
+
+    if importlib.util.find_spec("torch") is not None:
+        importlib.import_module("torch")  # so torch.save to a path is wrapped too
+
+    def report(op: Any) -> None:
+        sink.send(ev.Event(ev.FILE_OP, path=op.path, text=op.kind,
+                           extra={"index": op.index, "target": op.target}))
+
+    recorder = Recorder(plan.faults, plan.checkpoint_dir, report, lambda why, extra: None)
+    recorder.install()
+    return recorder
+
+
+def _redirect_output(log_path: str) -> None:
+    """Send the child's stdout and stderr (also of C code and loader workers) to its log file."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)

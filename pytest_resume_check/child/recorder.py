@@ -1,0 +1,285 @@
+"""The child side of fault injection: record the file operations of the watched save and apply a
+:class:`~pytest_resume_check.records.faults.FaultPlan` to them.
+
+Audit hooks do not see ``fsync``, ``write`` or ``close``, so the file functions themselves are wrapped
+(module attributes of ``os``, ``builtins``, ``io``, ``shutil`` and ``torch``). :meth:`Recorder.install`
+wraps them in the calling process and :meth:`Recorder.uninstall` puts the originals back; a child run
+installs once and never uninstalls (the process ends with the run), an in-process test uses the
+recorder as a context manager.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno as errno_codes
+import io
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from pytest_resume_check.records.faults import (
+    CRASH,
+    ERROR,
+    EXTRA_OPS_DONE,
+    EXTRA_TORN,
+    EXTRA_UNSYNCED,
+    INJECTED,
+    POWER,
+    TORN,
+    FaultPlan,
+    FileOp,
+)
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+_KILLING = (CRASH, POWER, TORN)
+
+
+class Recorder:
+    """Wraps file functions in this process and applies a :class:`FaultPlan` during the watched save.
+
+    ``on_op(op)`` is called for every op that happens; ``on_kill(op_text, extra)`` when the plan
+    says to be killed here (it does not return).
+    """
+
+    def __init__(self, plan: FaultPlan, root: str, on_op: Callable[[FileOp], None],
+                 on_kill: Callable[[str, dict[str, Any]], None]):
+        self.plan = plan
+        self.root = os.path.realpath(root)
+        self.on_op = on_op
+        self.on_kill = on_kill
+        self.active = False
+        self.ops: list[FileOp] = []
+        self.written: dict[str, int] = {}  # path -> bytes written in this save
+        self.synced: dict[str, int] = {}  # path -> bytes made durable by fsync
+        self._failing = False
+        self._originals: list[tuple[Any, str, Any]] = []
+
+    # -- the watched window ----------------------------------------------------------------------
+    def start(self, step: int) -> None:
+        if step == self.plan.step:
+            self.active = True
+
+    def finish(self, step: int) -> None:
+        """At ``checkpoint_published(step)``: the point after the last op."""
+        if step == self.plan.step and self.active:
+            if self.plan.mode in _KILLING and self.plan.op == len(self.ops):
+                self._kill("after the last file operation of the save, before it was reported")
+            self.active = False
+
+    # -- op bookkeeping --------------------------------------------------------------------------
+    def _rel(self, path: Any) -> str | None:
+        try:
+            real = os.path.realpath(os.fspath(path))
+        except TypeError:
+            return None
+        if real == self.root or real.startswith(self.root + os.sep):
+            return os.path.relpath(real, self.root)
+        return None
+
+    def op(self, kind: str, path: Any, target: Any = None) -> bool:
+        """Called before an operation happens; True when it is watched. May kill or raise."""
+        rel = self._rel(path) if self.active else None
+        if rel is None:
+            return False
+        index = len(self.ops)
+        op = FileOp(index, kind, rel, self._rel(target) if target is not None else None)
+        plan = self.plan
+        if plan.mode in _KILLING and plan.op == index:
+            self._kill(f"before {op.describe()}")
+        self.ops.append(op)  # counted even when it fails: "once" must hit exactly one op
+        if plan.mode == ERROR and (index == plan.op or (plan.persistent and self._failing)):
+            self._failing = True
+            code = plan.errno or errno_codes.EIO
+            raise OSError(code, f"{os.strerror(code)} {INJECTED} at {op.describe()}", os.fspath(path))
+        self.on_op(op)
+        return True
+
+    def _kill(self, where: str) -> None:
+        extra: dict[str, Any] = {EXTRA_OPS_DONE: len(self.ops)}
+        if self.plan.mode == POWER:
+            extra[EXTRA_UNSYNCED] = {p: self.synced.get(p, 0) for p, n in self.written.items()
+                                     if n > self.synced.get(p, 0)}
+        if self.plan.mode == TORN and self.plan.file:
+            extra[EXTRA_TORN] = self.plan.file
+        self.on_kill(f"killed {where}", extra)
+
+    # -- durability tracking ---------------------------------------------------------------------
+    def wrote(self, rel: str, n: int) -> None:
+        self.written[rel] = self.written.get(rel, 0) + n
+
+    def fsynced(self, rel: str) -> None:
+        self.synced[rel] = self.written.get(rel, 0)
+
+    def moved(self, src: str | None, dst: str | None) -> None:
+        if src is None or dst is None:
+            return
+        for table in (self.written, self.synced):
+            if src in table:
+                table[dst] = table.pop(src)
+
+    # -- installation ----------------------------------------------------------------------------
+    def __enter__(self) -> Recorder:
+        self.install()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.uninstall()
+
+    def uninstall(self) -> None:
+        """Put back the functions :meth:`install` wrapped."""
+        for owner, name, original in reversed(self._originals):
+            setattr(owner, name, original)
+        self._originals = []
+
+    def _wrap(self, owner: Any, name: str, wrapper: Any) -> None:
+        self._originals.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, wrapper)
+
+    def install(self) -> None:
+        """Wrap the file functions of this process (see the module docstring)."""
+        open_ = _open_wrapper(self, builtins.open)
+        wrappers = [(builtins, "open", open_), (io, "open", open_),
+                    (os, "open", _os_open_wrapper(self, os.open)), (os, "mkdir", _mkdir_wrapper(self, os.mkdir)),
+                    (os, "fsync", _fsync_wrapper(self, os.fsync)),
+                    (os, "replace", _path_wrapper(self, "replace", os.replace, moves=True)),
+                    (os, "rename", _path_wrapper(self, "rename", os.rename, moves=True)),
+                    (os, "remove", _path_wrapper(self, "remove", os.remove)),
+                    (os, "unlink", _path_wrapper(self, "unlink", os.unlink)),
+                    (shutil, "rmtree", _path_wrapper(self, "rmtree", shutil.rmtree))]
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            wrappers.append((torch, "save", _torch_save_wrapper(self, torch.save)))
+        for owner, name, wrapper in wrappers:
+            self._wrap(owner, name, wrapper)
+
+
+def _path_wrapper(rec: Recorder, kind: str, real: Callable[..., Any], moves: bool = False) -> Callable[..., Any]:
+    """A wrapper of a function whose first argument is the path it acts on (and, when it ``moves``,
+    whose second is where the path goes)."""
+
+    def wrapper(path: Any, *args: Any, **kwargs: Any) -> Any:
+        target = (args[0] if args else kwargs.get("dst")) if moves else None
+        watched = rec.op(kind, path, target)
+        result = real(path, *args, **kwargs)
+        if watched and moves:
+            rec.moved(rec._rel(path), rec._rel(target))
+        return result
+
+    return wrapper
+
+
+def _open_wrapper(rec: Recorder, real: Callable[..., Any]) -> Callable[..., Any]:
+    def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        writing = isinstance(file, (str, bytes, os.PathLike)) and any(c in mode for c in "wax+")
+        if writing and rec.op("open", file):
+            rel = rec._rel(file)
+            if "a" not in mode:
+                rec.written[rel] = 0
+                rec.synced[rel] = 0
+            return _TrackedFile(real(file, mode, *args, **kwargs), rec, rel)
+        return real(file, mode, *args, **kwargs)
+
+    return open_
+
+
+def _os_open_wrapper(rec: Recorder, real: Callable[..., Any]) -> Callable[..., Any]:
+    def os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & _WRITE_FLAGS:
+            rec.op("open", path)
+        return real(path, flags, *args, **kwargs)
+
+    return os_open
+
+
+def _mkdir_wrapper(rec: Recorder, real: Callable[..., Any]) -> Callable[..., Any]:
+    def mkdir(path: Any, *args: Any, **kwargs: Any) -> None:
+        if not os.path.isdir(path):  # makedirs(exist_ok=True) probes existing folders: not an op
+            rec.op("mkdir", path)
+        real(path, *args, **kwargs)
+
+    return mkdir
+
+
+def _fsync_wrapper(rec: Recorder, real: Callable[..., Any]) -> Callable[..., Any]:
+    def fsync(fd: Any) -> None:
+        number = fd if isinstance(fd, int) else fd.fileno()
+        try:
+            path: str | None = os.readlink(f"/proc/self/fd/{number}")
+        except OSError:
+            path = None
+        watched = path is not None and rec.op("fsync", path)
+        real(fd)
+        if watched:
+            rec.fsynced(rec._rel(path))
+
+    return fsync
+
+
+def _torch_save_wrapper(rec: Recorder, real: Callable[..., Any]) -> Callable[..., Any]:
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(f, (str, os.PathLike)) and rec.op("torch.save", f):
+            rel = rec._rel(f)
+            real(obj, f, *args, **kwargs)
+            # torch writes paths from C++ and never fsyncs them: nothing of it is durable.
+            rec.written[rel] = max(1, os.path.getsize(f))
+            rec.synced[rel] = 0
+            return
+        real(obj, f, *args, **kwargs)
+
+    return save
+
+
+class _TrackedFile:
+    """A file object whose write, fsync-relevant size and close are recorded."""
+
+    def __init__(self, raw: Any, rec: Recorder, rel: str | None):
+        self._raw = raw
+        self._rec = rec
+        self._rel = rel
+
+    def write(self, data: Any) -> int:
+        self._rec.op("write", self._raw.name)
+        n = self._raw.write(data)
+        if self._rel is not None:
+            self._rec.wrote(self._rel, len(data) if n is None else n)
+        return n
+
+    def close(self) -> None:
+        if self._raw.closed:
+            return
+        try:
+            self._rec.op("close", self._raw.name)
+        except OSError:
+            _close_dropping_buffer(self._raw)
+            raise
+        self._raw.close()
+
+    def __enter__(self) -> _TrackedFile:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __iter__(self) -> Any:
+        return iter(self._raw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+def _close_dropping_buffer(raw: Any) -> None:
+    """Close ``raw`` now, losing what it still buffers, as a close whose flush fails does.
+
+    Leaving it open instead made the outcome of an injected error at ``close`` depend on the garbage
+    collector: the buffered bytes reached the file whenever the abandoned object was collected before
+    the child exited, and not otherwise, so one cell passed or failed with what ran before it
+    (issue 18). The descriptor is pointed at ``/dev/null`` first, so the flush goes nowhere.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, raw.fileno())
+    finally:
+        os.close(devnull)
+    raw.close()

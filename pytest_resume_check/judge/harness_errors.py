@@ -1,0 +1,71 @@
+"""What an error of the harness itself means for its user: one ``HARNESS`` line that names what happened
+and the fix (issue 26: a full disk, a session folder another session removed, a file name too long for
+the file system and the harness's own bugs were 900-line tracebacks, and the cell vanished from the
+reports). The traceback is kept in the cell's folder for a bug report, not shown.
+"""
+
+from __future__ import annotations
+
+import errno
+import traceback
+from pathlib import Path
+
+from pytest_resume_check.categories import HARNESS
+from pytest_resume_check.records.results import Finding
+
+#: The traceback of a harness error, in the cell's folder.
+TRACEBACK_FILE = "harness-error.txt"
+
+MSG_DISK_FULL = ("HARNESS: the disk under the session folder {root} is full (No space left on device: {what}); the "
+                 "cell was not judged. Free space there, or point --basetemp at a bigger disk")
+MSG_FOLDER_GONE = ("HARNESS: the folder {folder} was removed while the cell ran (a second pytest session with the "
+                   "same --basetemp clears it when it starts); the cell was not judged. Give each session its own "
+                   "--basetemp")
+MSG_NAME_TOO_LONG = ("HARNESS: a file name of the cell is too long for the file system ({what}); shorten the "
+                     "target's name or its case ids")
+MSG_BUG = ("HARNESS: the harness failed while running the cell ({what}); the cell was not judged. This is a bug of "
+           "pytest-resume-check: please report it with the traceback{kept}")
+MSG_WORKER_CRASHED = ("HARNESS: the pytest-xdist worker running this cell crashed ({what}); the cell was not judged. "
+                      "Rerun it alone with its rerun line; a worker that runs out of memory needs fewer workers (-n)")
+
+
+def _what(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
+def harness_finding(exc: BaseException, root: Path, workdir: Path | None, cell_folder: Path | None = None) -> Finding:
+    """The finding of a cell whose running raised ``exc`` inside the harness; its traceback is written to
+    ``workdir/harness-error.txt`` when that can be written. ``cell_folder``: the cell's folder, which went
+    away while it ran."""
+    kept = ""
+    if workdir is not None:
+        try:
+            path = Path(workdir) / TRACEBACK_FILE
+            path.write_text("".join(traceback.format_exception(exc)))
+            kept = f" in {path}"
+        except OSError:
+            pass
+    codes = {getattr(e, "errno", None) for e in _chain(exc)}
+    if not Path(root).is_dir() or cell_folder is not None:
+        return Finding(HARNESS, MSG_FOLDER_GONE.format(folder=root if not Path(root).is_dir() else cell_folder))
+    if errno.ENOSPC in codes or errno.EDQUOT in codes:
+        return Finding(HARNESS, MSG_DISK_FULL.format(root=root, what=_what(exc)))
+    if errno.ENAMETOOLONG in codes:
+        return Finding(HARNESS, MSG_NAME_TOO_LONG.format(what=_what(exc)))
+    return Finding(HARNESS, MSG_BUG.format(what=_what(exc), kept=kept))
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc``, what caused it, and the errors a ``shutil.Error`` collected (as OSErrors with their errno)."""
+    out: list[BaseException] = []
+    while exc is not None and exc not in out:
+        out.append(exc)
+        if type(exc).__name__ == "Error" and exc.args and isinstance(exc.args[0], list):  # shutil.Error
+            for item in exc.args[0]:
+                reason = str(item[-1]) if isinstance(item, tuple) and item else ""
+                for code in (errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG):
+                    if f"[Errno {code}]" in reason:
+                        out.append(OSError(code, reason))
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return out

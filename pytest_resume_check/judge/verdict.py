@@ -1,0 +1,440 @@
+"""Judge an interrupted run against the uninterrupted reference.
+
+Process problems come first (a resumed run that raised, a run that died or hung): with those the
+ledgers mean nothing. Otherwise each ledger the contract names is composed and compared with the
+reference ledger: inputs missing (LOST), inputs taken more often (DUPLICATED), the same inputs with
+other epoch labels (EPOCH), and - for ordered contracts - the same inputs in another order (REORDERED).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from pytest_resume_check.categories import (  # noqa: F401  (re-exported: tests and users import them here)
+    CRASHED,
+    DUPLICATED,
+    EPOCH,
+    HARNESS,
+    HUNG,
+    LOST,
+    NONDETERMINISTIC,
+    PROTOCOL,
+    REORDERED,
+    RESUME_ERROR,
+    SILENT_IO_ERROR,
+    STALE_RESUME,
+    STATE_DIVERGED,
+    TARGET_ERROR,
+    VERDICT_CATEGORIES,
+)
+from pytest_resume_check.judge.state_verdict import (  # noqa: F401  (MSG_* re-exported for tests)
+    MSG_STALE,
+    MSG_STALE_PUBLISHED,
+    MSG_STATE_DIVERGED,
+    MSG_STATE_NONDETERMINISTIC,
+    MSG_UNPUBLISHED,
+    judge_ranks_agree,
+    judge_reference_state,
+    judge_restored,
+    judge_state,
+)
+from pytest_resume_check.records import events as ev
+from pytest_resume_check.records import results as rs
+from pytest_resume_check.records.faults import ERROR
+from pytest_resume_check.records.ledger import Entry, Ledger, ResumeReportMissing, compose
+from pytest_resume_check.records.names import ISOLATION_FORKSERVER
+from pytest_resume_check.records.results import Finding, RunRecord, Verdict
+
+if TYPE_CHECKING:
+    from pytest_resume_check.targets import Contract
+
+#: Headline templates; tests import these rather than repeating the words.
+MSG_LOST = "LOST {n} input{s} after {where}: ids {ids} ({epochs})"
+MSG_DUPLICATED = "DUPLICATED {n} input{s} after {where}: ids {ids} ({epochs})"
+MSG_EPOCH = "EPOCH labels differ for {n} input{s} after {where}: ids {ids} ({detail})"
+MSG_REORDERED = "REORDERED: same inputs, other order after {where}, from position {pos}: {detail}"
+MSG_RESUME_ERROR = "RESUME_ERROR: run {run} raised while resuming: {error}"
+MSG_CRASHED = "CRASHED: {who} {what}"
+MSG_HUNG = "HUNG: {who} sent no event for {timeout} s after step {step}; it was killed"
+MSG_HUNG_AT_START = ("HUNG: {who} sent no event at all within {timeout} s of being forked from the preloaded "
+                     "server; the trainer may not be fork-safe (threads or locks held at fork time): declare "
+                     "the target with isolation='spawn' or run with --resume-matrix-isolation=spawn")
+MSG_HUNG_COMMAND_AT_START = ("HUNG: {who} sent no event at all within {timeout} s: the program ({argv}) never "
+                             "reported; it must call client.connect() and report (resumed, consumed, step_end) "
+                             "as it trains, or it waits for something that never comes (see its log)")
+MSG_HUNG_STALLED = "HUNG: {who}: {what}; it was killed"
+MSG_NONDETERMINISTIC = "NONDETERMINISTIC reference: two uninterrupted runs differ from position {pos}: {detail}"
+MSG_PROTOCOL = "PROTOCOL: {detail}"
+MSG_EMPTY = ("PROTOCOL: the reference run reported no {kind} inputs; the target must call "
+             "run.{kind}(ids, step=..., epoch=...) for what it takes (or drop '{kind}' from its contract)")
+MSG_SILENT_IO = ("SILENT_IO_ERROR: an injected {error} at file operation {op} of the save of step {step} did not "
+                 "fail the run ({what}); the checkpoint may be incomplete and nobody knows")
+MSG_STEPS = "PROTOCOL: the target declares {declared} steps for this case but its reference run took {actual}"
+MSG_CALLS = "PROTOCOL: {who} {what}"
+#: Appended to a failing run's headline when its error is a full disk.
+DISK_FULL = "; the disk is full (No space left on device): free space there or point --basetemp at a bigger disk"
+DISK_FULL_MARKERS = ("No space left on device", "ENOSPC", "[Errno 28]")
+
+MAX_IDS = 10
+#: Categories found by comparing ledgers.
+LEDGER_CATEGORIES = frozenset({LOST, DUPLICATED, EPOCH, REORDERED})
+
+
+def resume_label(step: int | None, path: str | None) -> str:
+    """``resume from global_step_3`` / ``restart from scratch``."""
+    if not step:
+        return "restart from scratch"
+    return f"resume from {os.path.basename(os.path.normpath(path))}" if path else f"resume from step {step}"
+
+
+def judge_reference(first: RunRecord, second: RunRecord | None, declared_steps: int | None,
+                    contract: Contract) -> list[Finding]:
+    """Problems of the reference itself: it must finish, take the declared steps, and repeat."""
+    calls = _call_finding([first, second], lambda i: "the reference run")
+    if calls is not None:
+        return [calls]
+    for rec in (first, second):
+        if rec is not None and rec.outcome != rs.DONE:
+            return [_process_finding(rec, "the reference run", resumed=False)]
+    for kind in contract.ledgers:
+        if not Ledger.from_events(first.events, kind):
+            return [Finding(PROTOCOL, MSG_EMPTY.format(kind=kind))]
+    if declared_steps is not None and first.last_step != declared_steps:
+        return [Finding(PROTOCOL, MSG_STEPS.format(declared=declared_steps, actual=first.last_step))]
+    if second is not None:
+        for kind in contract.ledgers:
+            a = Ledger.from_events(first.events, kind)
+            b = Ledger.from_events(second.events, kind)
+            if _keys(a) != _keys(b):
+                pos = _first_difference(_keys(a), _keys(b))
+                return [Finding(NONDETERMINISTIC, MSG_NONDETERMINISTIC.format(
+                    pos=pos, detail=_pair_detail(a, b, pos)), kind, position=pos)]
+        state = judge_reference_state(first, second)
+        if state is not None:
+            return [state]
+    return []
+
+
+def judge(reference: RunRecord, runs: Sequence[RunRecord], contract: Contract,
+          newest_complete: int | None = None) -> Verdict:
+    """Judge the interrupted ``runs`` (first, then each resumed one) against ``reference``.
+
+    ``newest_complete``: for a fault in a save, the newest checkpoint that was complete at the fault;
+    the first resumed run must not start from anything older (STALE_RESUME).
+    """
+    verdict = Verdict()
+    #: A resume at another world size: judged by the elastic contract, each epoch's inputs exactly once.
+    elastic = any(r.plan.world_size != reference.plan.world_size for r in runs)
+    calls = _call_finding(runs, lambda i: f"run {i + 1} of {len(runs)}")
+    if calls is not None:
+        verdict.findings.append(calls)
+        return verdict
+    fault = runs[0].plan.faults if runs else None
+    if fault is not None and fault.mode == ERROR and runs[0].outcome != rs.RAISED:
+        verdict.findings.append(Finding(SILENT_IO_ERROR, MSG_SILENT_IO.format(
+            error=os.strerror(fault.errno or 5), op=fault.op, step=fault.step, what=runs[0].describe())))
+        return verdict
+    disagree = judge_ranks_agree(runs)
+    if disagree is not None:
+        verdict.findings.append(disagree)
+    for index, rec in enumerate(runs):
+        if rec.outcome in (rs.DONE, rs.KILLED, rs.CONVERGED):
+            continue
+        if index == 0 and fault is not None and rec.outcome == rs.RAISED:
+            continue  # the injected I/O error made the save fail loudly, as it must
+        who = f"run {index + 1} of {len(runs)}"
+        verdict.findings.append(_process_finding(rec, who, resumed=rec.plan.is_resume, run=index + 1))
+        return verdict
+    if disagree is not None:
+        return verdict  # the ledgers of ranks at different steps say nothing more
+    if runs and runs[-1].outcome not in rs.FINISHED:
+        verdict.findings.append(Finding(PROTOCOL, MSG_PROTOCOL.format(detail="the last run was killed")))
+        return verdict
+    restored = judge_restored(runs, newest_complete)
+    verdict.findings.extend(restored)
+    if any(f.category == PROTOCOL for f in restored):
+        return verdict  # cut at a step no run reached, the ledgers mean nothing
+    for kind in contract.ledgers:
+        ref = Ledger.from_events(reference.events, kind)
+        try:
+            comp, resumed_from = compose([r.events for r in runs], kind)
+        except ResumeReportMissing as exc:
+            verdict.findings.append(Finding(PROTOCOL, MSG_PROTOCOL.format(detail=exc)))
+            return verdict
+        converged = runs[-1].converged_step if runs else None
+        if converged is not None:
+            # From here the resumed run's state equals the reference's: the reference's rest is its rest.
+            tail = (Entry(e.id, e.step, e.epoch, len(runs), e.rank) for e in ref if e.step > converged)
+            comp = Ledger(comp + Ledger(tail))
+        verdict.resumed_from = resumed_from
+        verdict.resume_labels = [resume_label(r.resumed_step, r.resumed_path) for r in runs[1:]]
+        if kind == contract.ledgers[0]:
+            verdict.reference, verdict.composite = ref, comp
+        found = compare(ref, comp, contract.ordered and not elastic, kind, verdict.resume_labels, resumed_from)
+        if not found and ref.ranks and not elastic:
+            # The global ledger agrees; each rank must also have taken its own inputs (ranks that swap
+            # inputs pass a set comparison of the whole).
+            for rank in ref.ranks:
+                found = [_on_rank(f, rank) for f in compare(ref.of_rank(rank), comp.of_rank(rank), contract.ordered,
+                                                            kind, verdict.resume_labels, resumed_from)]
+                if found:
+                    break
+        verdict.findings.extend(found)
+    if elastic:
+        return verdict  # another world size trains on other batches: the state cannot equal the reference's
+    state = judge_state(reference, runs, verdict.resume_labels)
+    inputs_differ = [f.step for f in verdict.findings if f.category in LEDGER_CATEGORIES and f.step is not None]
+    if state is not None and (not inputs_differ or state.step < min(inputs_differ)):
+        # State that differs only from where the inputs did is their consequence, not a second finding.
+        verdict.findings.append(state)
+    return verdict
+
+
+def compare(ref: Ledger, comp: Ledger, ordered: bool, kind: str = "consumed",
+            labels: Sequence[str] = (), resumed_from: Sequence[int] = ()) -> list[Finding]:
+    """Findings of one ledger against its reference (empty when they agree under the contract).
+
+    Entries are matched by (id, epoch). What is left over is an epoch *label* difference only where the
+    same id stands in the same place (step and position within it) with another epoch, and more of its
+    epoch's leftovers do so than not. Everything else left over is LOST (reference entries) or
+    DUPLICATED (composite entries beyond the reference's count: the later occurrences, so the resume
+    named is the one that took them again). A resumed run that replays an epoch from another place
+    reads as inputs taken twice and inputs never taken, not as a wrong epoch counter (issue 19); one
+    that trains on exactly the reference's inputs under another epoch number reads as EPOCH.
+    """
+    ref_keys, comp_keys = _keys(ref), _keys(comp)
+    missing, extra, pairs = _leftovers(ref_keys, comp_keys, _slots(ref), _slots(comp))
+    missing, extra, pairs = _by_chance(ref_keys, comp_keys, missing, extra, pairs)
+    pos = _first_difference(ref_keys, comp_keys)
+    findings = []
+    lost = [ref[i] for i in missing]
+    if lost:
+        findings.append(_id_finding(LOST, MSG_LOST, lost, _where_step(lost[0].step, labels, resumed_from),
+                                    kind, pos))
+    duplicated = [comp[j] for j in extra]
+    if duplicated:
+        findings.append(_id_finding(DUPLICATED, MSG_DUPLICATED, duplicated, _where_run(duplicated[0].run, labels),
+                                    kind, pos))
+    if pairs:
+        ids = list(dict.fromkeys(ref[i].id for i, _ in pairs))
+        detail = ", ".join(f"{ref[i].id}: epoch {comp[j].epoch} instead of {ref[i].epoch}" for i, j in pairs[:3])
+        findings.append(Finding(EPOCH, MSG_EPOCH.format(
+            n=len(pairs), s=_s(len(pairs)), where=_where_run(comp[pairs[0][1]].run, labels),
+            ids=_id_list(ids), detail=detail), kind, tuple(ids), pos, min(ref[i].step for i, _ in pairs)))
+    if not findings and ordered and pos is not None:
+        where = _where_run(comp[pos].run, labels) if pos < len(comp) else _where_run(len(labels), labels)
+        findings.append(Finding(REORDERED, MSG_REORDERED.format(
+            where=where, pos=pos, detail=_pair_detail(ref, comp, pos)), kind, position=pos,
+            step=(ref[pos] if pos < len(ref) else comp[pos]).step))
+    return findings
+
+
+def _by_chance(ref_keys: Sequence[tuple[Any, Any]], comp_keys: Sequence[tuple[Any, Any]], missing: list[int],
+               extra: list[int], pairs: list[tuple[int, int]]) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """Missing, extra and label pairs, with the pairs that are chance moved back to missing and extra.
+
+    Pairs are grouped by (reference epoch, composite epoch). In a group where at least as many entries
+    stayed unpaired as paired, the data itself differs (a shuffled replay puts an id back in its place now
+    and then): all of it reads as LOST and DUPLICATED, not as a few wrong labels."""
+    groups: dict[tuple[Any, Any], list[tuple[int, int]]] = {}
+    for i, j in pairs:
+        groups.setdefault((ref_keys[i][1], comp_keys[j][1]), []).append((i, j))
+    chance = set()
+    for (a, b), group in groups.items():
+        unpaired = max(sum(1 for i in missing if ref_keys[i][1] == a), sum(1 for j in extra if comp_keys[j][1] == b))
+        if unpaired >= len(group):
+            chance.update(group)
+    if not chance:
+        return missing, extra, pairs
+    return (sorted([*missing, *(i for i, _ in chance)]), sorted([*extra, *(j for _, j in chance)]),
+            [p for p in pairs if p not in chance])
+
+
+def _slots(ledger: Sequence[Any]) -> list[tuple[Any, int, int]]:
+    """For each entry (an :class:`Entry` or a JSON row ``[id, step, epoch, run]``): its id, its step and
+    its position among the entries of that step."""
+    seen: Counter = Counter()
+    out = []
+    for entry in ledger:
+        ident, step = (entry.id, entry.step) if isinstance(entry, Entry) else (_key(entry[0]), entry[1])
+        out.append((ident, step, seen[step]))
+        seen[step] += 1
+    return out
+
+
+def _leftovers(ref_keys: Sequence[tuple[Any, Any]], comp_keys: Sequence[tuple[Any, Any]],
+               ref_slots: Sequence[tuple[Any, int, int]], comp_slots: Sequence[tuple[Any, int, int]],
+               ) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """Indices of reference entries without a match, of composite entries beyond the reference's count,
+    and the (reference, composite) index pairs among them that differ only in their epoch label."""
+    ref_missing = [i for i, flag in enumerate(_beyond(ref_keys, Counter(comp_keys))) if flag]
+    comp_extra = [j for j, flag in enumerate(_beyond(comp_keys, Counter(ref_keys))) if flag]
+    free = {comp_slots[j]: j for j in comp_extra}
+    pairs = []
+    for i in ref_missing:
+        j = free.get(ref_slots[i])
+        if j is not None and comp_keys[j][1] != ref_keys[i][1]:
+            pairs.append((i, j))
+            del free[ref_slots[i]]
+    paired_ref, paired_comp = {i for i, _ in pairs}, {j for _, j in pairs}
+    return ([i for i in ref_missing if i not in paired_ref], [j for j in comp_extra if j not in paired_comp],
+            pairs)
+
+
+#: Marks of one ledger entry (:func:`entry_marks`): matched, or why not.
+MARK_OK, MARK_LOST, MARK_DUPLICATED, MARK_REORDERED, MARK_EPOCH = ".", "L", "D", "R", "E"
+
+
+def entry_marks(reference: Sequence[Sequence[Any]], composite: Sequence[Sequence[Any]]) -> tuple[str, str]:
+    """Marks for each entry of both ledgers (rows ``[id, step, epoch, run]``), one character each.
+
+    Entries are matched as :func:`compare` matches them: a reference entry without a match is ``LOST``;
+    a composite entry beyond the reference's count is ``DUPLICATED``; an unmatched pair with the same id
+    in the same place but another epoch is ``EPOCH``. When nothing is missing or extra, composite
+    entries that stand where the reference has another input are ``REORDERED``.
+    """
+    ref_keys = [(_key(r[0]), r[2]) for r in reference]
+    comp_keys = [(_key(r[0]), r[2]) for r in composite]
+    missing, extra, pairs = _leftovers(ref_keys, comp_keys, _slots(reference), _slots(composite))
+    missing, extra, pairs = _by_chance(ref_keys, comp_keys, missing, extra, pairs)
+    ref_marks, comp_marks = [MARK_OK] * len(ref_keys), [MARK_OK] * len(comp_keys)
+    for i in missing:
+        ref_marks[i] = MARK_LOST
+    for j in extra:
+        comp_marks[j] = MARK_DUPLICATED
+    for i, j in pairs:
+        ref_marks[i] = comp_marks[j] = MARK_EPOCH
+    if missing or extra or pairs:
+        return "".join(ref_marks), "".join(comp_marks)
+    order = "".join(MARK_REORDERED if i >= len(ref_keys) or k != ref_keys[i] else MARK_OK
+                    for i, k in enumerate(comp_keys))
+    return "".join(ref_marks), order
+
+
+def _key(value: Any) -> Any:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value
+
+
+def _beyond(keys: list[tuple[Any, Any]], available: Counter) -> list[bool]:
+    """For each key in order: is this occurrence beyond what ``available`` holds of it?"""
+    seen: Counter = Counter()
+    out = []
+    for k in keys:
+        seen[k] += 1
+        out.append(seen[k] > available[k])
+    return out
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+def _call_finding(runs: Sequence[RunRecord | None], who: Any) -> Finding | None:
+    """The first report call a run made out of order (``resumed`` twice, inputs after ``step_end``, a
+    step past the case's last): the ledgers of such a run mean nothing."""
+    for index, rec in enumerate(runs):
+        text = next((e.text for e in rec.events if e.kind == ev.PROTOCOL), None) if rec is not None else None
+        if text:
+            return Finding(PROTOCOL, MSG_CALLS.format(who=who(index), what=text))
+    return None
+
+
+def _process_finding(rec: RunRecord, who: str, resumed: bool, run: int = 0) -> Finding:
+    if rec.outcome == rs.HUNG and not rec.events and rec.plan.command is not None:
+        return Finding(HUNG, MSG_HUNG_COMMAND_AT_START.format(who=who, timeout=f"{rec.hang_timeout:g}",
+                                                              argv=" ".join(rec.plan.command.argv)))
+    if rec.outcome == rs.HUNG and not rec.events and rec.isolation == ISOLATION_FORKSERVER:
+        return Finding(HUNG, MSG_HUNG_AT_START.format(who=who, timeout=f"{rec.hang_timeout:g}"))
+    if rec.outcome == rs.HUNG and rec.stalled:
+        return Finding(HUNG, MSG_HUNG_STALLED.format(who=who, what=rec.stalled))
+    if rec.outcome == rs.HUNG:
+        return Finding(HUNG, MSG_HUNG.format(who=who, timeout=f"{rec.hang_timeout:g}", step=rec.last_step))
+    disk = DISK_FULL if any(m in (rec.error or "") for m in DISK_FULL_MARKERS) else ""
+    if rec.outcome == rs.RAISED and resumed:
+        return Finding(RESUME_ERROR, MSG_RESUME_ERROR.format(run=run, error=_last_line(rec.error)) + disk)
+    return Finding(CRASHED, MSG_CRASHED.format(who=who, what=rec.describe()) + disk)
+
+
+def _last_line(text: str | None) -> str:
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else "(no traceback)"
+
+
+def _keys(ledger: Ledger) -> list[tuple[Any, int]]:
+    return [(e.id, e.epoch) for e in ledger]
+
+
+def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _where_run(run: int, labels: Sequence[str]) -> str:
+    """The label of the resume that started run ``run`` (0 is the first run: its first resume)."""
+    if not labels:
+        return "the run"
+    return labels[min(max(run, 1), len(labels)) - 1]
+
+
+def _where_step(step: int, labels: Sequence[str], resumed_from: Sequence[int]) -> str:
+    """The label of the last resume before ``step`` (the first one if none is before it)."""
+    if not labels:
+        return "the run"
+    chosen = labels[0]
+    for label, at in zip(labels, resumed_from):
+        if at < step:
+            chosen = label
+    return chosen
+
+
+def _on_rank(finding: Finding, rank: int) -> Finding:
+    """A finding of one rank's own ledger, saying so (``REORDERED on rank 1: ...``)."""
+    if " on rank" in finding.headline:
+        return finding
+    head, sep, rest = finding.headline.partition(":")
+    return replace(finding, headline=f"{head} on rank {rank}{sep}{rest}" if finding.category == REORDERED
+                   else finding.headline.replace(" after ", f" on rank {rank} after ", 1))
+
+
+def _ranks_text(entries: Sequence[Entry]) -> str:
+    """`` on rank 1`` / `` on ranks 0, 1`` for entries of a multi-rank run ('' for one process)."""
+    ranks = sorted({e.rank for e in entries if e.rank is not None})
+    if not ranks:
+        return ""
+    return f" on rank {ranks[0]}" if len(ranks) == 1 else " on ranks " + ", ".join(map(str, ranks))
+
+
+def _id_finding(category: str, template: str, entries: list[Entry], where: str, kind: str,
+                pos: int | None) -> Finding:
+    epochs = sorted({e.epoch for e in entries})
+    epoch_text = f"epoch {epochs[0]}" if len(epochs) == 1 else "epochs " + ", ".join(map(str, epochs))
+    ids = list(dict.fromkeys(e.id for e in entries))  # each id once, in order of appearance
+    headline = template.format(n=len(ids), s=_s(len(ids)), where=where, ids=_id_list(ids), epochs=epoch_text)
+    headline = headline.replace(" after ", _ranks_text(entries) + " after ", 1)
+    if len(entries) > len(ids):
+        headline += f"; {len(entries)} occurrences in all"
+    if kind != "consumed":
+        headline += f" [{kind} ledger]"
+    return Finding(category, headline, kind, tuple(ids), pos, min(e.step for e in entries))
+
+
+def _id_list(ids: Sequence[Any]) -> str:
+    shown = ", ".join(str(i) for i in ids[:MAX_IDS])
+    return shown + (f", ... ({len(ids) - MAX_IDS} more)" if len(ids) > MAX_IDS else "")
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
+
+
+def _pair_detail(a: Ledger, b: Ledger, pos: int | None) -> str:
+    if pos is None:
+        return "identical"
+    left = f"{a[pos].id}@e{a[pos].epoch}" if pos < len(a) else "end"
+    right = f"{b[pos].id}@e{b[pos].epoch}" if pos < len(b) else "end"
+    return f"reference has {left}, resumed has {right}"

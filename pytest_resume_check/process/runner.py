@@ -1,0 +1,148 @@
+"""Start and supervise the runs of a session: plans with their paths, the cost counters."""
+
+from __future__ import annotations
+
+import math
+import random
+import socket
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_resume_check.process import starter
+from pytest_resume_check.process import supervisor as sv
+from pytest_resume_check.process.layout import Layout
+from pytest_resume_check.process.services import Services
+from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.faults import FaultPlan
+from pytest_resume_check.records.plan import RESUME_AUTO, KillSpec, RunPlan
+from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT, DONE, RunRecord
+from pytest_resume_check.targets import Target
+
+#: The longest hang limit a run can wait for (about 23 days): ``poll()`` takes at most 2**31 - 1 ms, and a
+#: longer wait crashed every cell (issue 13). Longer limits, ``inf`` and 0 (both: no limit) become this.
+MAX_HANG_TIMEOUT = 2_000_000.0
+
+
+def hang_limit(seconds: float) -> float:
+    """``seconds`` as a hang limit the process layer accepts; nan and negative values raise ValueError."""
+    seconds = float(seconds)
+    if math.isnan(seconds) or seconds < 0:
+        raise ValueError(f"hang_timeout={seconds!r} must be a number of seconds >= 0 (0 or inf: no limit)")
+    return MAX_HANG_TIMEOUT if seconds == 0 else min(seconds, MAX_HANG_TIMEOUT)
+
+
+class Runner:
+    """Makes the plan of each run and runs it; counts runs and trainer steps (for benchmarks)."""
+
+    def __init__(self, seed: int, hang_timeout: float = DEFAULT_HANG_TIMEOUT, isolation: str | None = None,
+                 hang_forced: bool = False):
+        self.seed = seed
+        self.hang_timeout = hang_limit(hang_timeout)
+        #: The session's limit was given on the command line: it wins over the targets' own.
+        self.hang_forced = hang_forced
+        self.isolation = isolation
+        self.steps_executed = 0
+        self.runs_started = 0
+        #: The targets' shared services, started on a target's first plan (:meth:`close` stops them).
+        self.services = Services()
+        #: (target, world size) -> the ranks besides rank 0 that reported step ends in a finished run.
+        self._step_ranks: dict[tuple[str, int], tuple[int, ...]] = {}
+
+    def plan(self, target: Target, case: Mapping[str, Any], workdir: Path, index: int, *, out: Path | None = None,
+             resume_mode: str = RESUME_AUTO, resume_path: str | None = None, kill: KillSpec | None = None,
+             checkpoint_steps: Sequence[int] = (), is_resume: bool = False,
+             converge: Mapping[int, Mapping[str, str]] | None = None, pause_steps: Sequence[int] = (),
+             faults: FaultPlan | None = None, report_state: bool = False, state_values_dir: str | None = None,
+             state_reference_dir: str | None = None, world_size: int | None = None) -> RunPlan:
+        """A plan for run ``index`` of ``target`` whose files live under ``workdir`` (checkpoints in
+        ``out``, by default the layout's for ``resume_mode``). ``report_state``: the run digests the state
+        the target reports (reference and resumed runs); the target's ``state_tolerance`` comes along.
+        ``world_size``: the run's ranks (the target's by default; another number after an elastic kill)."""
+        ckpt = out if out is not None else Layout.out(workdir, resume_mode, index)
+        ckpt.mkdir(parents=True, exist_ok=True)
+        if kill is not None and kill.checkpoint_step:
+            checkpoint_steps = (*checkpoint_steps, kill.checkpoint_step)
+        world = int(world_size or target.world_size)
+        distributed = world > 1 or target.world_size > 1 or bool(target.elastic)
+        if distributed:
+            # One rank stopping early would leave the others waiting in a collective; after an elastic
+            # resume the state cannot equal the reference's.
+            converge = None
+        return RunPlan(
+            target_name=target.name, target_ref=target.ref, case=dict(case), seed=self.seed,
+            checkpoint_dir=str(ckpt), log_path=str(Layout.log(workdir, index)),
+            resume_mode=resume_mode, resume_path=resume_path, checkpoint_steps=frozenset(checkpoint_steps),
+            kill=kill, is_resume=is_resume, converge=dict(converge or {}), pause_steps=frozenset(pause_steps),
+            faults=faults if faults is not None else (kill.fault if kill is not None else None),
+            report_state=report_state, state_tolerance=target.state_tolerance, state_values_dir=state_values_dir,
+            state_reference_dir=state_reference_dir, token=uuid.uuid4().hex, step_limit=_step_limit(target, case),
+            command=target.command, env=self.services.env_for(target, self.hang_limit_of(target)),
+            world_size=world, master_port=free_port() if distributed else 0,
+            step_ranks=self._step_ranks.get((target.name, world)),
+        )
+
+    def run(self, plan: RunPlan, target: Target, on_pause: Callable[[int], None] | None = None) -> RunRecord:
+        """One supervised child run."""
+        isolation = self.isolation or target.isolation
+        starter.check_preload(target.name, target.preload, isolation)  # adds it to the server's preload
+        record = sv.supervise(plan, isolation=isolation, hang_timeout=self.hang_limit_of(target), on_pause=on_pause)
+        self.runs_started += 1
+        self.steps_executed += record.steps_run
+        if plan.world_size > 1 and record.outcome == DONE:  # which ranks report steps (the reference says)
+            ranks = {e.rank for e in record.events if e.kind == ev.STEP_END and e.rank}
+            self._step_ranks.setdefault((target.name, plan.world_size), tuple(sorted(r for r in ranks if r)))
+        return record
+
+    def close(self) -> list[str]:
+        """Stop the services this runner started; returns what went wrong (one line each)."""
+        return self.services.close()
+
+    def hang_limit_of(self, target: Target) -> float:
+        """The hang limit of ``target``'s runs: its own, unless the command line set the session's."""
+        if target.hang_timeout is None or self.hang_forced:
+            return self.hang_timeout
+        return hang_limit(target.hang_timeout)
+
+
+#: Rendezvous ports are drawn below the kernel's ephemeral range (where the ranks' own connections get
+#: their ports), so no connection can take one between the draw and rank 0 binding it.
+PORT_FLOOR = 10000
+#: The OS's randomness: a test session that seeds ``random`` the same in every xdist worker must not
+#: make the workers draw the same ports.
+_PORTS = random.SystemRandom()
+
+
+def free_port() -> int:
+    """A TCP port on loopback that is free now (the rendezvous port of one multi-rank run)."""
+    low = _ephemeral_low()
+    for _ in range(50):
+        port = _PORTS.randrange(PORT_FLOOR, low) if low > PORT_FLOOR else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise RuntimeError(f"no free TCP port on 127.0.0.1 between {PORT_FLOOR} and {low} for a rendezvous")
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+#: A run may take this many times its case's steps before it is stopped as a runaway.
+STEP_LIMIT_FACTOR = 3
+
+
+def _step_limit(target: Target, case: Mapping[str, Any]) -> int | None:
+    """The step no run may pass (None if the case's steps cannot be asked)."""
+    try:
+        return STEP_LIMIT_FACTOR * int(target.steps(case))
+    except Exception:  # a broken steps() is reported where the matrix is built
+        return None

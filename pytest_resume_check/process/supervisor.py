@@ -1,0 +1,307 @@
+"""Parent side of one run: start the child, read its events, kill it when the plan says, enforce the
+hang limit. A run ends in one of the outcomes below; no process of the run outlives this call.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import struct
+import time
+from collections.abc import Callable
+from multiprocessing.connection import wait
+
+from pytest_resume_check.process import starter
+from pytest_resume_check.process.sweep import sweep
+from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.plan import SIGNAL_TERM, RunPlan
+from pytest_resume_check.records.results import (
+    CONVERGED,
+    CRASHED,
+    DEFAULT_HANG_TIMEOUT,
+    DONE,
+    HUNG,
+    KILLED,
+    RAISED,
+    RunRecord,
+)
+
+
+def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HANG_TIMEOUT,
+              on_pause: Callable[[int], None] | None = None) -> RunRecord:
+    """Run ``plan`` in a child process and record what happened. ``on_pause(step)`` is called while
+    the child waits at one of ``plan.pause_steps`` (to copy its checkpoint directory)."""
+    record = RunRecord(plan, hang_timeout=hang_timeout, isolation=isolation)
+    started = time.monotonic()
+    child = starter.start(plan, isolation)
+    record.pid = child.pid
+    interrupted = True
+    try:
+        _read_events(child, record, hang_timeout, on_pause, started)
+        interrupted = False
+    except _BadFrame as bad:  # something wrote to the channel that is no event: the run's word is void
+        record.events.append(ev.Event(ev.PROTOCOL, text=ERR_BAD_FRAME.format(detail=bad)))
+        record.outcome = CRASHED
+    finally:
+        # Interrupted (Ctrl-C, an error in the parent): kill at once, never wait for a paused child.
+        if interrupted or record.outcome in (KILLED, HUNG):
+            child.kill()
+            record.exitcode = child.process.exitcode
+        else:
+            record.exitcode = child.reap()
+        server = starter.server_pid() if isolation == starter.ISOLATION_FORKSERVER else None
+        record.leftovers = sweep(plan.token, server)
+        record.seconds = time.monotonic() - started
+    if record.outcome == CRASHED and record.exitcode == 0 and not record.events:
+        record.error = "the child exited without sending any event"
+    return record
+
+
+#: Seconds between checks that a silent child still lives.
+LIVENESS_POLL = 0.5
+
+
+def _read_events(child: starter.Child, record: RunRecord, hang_timeout: float,
+                 on_pause: Callable[[int], None] | None, started: float) -> None:
+    sentinel = child.process.sentinel
+    last_event = time.monotonic()
+    while True:
+        # Short waits: a process the run detached may hold the channel and the sentinel open after
+        # the child died (spawn hands the sentinel down), so whether it lives is also asked directly.
+        ready = wait([child.conn, sentinel], timeout=LIVENESS_POLL)
+        if not ready:
+            if child.process.exitcode is not None:
+                ready = [sentinel]
+            elif hang_timeout and time.monotonic() - last_event > hang_timeout:
+                record.outcome = HUNG
+                record.error = f"no event for {hang_timeout:g} s (hang limit) after step {record.last_step}"
+                return
+            else:
+                continue
+        if child.conn in ready:
+            last_event = time.monotonic()
+            try:
+                received = _receive(child, hang_timeout)
+            except (EOFError, OSError):
+                _finish(record)
+                return
+            if record.first_event_seconds is None:
+                record.first_event_seconds = time.monotonic() - started
+            for event in received:
+                if event.kind != ev.PAUSED:
+                    record.events.append(event)
+                if event.kind == ev.STEP_END and record.first_step_seconds is None:
+                    record.first_step_seconds = time.monotonic() - started
+                if event.kind == ev.PAUSED:
+                    # What a kill here would leave: the other ranks past the step, every process stopped.
+                    if not _wait_for_peers(child, record, event.step or 0, hang_timeout, "paused for a snapshot"):
+                        return
+                    record.events.append(event)
+                    if on_pause is not None:
+                        with starter.frozen(child.pid):
+                            on_pause(event.step or 0)
+                    child.resume()
+                elif event.kind == ev.KILL_READY:
+                    record.outcome = KILLED
+                    kill = record.plan.kill
+                    if kill is not None and event.extra.get("signal") == SIGNAL_TERM:
+                        _preempt(child, record, kill.grace)
+                    elif kill is not None and kill.rank is not None and record.plan.world_size > 1:
+                        _kill_one_rank(child, record, kill.rank, int(event.extra["pid"]))
+                    elif kill is not None and kill.fault is None and record.plan.world_size > 1:
+                        if _wait_for_peers(child, record, kill.kill_step, hang_timeout, "waited at the kill point"):
+                            record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL",
+                                                          extra={"signal": "kill", "ranks_past": _awaited(record)}))
+                    return
+                elif event.kind in (ev.DONE, ev.ERROR, ev.CONVERGED):
+                    _finish(record)
+                    return
+        elif sentinel in ready:
+            # The child is gone; its loader workers may still hold the channel open. Drain what
+            # was written before the exit, then decide.
+            _drain_written(child, record)
+            _finish(record)
+            return
+
+
+#: Seconds a multi-rank run's launcher gets to end the other ranks after one was killed.
+TEARDOWN_TIMEOUT = 10.0
+
+
+def _rank_pids(child: starter.Child, record: RunRecord) -> list[int]:
+    """The processes of the run's ranks (the child itself in a one-process run)."""
+    pids = next((e.extra.get("pids") for e in record.events if e.kind == ev.RANKS), None)
+    return [int(p) for p in pids] if pids else [child.pid]
+
+
+def _signal(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def _preempt(child: starter.Child, record: RunRecord, grace: float) -> None:
+    """Preemption: SIGTERM to every rank, let the reporting call return, and keep recording what the
+    run does until it exits or ``grace`` seconds have passed (the caller then SIGKILLs its group)."""
+    _signal(_rank_pids(child, record), signal.SIGTERM)
+    record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGTERM",
+                                  extra={"signal": SIGNAL_TERM, "grace": grace}))
+    child.resume()
+    _drain_until(child, record, time.monotonic() + grace)
+
+
+def _kill_one_rank(child: starter.Child, record: RunRecord, rank: int, pid: int) -> None:
+    """SIGKILL one rank alone and give the launcher :data:`TEARDOWN_TIMEOUT` to end the others, as
+    torchrun's agent does; ``record.teardown`` says who ended them (the caller kills what is left)."""
+    _signal([pid], signal.SIGKILL)
+    started = time.monotonic()
+    record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL",
+                                  extra={"signal": "kill", "rank": rank, "pid": pid}))
+    _drain_until(child, record, started + TEARDOWN_TIMEOUT)
+    if child.process.exitcode is not None:
+        took = time.monotonic() - started
+        record.teardown = f"the launcher ended the other ranks {took:.2f} s after rank {rank} died"
+    else:
+        record.teardown = (f"the launcher had not ended the other ranks {TEARDOWN_TIMEOUT:g} s after rank {rank} died; "
+                           "the harness killed them")
+
+
+def _awaited(record: RunRecord) -> list[int]:
+    """The ranks besides rank 0 whose step ends an all-ranks kill or a snapshot waits for: those that
+    report steps (learned from a finished run of the target; all of them until one finished), but not a
+    rank that said it resumed from another step than rank 0 (its steps are not rank 0's: the verdict says
+    STALE_RESUME, and waiting for a step it may never number so would only delay that)."""
+    plan = record.plan
+    ranks = range(1, plan.world_size) if plan.step_ranks is None else plan.step_ranks
+    resumed = record.resumed_by_rank
+    lead = resumed.get(0, (None, None))[0]
+    return sorted(r for r in ranks if 0 < r < plan.world_size and resumed.get(r, (lead, None))[0] == lead)
+
+
+def _wait_for_peers(child: starter.Child, record: RunRecord, step: int, hang_timeout: float, doing: str) -> bool:
+    """Before killing every rank at once, or copying what a shared first run saved: wait until every other
+    rank that reports steps has reported the end of ``step`` (the kill point's), so all their reports up
+    to the kill point are on the channel and their part of its checkpoint is written (issue 26: a fixed
+    wait of 2 s lost rank 1's last step on a loaded machine). In a loop whose ranks run the same code
+    they get there while rank 0 waits. True when they did; otherwise the run's outcome says what
+    happened instead (it ended by itself, or a rank did not get there within the hang limit: ``HUNG``)."""
+    awaited = set(_awaited(record))
+
+    def past() -> bool:
+        done = {e.rank for e in record.events if e.kind == ev.STEP_END and e.rank in awaited and (e.step or 0) >= step}
+        return done >= awaited
+
+    if not awaited or past():
+        return True
+    _drain_until(child, record, time.monotonic() + hang_timeout, past)
+    if past():
+        return True
+    if child.process.exitcode is not None:  # a rank died meanwhile and the launcher ended the run
+        _finish(record)
+        return False
+    missing = sorted(awaited - {e.rank for e in record.events if e.kind == ev.STEP_END and (e.step or 0) >= step})
+    record.outcome = HUNG
+    record.stalled = ERR_PEERS.format(ranks=", ".join(map(str, missing)), s="s" if len(missing) > 1 else "",
+                                      step=step, limit=hang_timeout, doing=doing)
+    return False
+
+
+#: A rank that never reached the step of rank 0's kill point (or snapshot).
+ERR_PEERS = ("rank{s} {ranks} did not report the end of step {step} within the hang limit ({limit:g} s) while "
+             "rank 0 {doing}; every rank must report run.step_end(step) before it needs rank 0 again (in the "
+             "next step's collectives), or raise the limit with --resume-matrix-hang-timeout")
+
+
+def _drain_until(child: starter.Child, record: RunRecord, deadline: float,
+                 until: Callable[[], bool] | None = None) -> None:
+    """Record the run's events until its process exits, ``deadline`` passes or ``until()`` holds."""
+    sentinel = child.process.sentinel
+    while time.monotonic() < deadline and not (until is not None and until()):
+        ready = wait([child.conn, sentinel], timeout=min(LIVENESS_POLL, max(0.0, deadline - time.monotonic())))
+        if child.conn in ready:
+            try:
+                record.events.extend(_receive(child, max(LIVENESS_POLL, deadline - time.monotonic())))
+            except (EOFError, OSError):  # every process of the run closed the channel: it is exiting
+                child.wait_exit(max(0.0, deadline - time.monotonic()))
+                return
+        elif sentinel in ready or child.process.exitcode is not None:
+            _drain_written(child, record)
+            return
+
+
+def _drain_written(child: starter.Child, record: RunRecord) -> None:
+    """Record what an exited child wrote to the channel before it went (without waiting for more)."""
+    while child.conn.poll(0):
+        try:
+            record.events.extend(_receive(child, LIVENESS_POLL, alive=False))
+        except (EOFError, OSError):
+            break
+
+
+#: The largest message the channel takes: a step's batch of reports is far smaller (batches are written at
+#: least once a second); a larger length is something else writing to the channel.
+MAX_FRAME = 256 * 1024 * 1024
+ERR_BAD_FRAME = ("wrote something to the harness's event channel that is no event ({detail}); the channel's "
+                 "descriptor belongs to the harness: a trainer must not write to descriptors it did not open")
+
+
+class _BadFrame(Exception):
+    """What came over the channel is not a message of events."""
+
+
+def _receive(child: starter.Child, timeout: float, alive: bool = True) -> list[ev.Event]:
+    """The events of the next channel message (one is ready to be read); raises EOFError when the channel
+    is closed and :class:`_BadFrame` when the message is no events: a length beyond :data:`MAX_FRAME`, bytes
+    that do not decode, or a message that does not arrive in full within ``timeout`` seconds while the run
+    lives (a length made up by something else writing to the channel). Read from the descriptor itself, as
+    multiprocessing frames it (a 4-byte big-endian length, -1 and 8 more bytes for longer ones), so no read
+    waits longer than ``timeout``. Of a run that exited (``alive`` False), a cut message is its end."""
+    fd = child.conn.fileno()
+    deadline = time.monotonic() + timeout
+    size = struct.unpack("!i", _read_exactly(fd, 4, deadline, alive))[0]
+    if size == -1:
+        size = struct.unpack("!Q", _read_exactly(fd, 8, deadline, alive))[0]
+    if not 0 <= size <= MAX_FRAME:
+        raise _BadFrame(f"a message length of {size} bytes")
+    raw = _read_exactly(fd, size, deadline, alive)
+    try:
+        return _decode(raw)
+    except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+        raise _BadFrame(f"{len(raw)} bytes: {type(exc).__name__}: {str(exc)[:120]}") from None
+
+
+def _read_exactly(fd: int, n: int, deadline: float, alive: bool) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            if alive:
+                raise _BadFrame(f"a message of {n} bytes that did not arrive in full")
+            raise EOFError("the run ended in the middle of a message")
+        chunk = os.read(fd, min(n - got, 1 << 20))
+        if not chunk:
+            raise EOFError("the channel closed in the middle of a message")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _decode(raw: bytes) -> list[ev.Event]:
+    """One channel message holds one or more events, one JSON object a line."""
+    return [ev.Event.from_wire(line) for line in raw.split(b"\n") if line]
+
+
+def _finish(record: RunRecord) -> None:
+    kinds = [e.kind for e in record.events]
+    if ev.ERROR in kinds:
+        record.outcome = RAISED
+        record.error = next(e.text for e in record.events if e.kind == ev.ERROR)
+    elif ev.DONE in kinds:
+        record.outcome = DONE
+    elif ev.CONVERGED in kinds:
+        record.outcome = CONVERGED
+    else:
+        record.outcome = CRASHED

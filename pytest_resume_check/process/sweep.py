@@ -1,0 +1,159 @@
+"""Finding and killing what runs leave behind: processes that escaped a run's process group, and, at
+the end of a session, the fork server and the resource tracker this process started.
+
+A run's process group covers the child and what it forks, but not a helper that calls ``setsid()`` or
+double-forks into a daemon. Such escapees are found two ways after every run (Linux only: ``/proc``;
+elsewhere the process group is all there is):
+
+- **By parent.** The fork server is a subreaper: an orphan of a run it forked is re-parented to it,
+  not to PID 1. Between runs the server has no children of its own, so every child it has then
+  escaped a run.
+- **By environment.** Each run carries a token in its environment (:data:`RUN_TOKEN_ENV`); a process
+  that was *exec*'d from a run (a ``subprocess``, a spawned run's interpreter) shows it in
+  ``/proc/PID/environ``, which holds the environment a process was exec'd with (forked children without
+  an exec show their ancestor's, hence the first way).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+from pytest_resume_check.records.names import RUN_TOKEN_ENV
+
+#: The environment variable that marks every process of one run (value: the run's token).
+PROC = "/proc"
+
+
+def escaped(token: str, server_pid: int | None = None, variable: str = RUN_TOKEN_ENV) -> list[int]:
+    """Live pids (never this process, never zombies) carrying ``token`` in their environment (as
+    ``variable``), or children of ``server_pid``."""
+    if not os.path.isdir(PROC):
+        return []
+    needle = f"{variable}={token}".encode() + b"\0" if token else None
+    me = os.getpid()
+    found = []
+    for name in os.listdir(PROC):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"{PROC}/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[-1].split()
+            if fields[0] == b"Z":
+                continue  # dead already; its parent reaps it
+            if server_pid and int(fields[1]) == server_pid:
+                found.append(int(name))
+            elif needle is not None:
+                with open(f"{PROC}/{name}/environ", "rb") as f:
+                    if needle in f.read() + b"\0":
+                        found.append(int(name))
+        except (OSError, IndexError, ValueError):  # gone, or another user's process
+            continue
+    return found
+
+
+def group_not_stopped(pgid: int) -> list[int]:
+    """Threads (by id) of the processes of group ``pgid`` that are neither stopped nor dead. Empty
+    without ``/proc``: the caller then cannot check and goes on."""
+    if not os.path.isdir(PROC):
+        return []
+    running = []
+    for name in os.listdir(PROC):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{PROC}/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[-1].split()
+            if int(fields[2]) != pgid:
+                continue
+            for task in os.listdir(f"{PROC}/{name}/task"):
+                with open(f"{PROC}/{name}/task/{task}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[-1].split()[0]
+                if state not in (b"T", b"t", b"Z", b"X"):
+                    running.append(int(task))
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+    return running
+
+
+def sweep(token: str, server_pid: int | None = None, timeout: float = 10.0) -> int:
+    """SIGKILL every process :func:`escaped` finds until none is left; return how many there were."""
+    return kill_until_gone(lambda: escaped(token, server_pid), timeout)
+
+
+def kill_until_gone(find: Callable[[], Iterable[int]], timeout: float = 10.0, reap: bool = False) -> int:
+    """SIGKILL what ``find()`` returns until it returns nothing (or ``timeout`` passes); how many were
+    killed. ``reap``: also reap those that are this process's children (else they stay its zombies)."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = set(find())
+        if not alive:
+            break
+        for pid in alive:
+            killed.add(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if reap:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+        time.sleep(0.01)
+    return len(killed)
+
+
+@contextlib.contextmanager
+def environment(name: str, value: str) -> Iterator[None]:
+    """``name=value`` in this process's environment while the block runs: what is exec'd meanwhile
+    inherits it (a run's or a service's token, the fork server's preload list)."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
+def stop_servers() -> None:
+    """Stop the fork server and the resource tracker this process started (if any), without waiting on
+    a process that something else keeps alive: each is told to stop, killed, then reaped."""
+    import multiprocessing.forkserver
+    import multiprocessing.resource_tracker
+
+    server = multiprocessing.forkserver._forkserver
+    address = server._forkserver_address
+    _stop(server, "_forkserver_pid", "_forkserver_alive_fd")
+    if address and not address.startswith("\0"):
+        try:
+            os.unlink(address)
+        except OSError:
+            pass
+    server._forkserver_address = None
+    _stop(multiprocessing.resource_tracker._resource_tracker, "_pid", "_fd")
+
+
+def _stop(holder: object, pid_attr: str, fd_attr: str) -> None:
+    """Close the pipe that keeps a helper process alive, SIGKILL it, reap it, forget it."""
+    pid, fd = getattr(holder, pid_attr, None), getattr(holder, fd_attr, None)
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        setattr(holder, fd_attr, None)
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError, PermissionError):
+            pass
+        setattr(holder, pid_attr, None)

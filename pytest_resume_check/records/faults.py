@@ -1,0 +1,156 @@
+"""Faults in a checkpoint save, as the parent plans them and as it applies their after-effects.
+
+While a target saves the watched checkpoint, every file operation under the run's checkpoint directory
+is an *op*: ``open`` for writing, each ``write``, ``close``, ``fsync``, ``replace``/``rename``,
+``mkdir``, ``remove``/``unlink``/``rmtree`` and ``torch.save`` to a path. The child side, which sees
+and counts those ops, is :mod:`pytest_resume_check.child.recorder`; this module is the parent side and plain
+data.
+
+A :class:`FaultPlan` says what happens at op ``i`` of that save:
+
+- ``record``: nothing; the ops are reported (``file_op`` events) so the matrix can enumerate them.
+- ``crash``: the run is SIGKILLed right before op ``i`` (``i == len(ops)``: after the last op, before
+  the checkpoint is reported).
+- ``power``: like ``crash``, then every file of the save loses what was written to it after its
+  last fsync (it keeps its name); :class:`DiskDamage` names those files.
+- ``torn``: like ``crash``, then the named file is cut to half its bytes under its final name.
+- ``error``: op ``i`` raises ``OSError(errno)`` instead of happening (and every later op too when
+  ``persistent``): the save must fail loudly.
+"""
+
+from __future__ import annotations
+
+import errno as errno_codes
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+RECORD = "record"
+CRASH = "crash"
+POWER = "power"
+TORN = "torn"
+ERROR = "error"
+MODES = (RECORD, CRASH, POWER, TORN, ERROR)
+
+ERRNOS = {"enospc": errno_codes.ENOSPC, "eio": errno_codes.EIO}
+#: Marker in injected errors, so the verdict can tell them from the target's own failures.
+INJECTED = "[injected by pytest-resume-check]"
+
+#: Keys of the ``extra`` of a kill-ready event sent from inside a watched save.
+EXTRA_OPS_DONE = "ops_done"
+EXTRA_UNSYNCED = "unsynced"  # {relative path: bytes fsynced}, for power loss
+EXTRA_TORN = "torn"  # relative path of the file to tear
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """What to do during the save of checkpoint ``step``."""
+
+    step: int
+    mode: str = RECORD
+    op: int | None = None
+    errno: int | None = None
+    persistent: bool = False
+    file: str | None = None  # torn: the path (relative to the checkpoint dir) to cut
+    total: int | None = None  # ops of this save as recorded (known when the matrix is built)
+
+    @property
+    def label(self) -> str:
+        """``op4``, ``op4:power``, ``op4:enospc+`` ... (the kill id after ``save{step}``; characters that
+        pytest's ``-k`` can spell)."""
+        if self.mode == TORN:
+            return f"op{self.op}:torn:{self.file}"
+        return f"op{self.op}:{self.kind}" if self.kind != CRASH else f"op{self.op}"
+
+    @property
+    def kind(self) -> str:
+        """``crash``, ``power``, ``torn``, ``record``, or the error's name (``enospc``, ``eio+``)."""
+        if self.mode != ERROR:
+            return self.mode
+        name = next((k for k, v in ERRNOS.items() if v == self.errno), str(self.errno))
+        return name + ("+" if self.persistent else "")
+
+    @property
+    def completes_save(self) -> bool:
+        """The fault lands after the save's last op (the save itself finished)."""
+        return self.total is not None and self.op == self.total
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FaultPlan:
+        return cls(**data)
+
+
+def parse_label(step: int, text: str) -> FaultPlan:
+    """Inverse of :attr:`FaultPlan.label` (without file and total); the old ``@4`` spelling too."""
+    text = text[2:] if text.startswith("op") else text.lstrip("@")
+    op, _, kind = text.partition(":")
+    if kind.startswith("torn:"):
+        return FaultPlan(step, TORN, int(op), file=kind[len("torn:"):])
+    if kind in ("", "power", "record"):
+        return FaultPlan(step, {"": CRASH}.get(kind, kind), int(op))
+    persistent = kind.endswith("+")
+    return FaultPlan(step, ERROR, int(op), ERRNOS[kind.rstrip("+")], persistent)
+
+
+@dataclass(frozen=True)
+class FileOp:
+    """One recorded operation; paths relative to the checkpoint directory."""
+
+    index: int
+    kind: str
+    path: str
+    target: str | None = None
+
+    def describe(self, root: str = "...") -> str:
+        if self.target is not None:
+            return f"{self.kind}({root}/{self.path} -> {root}/{self.target})"
+        return f"{self.kind}({root}/{self.path})"
+
+
+@dataclass(frozen=True)
+class DiskDamage:
+    """What the harness did to the disk after a kill inside a save, to stand for a power loss or a
+    torn write: files cut back to their fsynced bytes, and a file cut to half its size."""
+
+    #: (relative path, bytes kept) of every file that lost unsynced data.
+    not_durable: tuple[tuple[str, int], ...] = ()
+    #: (relative path, size before, size after) of the torn file.
+    torn: tuple[str, int, int] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.not_durable or self.torn)
+
+    def describe(self) -> list[str]:
+        """Lines for reports."""
+        lines = [f"not durable: {rel} (cut to its {kept} fsynced bytes)" for rel, kept in self.not_durable]
+        if self.torn:
+            rel, size, cut = self.torn
+            lines.append(f"torn: {rel} cut from {size} to {cut} bytes")
+        return lines
+
+
+def apply_after_kill(root: str, extra: Mapping[str, Any]) -> DiskDamage:
+    """Apply what a power loss or torn write does to the files under ``root`` after the kill, as the
+    kill-ready event's ``extra`` describes it."""
+    cut = []
+    for rel, synced in sorted(extra.get(EXTRA_UNSYNCED, {}).items()):
+        path = os.path.join(root, rel)
+        if os.path.exists(path):
+            with open(path, "r+b") as f:
+                f.truncate(int(synced))
+            cut.append((rel, int(synced)))
+    torn = None
+    rel = extra.get(EXTRA_TORN)
+    if rel:
+        path = os.path.join(root, rel)
+        if os.path.exists(path):
+            size = os.path.getsize(path)
+            with open(path, "r+b") as f:
+                f.truncate(size // 2)
+            torn = (rel, size, size // 2)
+    return DiskDamage(tuple(cut), torn)
+

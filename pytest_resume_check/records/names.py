@@ -1,0 +1,43 @@
+"""How things are named: a case's id, the isolations, the variable that carries a run's token, the
+reference runs' folder.
+
+Plain data shared by the declaration side (:mod:`pytest_resume_check.targets`), the child, the
+processes and the cells, so none of them imports another for a name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+#: How children start: from the preloaded fork server, or a fresh interpreter per run.
+ISOLATION_FORKSERVER = "forkserver"
+ISOLATION_SPAWN = "spawn"
+ISOLATIONS = (ISOLATION_FORKSERVER, ISOLATION_SPAWN)
+
+#: Every process a run starts carries the run's token in this variable of its environment, so what
+#: escaped the run's process group is found after it (:mod:`pytest_resume_check.process.sweep`).
+RUN_TOKEN_ENV = "PYTEST_RESUME_CHECK_RUN"
+
+#: The folder of a case's uninterrupted reference runs, beside its cells' folders (named in reports).
+REFERENCE = "reference"
+
+#: Characters of a cell id that pytest's ``-k`` can spell (its identifier grammar); ids are made of these.
+K_SPELLABLE = re.compile(r"[^\w:+\-.\[\]\\/]")
+
+
+def case_id(case: Mapping[str, Any]) -> str:
+    """Readable id of a case: its ``id`` key, or ``keyvalue`` pairs joined by ``-`` (``epochs2-shuffle1``),
+    with any character ``-k`` cannot spell made ``_``."""
+    if "id" in case:
+        return str(case["id"])
+    if not case:
+        return "default"
+    return K_SPELLABLE.sub("_", "-".join(f"{k}{_short(v)}" for k, v in case.items()))
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)

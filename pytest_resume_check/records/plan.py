@@ -1,0 +1,158 @@
+"""What the parent tells a child run: where to kill it and everything else it needs to start (plain,
+picklable data; imported by both sides of the pipe)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_resume_check.records.faults import FaultPlan
+
+#: Resume modes a target must understand.
+RESUME_AUTO = "auto"
+RESUME_PATH = "path"
+RESUME_DISABLED = "disabled"
+RESUME_MODES = (RESUME_AUTO, RESUME_PATH, RESUME_DISABLED)
+
+#: Kill signals: SIGKILL at the kill point, or SIGTERM there and SIGKILL after a grace period (preemption).
+SIGNAL_KILL = "kill"
+SIGNAL_TERM = "term"
+
+
+@dataclass(frozen=True)
+class KillSpec:
+    """Where one run is killed.
+
+    ``checkpoint_step``: the harness asks the trainer to checkpoint at this step (0: no checkpoint).
+    ``extra_steps``: 0 kills right after that checkpoint is published; m > 0 kills at the end of step
+    ``checkpoint_step + m``, so m steps of work were done but never saved and must be redone.
+    """
+
+    checkpoint_step: int
+    extra_steps: int = 0
+    #: A fault during the save of ``checkpoint_step`` (crash point, I/O error, power loss, torn file).
+    fault: FaultPlan | None = None
+    #: ``kill`` (SIGKILL) or ``term`` (SIGTERM to every rank, SIGKILL to the run ``grace`` seconds later).
+    signal: str = SIGNAL_KILL
+    grace: float = 0.0
+    #: Multi-rank runs: kill only this rank (its launcher must end the others); None kills all at once.
+    rank: int | None = None
+    #: Elastic resume: the run after this kill has this many ranks (None: the same as the killed run).
+    resume_world_size: int | None = None
+
+    @property
+    def kill_step(self) -> int:
+        """The step during which the kill happens."""
+        return self.checkpoint_step + self.extra_steps
+
+    def to_json(self) -> dict[str, Any]:
+        """The structured form reports carry (``kills`` of a cell's JSON)."""
+        data: dict[str, Any] = {"checkpoint_step": self.checkpoint_step, "extra_steps": self.extra_steps}
+        if self.fault is not None:
+            data["fault"] = self.fault.to_json()
+        if self.signal != SIGNAL_KILL:
+            data["signal"], data["grace"] = self.signal, self.grace
+        if self.rank is not None:
+            data["rank"] = self.rank
+        if self.resume_world_size is not None:
+            data["resume_world_size"] = self.resume_world_size
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> KillSpec:
+        fault = data.get("fault")
+        rank, world = data.get("rank"), data.get("resume_world_size")
+        return cls(int(data["checkpoint_step"]), int(data.get("extra_steps", 0)),
+                   FaultPlan.from_json(fault) if fault else None, str(data.get("signal", SIGNAL_KILL)),
+                   float(data.get("grace", 0.0)), None if rank is None else int(rank),
+                   None if world is None else int(world))
+
+    def describe(self) -> str:
+        """Words for reports: ``killed after checkpoint 3 was published``."""
+        text = self._describe_point()
+        if self.signal == SIGNAL_TERM:
+            text = text.replace("killed", f"sent SIGTERM (SIGKILL {self.grace:g} s later)", 1)
+        if self.rank is not None:
+            text = text.replace("killed", f"rank {self.rank} alone killed", 1)
+        if self.resume_world_size is not None:
+            text += f"; resumed with {self.resume_world_size} rank{'' if self.resume_world_size == 1 else 's'}"
+        return text
+
+    def _describe_point(self) -> str:
+        if self.fault is not None:
+            f = self.fault
+            what = {"crash": "killed", "power": "killed with power loss", "torn": "killed leaving a torn file",
+                    "error": "I/O error injected"}.get(f.mode, f.mode)
+            return f"{what} at file operation {f.op} of the save of step {self.checkpoint_step}"
+        if self.extra_steps == 0:
+            return f"killed right after checkpoint of step {self.checkpoint_step} was published"
+        if self.checkpoint_step == 0:
+            return f"killed at the end of step {self.kill_step}, before any checkpoint"
+        return (
+            f"killed at the end of step {self.kill_step}, "
+            f"{self.extra_steps} unsaved step(s) after checkpoint {self.checkpoint_step}"
+        )
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """How a command target starts its program (see :mod:`pytest_resume_check.child.command`)."""
+
+    argv: tuple[str, ...]
+    cwd: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything a child needs to start one run (picklable, sent to the child)."""
+
+    target_name: str
+    target_ref: tuple[str, str, str]
+    case: Mapping[str, Any]
+    seed: int
+    checkpoint_dir: str
+    log_path: str
+    resume_mode: str = RESUME_AUTO
+    resume_path: str | None = None
+    checkpoint_steps: frozenset[int] = frozenset()
+    kill: KillSpec | None = None
+    is_resume: bool = False
+    #: The reference's component digests by step: a resumed run whose state equals them stops early.
+    converge: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
+    #: Whether ``run.state`` digests what the target reports (reference and resumed runs; a first run's
+    #: state is never compared, so it costs nothing there).
+    report_state: bool = False
+    #: (rtol, atol): compare state values under this tolerance instead of digests.
+    state_tolerance: tuple[float, float] | None = None
+    #: Tolerance mode: where this run writes its state values per step (the first reference run) and
+    #: where the reference's values are that this run compares with.
+    state_values_dir: str | None = None
+    state_reference_dir: str | None = None
+    #: Marks every process of this run (its environment), so escaped ones can be found and killed.
+    token: str = ""
+    #: A run that goes on past this step is stopped and judged PROTOCOL (None: no limit). Three times the
+    #: case's steps: a resume that replays inputs legitimately runs past the last step, and its verdict
+    #: (DUPLICATED) must come from its ledger; only a run that never stops is cut off.
+    step_limit: int | None = None
+    #: Steps after whose checkpoint the child pauses until the supervisor has copied the directory.
+    pause_steps: frozenset[int] = frozenset()
+    #: File-operation faults during one save (see :mod:`pytest_resume_check.records.faults`).
+    faults: FaultPlan | None = None
+    #: A command target's program (None: the target function is the trainer).
+    command: CommandSpec | None = None
+    #: Environment variables the run gets from the target's services (see :mod:`..services`).
+    env: Mapping[str, str] = field(default_factory=dict)
+    #: Ranks of this run: more than one makes the child their launcher (see :mod:`..child`), with the
+    #: rendezvous on loopback at ``master_port`` (free when the plan was made).
+    world_size: int = 1
+    master_port: int = 0
+    #: The ranks besides rank 0 that report their steps (learned from a finished run of the target; None:
+    #: all). An all-ranks kill and a snapshot wait until each has reported the kill point's step end.
+    step_ranks: tuple[int, ...] | None = None
+
+    @property
+    def watched_rank(self) -> int:
+        """The rank whose report calls carry the kill point (rank 0 unless one rank alone is killed)."""
+        return self.kill.rank if self.kill is not None and self.kill.rank is not None else 0

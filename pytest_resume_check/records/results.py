@@ -1,0 +1,216 @@
+"""Results as plain data: what a run did, what a verdict found, what a cell came to.
+
+Defined below everything that produces or reads them: the supervisor fills :class:`RunRecord`, the
+verdict makes :class:`Finding` and :class:`Verdict`, the engine wraps them in :class:`CellResult`, and
+the reports read them. This module imports nothing that starts processes or judges anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_resume_check.categories import STATE_DIVERGED, VERDICT_CATEGORIES
+from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.faults import DiskDamage
+from pytest_resume_check.records.ledger import Ledger
+from pytest_resume_check.records.plan import RunPlan
+
+if TYPE_CHECKING:
+    from pytest_resume_check.cells.matrix import Cell
+
+#: Run outcomes.
+DONE = "done"  # the target returned
+KILLED = "killed"  # killed by the harness at the planned point
+RAISED = "raised"  # the target raised an exception
+CRASHED = "crashed"  # the process died by itself (non-zero exit, signal) without reporting an error
+HUNG = "hung"  # no event within the hang limit; killed
+CONVERGED = "converged"  # a resumed run reached the reference's state and stopped; the rest is the reference's
+FINISHED = (DONE, CONVERGED)
+
+DEFAULT_HANG_TIMEOUT = 60.0
+
+
+@dataclass
+class StepState:
+    """A run's state after one step: digests by component and their leaves' digests by path (exact
+    mode), or, under a tolerance, the first leaf of each component that is not close to the reference's
+    (None when all are close; compared in the child)."""
+
+    digests: dict[str, str] = field(default_factory=dict)
+    leaves: dict[str, dict[str, str]] = field(default_factory=dict)
+    compared: dict[str, str | None] = field(default_factory=dict)
+
+
+@dataclass
+class RunRecord:
+    """Everything observed of one child run."""
+
+    plan: RunPlan
+    events: list[ev.Event] = field(default_factory=list)
+    outcome: str = CRASHED
+    exitcode: int | None = None
+    error: str | None = None
+    seconds: float = 0.0
+    hang_timeout: float | None = None
+    pid: int | None = None
+    isolation: str | None = None
+    #: Seconds from starting the child to its first event (start-up cost of the run).
+    first_event_seconds: float | None = None
+    #: Seconds from starting the child to receiving its first ``step_end`` (rendezvous of ranks included).
+    first_step_seconds: float | None = None
+    #: What the harness did to the disk after the kill (power loss, torn files).
+    damage: DiskDamage = field(default_factory=DiskDamage)
+    #: Processes of the run that escaped its process group (setsid, double fork) and were killed after it.
+    leftovers: int = 0
+    #: A run with one rank killed alone: who ended the other ranks, and how fast.
+    teardown: str | None = None
+    #: A ``HUNG`` run that was not silent: what it failed to do within the hang limit (a rank that never
+    #: reported the kill point's step end).
+    stalled: str | None = None
+
+    def _lead(self, kind: str) -> list[ev.Event]:
+        """The run's events of ``kind`` from rank 0 (all of them in a one-process run): the ranks of a
+        multi-rank run each report their steps and checkpoints, and rank 0 speaks for the run."""
+        return [e for e in self.events if e.kind == kind and not e.rank]
+
+    @property
+    def resumed_by_rank(self) -> dict[int, tuple[int, str | None]]:
+        """(step, path) each rank reported restoring (rank 0 in a one-process run)."""
+        out: dict[int, tuple[int, str | None]] = {}
+        for e in self.events:
+            if e.kind == ev.RESUMED:
+                out.setdefault(e.rank or 0, (e.step or 0, e.path))
+        return dict(sorted(out.items()))
+
+    @property
+    def resumed_step(self) -> int | None:
+        """Step of the checkpoint this run reported restoring (0: fresh), None if it never said."""
+        return next((e.step for e in self._lead(ev.RESUMED)), None)
+
+    @property
+    def resumed_path(self) -> str | None:
+        return next((e.path for e in self._lead(ev.RESUMED)), None)
+
+    @property
+    def published(self) -> list[tuple[int, str | None]]:
+        """(step, path) of every checkpoint this run published, in order."""
+        return [(e.step or 0, e.path) for e in self._lead(ev.CHECKPOINT)]
+
+    @property
+    def signalled(self) -> ev.Event | None:
+        """The SIGTERM (or one rank's SIGKILL) the supervisor sent this run, if any."""
+        return next((e for e in self.events if e.kind == ev.SIGNALLED), None)
+
+    @property
+    def states(self) -> dict[int, StepState]:
+        """The state the run reported after each step, components of several calls merged."""
+        out: dict[int, StepState] = {}
+        for e in self.events:
+            if e.kind == ev.STATE and e.step is not None:
+                state = out.setdefault(e.step, StepState())
+                state.digests.update(e.extra.get(ev.STATE_DIGESTS, {}))
+                state.leaves.update(e.extra.get(ev.STATE_LEAVES, {}))
+                state.compared.update(e.extra.get(ev.STATE_COMPARED, {}))
+        return out
+
+    @property
+    def converged_step(self) -> int | None:
+        return next((e.step for e in self.events if e.kind == ev.CONVERGED), None)
+
+    @property
+    def steps_run(self) -> int:
+        """Trainer steps this run executed (for cost accounting)."""
+        return len(self._lead(ev.STEP_END))
+
+    @property
+    def last_step(self) -> int:
+        steps = [e.step for e in self._lead(ev.STEP_END) if e.step is not None]
+        return max(steps, default=0)
+
+    def describe(self) -> str:
+        """``killed right after checkpoint of step 3 was published`` and the like."""
+        if self.outcome == KILLED and self.plan.kill is not None:
+            text = next((e.text for e in self.events if e.kind == ev.KILL_READY and e.text), None)
+            if self.plan.faults is not None and text:
+                return f"{text} (save of step {self.plan.kill.checkpoint_step})" + "".join(
+                    f"; {n}" for n in self.damage.describe())
+            return self.plan.kill.describe()
+        if self.outcome == DONE:
+            return "ran to the end"
+        if self.outcome == CONVERGED:
+            return f"reached the reference's exact state at step {self.converged_step} (the rest is the reference's)"
+        if self.outcome == RAISED:
+            return "raised " + (self.error or "").strip().splitlines()[-1] if self.error else "raised"
+        if self.outcome == HUNG and self.stalled:
+            return f"hung: {self.stalled}"
+        if self.outcome == HUNG:
+            return f"hung after step {self.last_step}"
+        return f"died by itself (exit code {self.exitcode}) after step {self.last_step}"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing wrong, with the headline that says it."""
+
+    category: str
+    headline: str
+    ledger: str = "consumed"
+    ids: tuple[Any, ...] = ()
+    position: int | None = None
+    #: The step where the problem starts (the first differing entry's or state's step), when known.
+    step: int | None = None
+
+
+@dataclass
+class Verdict:
+    """The judgement of one cell."""
+
+    findings: list[Finding] = field(default_factory=list)
+    reference: Ledger = field(default_factory=Ledger)
+    composite: Ledger = field(default_factory=Ledger)
+    resumed_from: list[int] = field(default_factory=list)
+    resume_labels: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.findings
+
+    @property
+    def categories(self) -> list[str]:
+        return sorted({f.category for f in self.findings}, key=VERDICT_CATEGORIES.index)
+
+    @property
+    def headline(self) -> str:
+        return self.findings[0].headline if self.findings else "PASSED"
+
+    @property
+    def state_diverged(self) -> int | None:
+        """The first step whose training state differs from the reference's after a resume, if any."""
+        return next((f.step for f in self.findings if f.category == STATE_DIVERGED), None)
+
+    def first_divergence(self) -> int | None:
+        return next((f.position for f in self.findings if f.position is not None), None)
+
+
+@dataclass
+class CellResult:
+    """Everything about one judged cell: the verdict, all runs, and where their files are."""
+
+    cell: Cell
+    verdict: Verdict
+    #: The case's first reference run (None when the harness failed before it had one).
+    reference: RunRecord | None
+    runs: list[RunRecord] = field(default_factory=list)
+    workdir: Path | None = None
+    seed: int | None = None
+    #: Seconds this cell spent on its case's reference runs (the first cell of a case in a process pays
+    #: for them; the others find them made).
+    reference_seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict.passed
+
+

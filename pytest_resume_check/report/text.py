@@ -1,0 +1,225 @@
+"""How a verdict reads: one headline, an excerpt around the first divergence, the story of the runs,
+where the files are, and the command that reruns exactly this cell."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_resume_check.categories import HARNESS, status
+from pytest_resume_check.judge.verdict import entry_marks, resume_label
+from pytest_resume_check.records.events import LOG_PREFIX
+from pytest_resume_check.records.ledger import Ledger
+from pytest_resume_check.records.names import REFERENCE
+from pytest_resume_check.records.results import CONVERGED, DONE, KILLED, CellResult, RunRecord
+
+#: The story of a cell whose reference failed (no interrupted run was made).
+NO_RUNS = "no interrupted run (the reference itself failed)"
+EXCERPT_BEFORE = 4
+EXCERPT_AFTER = 6
+#: A run's log in a failure report: its last lines (``run.log`` lines, the child's stdout and stderr).
+LOG_LINES = 6
+#: In the JSON report: at most this many last lines of each run's log.
+LOG_LINES_JSON = 20
+#: Of a log, only its last bytes are read, and each line is cut to this many characters.
+LOG_TAIL_BYTES = 16384
+LOG_LINE_CHARS = 240
+
+
+def excerpt(reference: Ledger, composite: Ledger, position: int | None) -> list[str]:
+    """Two aligned lines of ids around ``position``; ``[x]`` marks the first difference and ``|``
+    marks where a resumed run's entries begin."""
+    if position is None:
+        return []
+    lo = max(0, position - EXCERPT_BEFORE)
+    hi = position + EXCERPT_AFTER
+
+    def line(ledger: Ledger) -> str:
+        cells = []
+        for i in range(lo, min(hi, len(ledger))):
+            e = ledger[i]
+            text = f"{e.id}@e{e.epoch}"
+            if i == position:
+                text = f"[{text}]"
+            if i > 0 and ledger[i - 1].run != e.run:
+                text = "| " + text
+            cells.append(text)
+        if position >= len(ledger):
+            cells.append("[end]")
+        return ("... " if lo else "") + " ".join(cells) + (" ..." if hi < len(ledger) else "")
+
+    return [f"  reference: {line(reference)}", f"  resumed:   {line(composite)}"]
+
+
+def story(result: CellResult) -> str:
+    """``run 1: killed right after ... -> run 2: resume from global_step_3, ran to the end``."""
+    parts = []
+    for i, rec in enumerate(result.runs):
+        text = f"run {i + 1}"
+        if i:
+            text += f" ({resume_label(rec.resumed_step, rec.resumed_path)})"
+        text += f": {rec.describe()}"
+        if rec.leftovers:
+            text += f" ({rec.leftovers} process{'es' if rec.leftovers > 1 else ''} it detached killed after it)"
+        parts.append(text)
+    return " -> ".join(parts)
+
+
+def log_tail(path: str | Path | None, lines: int, without: str | None = None, only: str | None = None) -> list[str]:
+    """The last ``lines`` non-empty lines of a run's log file (none if it is missing or empty), each cut
+    to a readable length; ``without``: text to leave out (a traceback the report already shows); ``only``:
+    just the lines that start with it."""
+    if not path:
+        return []
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    if without and without.strip() and without.strip() in text:
+        text = text.replace(without.strip(), "")
+    kept = [ln.rstrip() for ln in text.splitlines() if ln.strip() and (only is None or ln.startswith(only))][-lines:]
+    return [ln if len(ln) <= LOG_LINE_CHARS else ln[:LOG_LINE_CHARS - 3] + "..." for ln in kept]
+
+
+def _log_lines(result: CellResult, shown_error: str | None) -> list[str]:
+    """Each run's last ``run.log`` lines, under the run they belong to; of a run that did not end as
+    planned (it raised, crashed or hung), its last output lines of any kind."""
+    out = []
+    for i, rec in enumerate(result.runs):
+        as_planned = rec.outcome in (DONE, KILLED, CONVERGED)
+        tail = log_tail(rec.plan.log_path, LOG_LINES, shown_error if rec.error == shown_error else None,
+                        only=LOG_PREFIX if as_planned else None)
+        if tail:
+            out.append(f"  log of run {i + 1} (last lines of {rec.plan.log_path}):")
+            out += ["    " + ln for ln in tail]
+    return out
+
+
+def failure_text(result: CellResult, rerun: str | None = None) -> str:
+    """The whole failure report of one cell."""
+    v = result.verdict
+    lines = [v.headline]
+    lines += [f"  also: {f.headline}" for f in v.findings[1:]]
+    lines += excerpt(v.reference, v.composite, v.first_divergence())
+    if result.runs:
+        lines.append(f"  runs: {story(result)}")
+    contract = result.cell.target.contract.describe()
+    if any(k.resume_world_size is not None for k in result.cell.kills):
+        contract = ELASTIC_CONTRACT  # another world size: other batches, so the order and state are not judged
+    lines.append(f"  target: {result.cell.target.name} (contract: {contract}); case {result.cell.case_id}")
+    shown_error = None
+    for rec in result.runs:
+        if rec.error and rec.outcome != "done":
+            lines.append("  error of the failing run (last lines):")
+            lines += ["    " + ln for ln in rec.error.strip().splitlines()[-6:]]
+            shown_error = rec.error
+            break
+    lines += _log_lines(result, shown_error)
+    if result.workdir is not None:
+        lines.append(f"  kept: {result.workdir} (checkpoints, run*.log, restored-run*: what each resume restored) "
+                     f"and {result.workdir.parent / REFERENCE} (the uninterrupted runs)")
+    lines.append(f"  seed: {result.seed}" if result.seed is not None else "")
+    if rerun:
+        lines.append(f"  rerun: {rerun}")
+    lines = [ln for ln in lines if ln]
+    return "\n".join(lines)
+
+
+#: The contract of a cell that resumes at another world size (see docs/distributed.md).
+ELASTIC_CONTRACT = "elastic resume: each epoch's inputs exactly once over all ranks, in any order"
+
+
+def cell_json(result: CellResult) -> dict[str, Any]:
+    """Machine-readable verdict of one cell (for --resume-matrix-json)."""
+    v = result.verdict
+    reference, composite = v.reference.to_json(), v.composite.to_json()
+    ref_marks, comp_marks = entry_marks(reference, composite)
+    cell = {
+        "target": result.cell.target.name,
+        "case": dict(result.cell.case),
+        "case_id": result.cell.case_id,
+        "resume_mode": result.cell.resume_mode,
+        "kill": result.cell.kill_id,
+        "kills": [k.to_json() for k in result.cell.kills],
+        "passed": v.passed,
+        "xfail_reason": result.cell.xfail_reason,
+        "categories": v.categories,
+        "headline": v.headline,
+        "resumed_from": v.resumed_from,
+        "state_diverged": v.state_diverged,
+        "findings": [{"category": f.category, "headline": f.headline, "step": f.step} for f in v.findings],
+        "reference": reference,
+        "composite": composite,
+        "marks": {"reference": ref_marks, "composite": comp_marks},
+        "story": story(result) if result.runs else NO_RUNS,
+        "runs": [_run_json(r) for r in result.runs],
+    }
+    cell["status"] = status(cell)
+    return cell
+
+
+#: The story of a cell the harness could not judge (its worker crashed, or the harness failed).
+NOT_JUDGED = "not judged (see the headline)"
+
+
+def unjudged_cell_json(target: str, case_id: str, resume_mode: str, kills: Sequence[Any], kill: str,
+                       headline: str, category: str = HARNESS, case: Mapping[str, Any] | None = None,
+                       xfail_reason: str | None = None) -> dict[str, Any]:
+    """The JSON form of a matrix cell that has no verdict (its pytest-xdist worker crashed, running it raised
+    outside the engine: ``HARNESS``; its target cannot be run: ``TARGET_ERROR``), so the grid, the summary
+    and the JSON count it."""
+    cell: dict[str, Any] = {
+        "target": target, "case": dict(case or {}), "case_id": case_id, "resume_mode": resume_mode, "kill": kill,
+        "kills": [k.to_json() for k in kills], "passed": False, "xfail_reason": xfail_reason,
+        "categories": [category],
+        "headline": headline, "resumed_from": [], "state_diverged": None,
+        "findings": [{"category": category, "headline": headline, "step": None}], "reference": [], "composite": [],
+        "marks": {"reference": "", "composite": ""}, "story": NOT_JUDGED, "runs": [],
+    }
+    cell["status"] = status(cell)
+    return cell
+
+
+def _run_json(rec: RunRecord) -> dict[str, Any]:
+    """One run of a cell: how it ended, its log; for multi-rank runs its world size, what each rank
+    restored, the signal it got and who ended its ranks (rows of ``reference`` and ``composite`` then
+    carry the rank as a fifth item)."""
+    out: dict[str, Any] = {"outcome": rec.outcome, "exitcode": rec.exitcode, "seconds": round(rec.seconds, 3),
+                           "log_file": rec.plan.log_path, "log_tail": log_tail(rec.plan.log_path, LOG_LINES_JSON)}
+    if rec.plan.world_size > 1 or rec.plan.master_port:
+        out["world_size"] = rec.plan.world_size
+        out["resumed_by_rank"] = {str(k): step for k, (step, _) in rec.resumed_by_rank.items()}
+    if rec.signalled is not None:
+        out["signalled"] = {"signal": rec.signalled.text, **rec.signalled.extra}
+    if rec.teardown:
+        out["teardown"] = rec.teardown
+    return out
+
+
+def rerun_command(cell_name: str, mode: str | None, seed: int | None, args: Sequence[str] = (),
+                  options: Sequence[str] = ()) -> str:
+    """The shell command that reruns exactly one cell: ``pytest [args] --resume-matrix [--resume-matrix-mode=full]
+    --resume-matrix-seed=SEED --resume-matrix-cell=NAME [options]`` (``quick``, the default mode, unsaid)."""
+    parts = ["pytest", *args, "--resume-matrix"]
+    if mode and mode != "quick":
+        parts.append(f"--resume-matrix-mode={mode}")
+    if seed is not None:
+        parts.append(f"--resume-matrix-seed={seed}")
+    parts += [f"--resume-matrix-cell={cell_name}", *options]
+    return " ".join(shlex.quote(str(p)) for p in parts)
+
+
+#: Version of the JSON report's layout; raised when a key changes meaning or goes away (new keys may
+#: come without it). 1: the cells of issue 19 (``findings``, ``state_diverged``, ``runs[].log_tail``).
+JSON_FORMAT = 1
+
+
+def dump_json(results: Sequence[dict[str, Any]], seed: int) -> str:
+    return json.dumps({"format": JSON_FORMAT, "seed": seed, "cells": list(results)}, indent=1, sort_keys=True)
