@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from optional import requires
 
-from pytest_resume_check import plugin
 from pytest_resume_check.judge import verdict as vd
+from pytest_resume_check.plugin import options as plugin_options
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -87,7 +87,7 @@ needs_verl = requires("torch", "torchdata", "verl")
 
 
 def html_option_wired() -> bool:
-    return HTML_OPTION in vars(plugin).values()
+    return HTML_OPTION in vars(plugin_options).values()
 
 
 def blocks(page: str) -> list[tuple[str, str]]:
@@ -174,14 +174,14 @@ def test_the_html_screenshot_is_shown():
 
 def test_matrix_page_lists_every_option_and_no_other():
     page = (DOCS / "matrix.md").read_text()
-    options = {v for k, v in vars(plugin).items() if k.startswith("OPT_")}
+    options = {v for k, v in vars(plugin_options).items() if k.startswith("OPT_")}
     for option in options:
         assert f"`{option}" in page, f"docs/matrix.md does not list {option}"
     shown = set(re.findall(r"`(--resume-matrix[a-z-]*)", page))
     if not html_option_wired():
         shown.discard(HTML_OPTION)
     assert shown <= options, f"docs/matrix.md lists options the plugin does not have: {shown - options}"
-    inis = set(re.findall(r'addini\(\s*"(resume_matrix\w*)"', Path(plugin.__file__).read_text()))
+    inis = set(re.findall(r'addini\(\s*"(resume_matrix\w*)"', Path(plugin_options.__file__).read_text()))
     for ini in inis:
         assert f"`{ini}`" in page, f"docs/matrix.md does not list the ini setting {ini}"
 

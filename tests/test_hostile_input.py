@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_resume_check import plugin, targets
+from pytest_resume_check import targets
+from pytest_resume_check.plugin import items, options, summary
 from pytest_resume_check.process import layout, starter
 from pytest_resume_check.process.layout import Layout, check_inside, remove_inside
 from pytest_resume_check.process.runner import MAX_HANG_TIMEOUT, hang_limit
@@ -147,7 +148,7 @@ def test_a_target_whose_functions_raise_gets_one_failing_item_and_the_other_targ
         targets.ERR_RAISED.format(name="bad_boundaries", function="boundaries", case_id="default",
                                   error=raised.format("KeyError: 'epochs'")),
         targets.ERR_STEPS_RETURNED.format(name="zero_steps", case_id="default", value=0),
-        plugin.ERR_CASES_HOOK.format(name="hooked", error=raised.format("RuntimeError: no cases for you")),
+        items.ERR_CASES_HOOK.format(name="hooked", error=raised.format("RuntimeError: no cases for you")),
     ])
     assert "INTERNALERROR" not in result.stdout.str()
 
@@ -157,15 +158,15 @@ def test_a_target_whose_functions_raise_gets_one_failing_item_and_the_other_targ
 @pytest.mark.parametrize("value", ["nan", "-1"])
 def test_a_hang_limit_that_is_not_a_number_of_seconds_is_refused(pytester, value):
     # Refused before any run: in process is enough.
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--resume-matrix", f"{plugin.OPT_HANG}={value}")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--resume-matrix", f"{options.OPT_HANG}={value}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert plugin.ERR_HANG.format(opt=plugin.OPT_HANG, value=float(value)) in result.stderr.str()
+    assert options.ERR_HANG.format(opt=options.OPT_HANG, value=float(value)) in result.stderr.str()
 
 
 @pytest.mark.parametrize("value", ["inf", "1e7"])  # 0 is inf (see the unit tests below)
 def test_no_hang_limit_and_a_huge_one_run_the_matrix(project, value):
     project.makeconftest(GOOD)
-    result = run_matrix(project, args=[f"{plugin.OPT_HANG}={value}"])
+    result = run_matrix(project, args=[f"{options.OPT_HANG}={value}"])
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     result.assert_outcomes(passed=GOOD_CELLS)
 
@@ -291,12 +292,12 @@ def test_a_report_path_that_cannot_be_written_says_so_and_the_matrix_result_stan
     project.makeconftest(GOOD)
     (project.path / "blocker").write_text("a file where a folder should be")
     json_path, html_path = "blocker/sub/verdicts.json", "blocker/sub/report.html"
-    result = run_matrix(project, args=[f"{plugin.OPT_JSON}={json_path}", f"{plugin.OPT_HTML}={html_path}"])
+    result = run_matrix(project, args=[f"{options.OPT_JSON}={json_path}", f"{options.OPT_HTML}={html_path}"])
     assert result.ret == pytest.ExitCode.OK
     result.assert_outcomes(passed=GOOD_CELLS)
     result.stdout.fnmatch_lines([
-        plugin.ERR_REPORT_WRITE.format(kind="JSON", path=Path(json_path), reason="Not a directory",
-                                       opt=plugin.OPT_JSON),
-        plugin.ERR_REPORT_WRITE.format(kind="HTML", path=html_path, reason="Not a directory", opt=plugin.OPT_HTML),
+        summary.ERR_REPORT_WRITE.format(kind="JSON", path=Path(json_path), reason="Not a directory",
+                                        opt=options.OPT_JSON),
+        summary.ERR_REPORT_WRITE.format(kind="HTML", path=html_path, reason="Not a directory", opt=options.OPT_HTML),
     ])
     assert "Traceback" not in result.stdout.str() + result.stderr.str()

@@ -15,7 +15,7 @@ CONFTEST = """
 from pytest_resume_check import resume_target
 from pytest_resume_check.builtin import loop
 
-PRELOAD = ("torch", "torchdata.stateful_dataloader", "pytest_resume_check.builtin.loop:warm_up")
+PRELOAD = loop.PRELOAD
 CASES = [{"id": "take2", "take": 2, "n": 8}, {"id": "take4", "take": 4, "n": 8}]
 
 correct = resume_target(loop.correct_loop, name="correct", steps=loop.total_steps, cases=CASES,

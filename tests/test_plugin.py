@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from pytest_resume_check import plugin
+from pytest_resume_check.plugin import options
 
 # That engine modules never import pytest is checked module by module in test_imports.py.
 
@@ -31,12 +31,12 @@ def test_loading_the_plugin_imports_neither_torch_nor_the_engine(pytester):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--resume-matrix-mode=fast"], plugin.ERR_MODE.format(opt=plugin.OPT_MODE, value="fast")),
-        (["--resume-matrix", "--resume-matrix-seed=abc"], plugin.ERR_SEED.format(opt=plugin.OPT_SEED, value="abc")),
+        (["--resume-matrix-mode=fast"], options.ERR_MODE.format(opt=options.OPT_MODE, value="fast")),
+        (["--resume-matrix", "--resume-matrix-seed=abc"], options.ERR_SEED.format(opt=options.OPT_SEED, value="abc")),
         (["--resume-matrix", "--resume-matrix-hang-timeout=-1"],
-         plugin.ERR_HANG.format(opt=plugin.OPT_HANG, value=-1.0)),
+         options.ERR_HANG.format(opt=options.OPT_HANG, value=-1.0)),
         (["--resume-matrix", "--resume-matrix-isolation=thread"],
-         plugin.ERR_ISOLATION.format(opt=plugin.OPT_ISOLATION, value="thread")),
+         options.ERR_ISOLATION.format(opt=options.OPT_ISOLATION, value="thread")),
     ],
     ids=["mode", "seed", "hang-timeout", "isolation"],
 )
@@ -57,7 +57,7 @@ def test_unknown_target_name_lists_the_known_ones(pytester):
 def test_seed_last_without_a_previous_run_says_what_to_do(pytester):
     result = pytester.runpytest_subprocess("--resume-matrix", "--resume-matrix-seed=last")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert plugin.ERR_SEED_LAST.format(opt=plugin.OPT_SEED) in result.stderr.str()
+    assert options.ERR_SEED_LAST.format(opt=options.OPT_SEED) in result.stderr.str()
 
 
 # The remaining tests run real targets: they need torch.
@@ -65,7 +65,7 @@ CONFTEST = """
 from pytest_resume_check import resume_target
 from pytest_resume_check.builtin import loop
 
-PRELOAD = ("torch", "torchdata.stateful_dataloader", "pytest_resume_check.builtin.loop:warm_up")
+PRELOAD = loop.PRELOAD
 CASES = [{"id": "take2", "take": 2, "n": 8, "epochs": 2}]
 
 correct = resume_target(loop.correct_loop, name="correct", steps=loop.total_steps, cases=CASES,

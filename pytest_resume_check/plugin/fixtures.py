@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from pytest_resume_check.plugin.options import OPT_SEED, SETTINGS_KEY
+
 
 class ResumeCheck:
     """What the ``resume_check`` fixture gives a test: run a target, kill it, resume it, judge it."""
@@ -40,7 +42,6 @@ class ResumeCheck:
 
     def report(self, result: Any) -> str:
         """The failure text of a result (headline, excerpt, runs, kept files, seed)."""
-        from pytest_resume_check.plugin import OPT_SEED
         from pytest_resume_check.report import text as report
 
         return report.failure_text(result, f"rerun this test with {OPT_SEED}={self.seed}")
@@ -49,11 +50,8 @@ class ResumeCheck:
 @pytest.fixture
 def resume_check(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ResumeCheck]:
     """Run targets in real child processes, SIGKILL them at chosen points, resume, and judge."""
-    from pytest_resume_check.plugin import SETTINGS_KEY
-
     settings = request.config.stash[SETTINGS_KEY]
-    forced = request.config.getoption("resume_matrix_hang_timeout") is not None
-    check = ResumeCheck(tmp_path / "resume-check", settings.seed, settings.hang_timeout, forced)
+    check = ResumeCheck(tmp_path / "resume-check", settings.seed, settings.hang_timeout, settings.hang_forced)
     yield check
     problems = check.engine.close()  # the services the test's targets started
     if problems:

@@ -1,0 +1,191 @@
+"""The matrix as pytest nodes: the collector :class:`ResumeMatrix`, one :class:`ResumeCell` per cell, and
+a :class:`BrokenTarget` for a target whose cells cannot be built.
+
+The nodes ask the session's matrix object (:class:`Matrix`) for the targets, the engine and the rerun
+command; they never import it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import pytest
+
+from pytest_resume_check.plugin.options import Settings
+
+MARKER = "resume_matrix"
+
+ERR_CASES_HOOK = ("target {name!r}: the pytest_resume_check_cases hook raised {error}; fix the conftest or plugin "
+                  "that implements it")
+ERR_BROKEN = ("target {name!r}: building its matrix cells raised {error}; check what its steps, boundaries and "
+              "buffered functions return")
+
+
+class Matrix(Protocol):
+    """What the nodes need of the session that made them."""
+
+    settings: Settings
+    #: Targets whose crash cells ``--co`` did not list.
+    unrecorded: list[str]
+
+    @property
+    def engine(self) -> Any:
+        """The session's engine (made at its first use)."""
+
+    def targets(self) -> list[Any]:
+        """The targets this session runs."""
+
+    def rerun_command(self, name: str) -> str:
+        """The command that reruns exactly the cell ``name``."""
+
+
+class ResumeCheckFailure(Exception):
+    """A cell's verdict failed; the message is the whole report."""
+
+
+class ResumeMatrix(pytest.Collector):
+    """Collector that holds the matrix cells."""
+
+    def __init__(self, *, matrix: Matrix, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.matrix = matrix
+
+    def collect(self) -> list[pytest.Item]:
+        from pytest_resume_check.process import starter
+
+        targets = self.matrix.targets()
+        for target in targets:  # all of them, before the fork server starts with the first run
+            starter.add_preload(target.preload)
+        return [item for target in targets for item in self._items_of(target)]
+
+    def _items_of(self, target: Any) -> list[pytest.Item]:
+        """The cells of one target, or one failing item that says why they could not be built (the other
+        targets still run, issue 13)."""
+        from pytest_resume_check.cells import matrix
+        from pytest_resume_check.targets import TargetError, describe_error
+
+        settings = self.matrix.settings
+        assert settings.mode is not None  # the matrix's items exist only when a mode is given
+        try:
+            target = self._checked(target)
+            cells = matrix.cells(target, settings.mode, settings.seed)
+        except Exception as exc:
+            message = str(exc) if isinstance(exc, TargetError) else ERR_BROKEN.format(
+                name=target.name, error=describe_error(exc))
+            return [self._broken(f"{target.name}[matrix]", message)]
+        items: list[pytest.Item] = []
+        if target.crash_save and self.config.option.collectonly:
+            self.matrix.unrecorded.append(target.name)
+        elif target.crash_save:
+            try:
+                cells += self.matrix.engine.crash_cells(target, settings.mode)
+            except Exception as exc:  # a target whose save cannot even be recorded
+                items.append(self._broken(f"{target.name}[record-save]", str(exc)))
+        items += [ResumeCell.from_parent(self, cell=cell, matrix=self.matrix,
+                                         **self._named(f"{target.name}[{cell.id}]")) for cell in cells]
+        return items
+
+    def _broken(self, name: str, message: str) -> pytest.Item:
+        return BrokenTarget.from_parent(self, message=message, **self._named(name))
+
+    def _named(self, name: str) -> dict[str, str]:
+        """An item's name with its node id spelled out: pytest 9 builds a child's structured id with the
+        ``[...]`` inside the name, while the ``--lf`` cache parses it as parameters, so cells never matched
+        the failures it recorded (issue 14)."""
+        return {"name": name, "nodeid": f"{self.nodeid}::{name}"}
+
+    def _checked(self, target: Any) -> Any:
+        """``target`` with the cases a ``pytest_resume_check_cases`` hook answers instead, if one does;
+        its name and case ids checked again (a hook or ``with_options`` may have bypassed the declaration)."""
+        from pytest_resume_check.targets import ERR_TARGET_NAME, TargetError, check_cases, describe_error, name_problem
+
+        problem = name_problem(str(target.name))
+        if problem:
+            raise TargetError(ERR_TARGET_NAME.format(name=target.name, problem=problem))
+        try:
+            cases = self.config.hook.pytest_resume_check_cases(config=self.config, target=target)
+            cases = target.cases if cases is None else tuple(dict(c) for c in cases)
+        except Exception as exc:
+            raise TargetError(ERR_CASES_HOOK.format(name=target.name, error=describe_error(exc))) from exc
+        check_cases(target.name, cases)
+        return target.with_options(cases=cases)
+
+
+class BrokenTarget(pytest.Item):
+    """Stands for a target the matrix could not even be built for; fails with the reason."""
+
+    def __init__(self, *, message: str, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.message = message
+        self.add_marker(MARKER)
+
+    def runtest(self) -> None:
+        raise ResumeCheckFailure(self.message)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        return str(excinfo.value)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"resume-matrix {self.name}"
+
+
+class ResumeCell(pytest.Item):
+    """One cell of the matrix: reference run (shared per case), interrupted runs, verdict."""
+
+    def __init__(self, *, cell: Any, matrix: Matrix, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.cell = cell
+        self.matrix = matrix
+        #: The cell's ``CellResult`` once judged; its JSON (with the rerun command) once run.
+        self.result: Any = None
+        self.cell_json: dict[str, Any] | None = None
+        self.add_marker(MARKER)
+        if cell.xfail_reason:
+            self.add_marker(pytest.mark.xfail(reason=cell.xfail_reason, strict=True,
+                                              raises=ResumeCheckFailure))
+        self.user_properties += [("target", cell.target.name), ("case", cell.case_id),
+                                 ("resume_mode", cell.resume_mode), ("kill", cell.kill_id)]
+
+    def runtest(self) -> None:
+        from pytest_resume_check.report import text as report
+        from pytest_resume_check.targets import TargetError
+
+        rerun = self.matrix.rerun_command(self.name)
+        try:
+            result = self.matrix.engine.run_cell(self.cell)
+        except TargetError as exc:  # the target cannot run at all: one line, and the cell is counted
+            raise self._target_error(exc, rerun) from None
+        self.result = result
+        self.cell_json = report.cell_json(result)
+        self.cell_json["rerun"] = rerun
+        self.config.hook.pytest_resume_check_cell_result(config=self.config, result=result)
+        self.user_properties += [("verdict", ",".join(result.verdict.categories) or "PASSED"),
+                                 ("headline", result.verdict.headline)]
+        if not result.passed:
+            raise ResumeCheckFailure(report.failure_text(result, rerun))
+        if result.workdir is not None:
+            self.matrix.engine.layout.remove(result.workdir)
+
+    def _target_error(self, exc: Exception, rerun: str) -> ResumeCheckFailure:
+        """The one-line failure under ``TARGET_ERROR``; the cell's JSON is kept, counted as pytest counts it."""
+        from pytest_resume_check import categories
+        from pytest_resume_check.report import text as report
+
+        cell = self.cell
+        headline = f"{categories.TARGET_ERROR}: {exc}"
+        self.cell_json = report.unjudged_cell_json(cell.target.name, cell.case_id, cell.resume_mode, cell.kills,
+                                                   cell.kill_id, headline, categories.TARGET_ERROR, cell.case,
+                                                   cell.xfail_reason)
+        self.cell_json["rerun"] = rerun
+        return ResumeCheckFailure(headline)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        from pytest_resume_check.targets import TargetError
+
+        # TargetError: the target itself is broken (a preload module that fails to import), one line says why.
+        if isinstance(excinfo.value, (ResumeCheckFailure, TargetError)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"resume-matrix {self.name}"

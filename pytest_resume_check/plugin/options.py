@@ -1,0 +1,251 @@
+"""The plugin's options: their spellings, help texts and errors, reading and checking them into
+:class:`Settings`, and the command line that reruns one cell with them.
+
+Read whether or not the matrix is on: the ``resume_check`` fixture runs with the session's seed and
+hang limit too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+from dataclasses import dataclass
+from random import Random
+from typing import Any
+
+import pytest
+
+from pytest_resume_check.cells.matrix import MODES, QUICK
+from pytest_resume_check.records.names import (  # noqa: F401  (the option spellings, re-exported here)
+    ISOLATIONS,
+    OPT_CELL,
+    OPT_EXHAUSTIVE,
+    OPT_HANG,
+    OPT_HTML,
+    OPT_ISOLATION,
+    OPT_JSON,
+    OPT_MATRIX,
+    OPT_MODE,
+    OPT_SEED,
+    OPT_TARGET,
+)
+from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT
+
+HELP_MATRIX = "run this project's resume-check targets across the kill/resume matrix"
+HELP_MODE = ("which kill points: 'quick' (default, a boundary-aware sample) or 'full' (every step); implies "
+             f"{OPT_MATRIX}")
+HELP_SEED = "seed for shuffles and kill-point sampling: an integer, or 'last' to reuse the previous seed"
+HELP_TARGET = "only run this target (repeatable)"
+HELP_CELL = "run only this matrix cell, e.g. 'builtin_loop[b4-take2-e2-shuffle-auto-ckpt3]'"
+HELP_HANG = (f"seconds without an event before a run counts as HUNG and is killed (default {DEFAULT_HANG_TIMEOUT:g}; "
+             "0 or inf: no limit, longer limits are cut to about 23 days)")
+HELP_JSON = "write every cell's verdict and ledgers to this JSON file"
+HELP_EXHAUSTIVE = ("run every cell from scratch to the end: no shared first runs, no early stop of resumed "
+                   "runs whose reported state equals the reference's (slower; a check on those shortcuts)")
+HELP_HTML = "write a self-contained HTML report (heatmaps, timelines of failing cells) to this file"
+HELP_ISOLATION = "how children start for every target: 'forkserver' (preloaded) or 'spawn'"
+
+#: Where ``--resume-matrix-seed=last`` finds the previous seed in pytest's cache.
+CACHE_SEED = "resume_check/seed"
+#: The node of the matrix, and how its cells' node ids start (``resume-matrix::t[case-auto-ckpt1]``).
+MATRIX_NODE = "resume-matrix"
+NODE_PREFIX = f"{MATRIX_NODE}::"
+#: Keys of ``config.workerinput``: what an xdist controller hands every worker.
+WORKER_SEED = "resume_matrix_seed"
+WORKER_NODE_IDS = "resume_matrix_node_ids"
+
+ERR_MODE = ("{opt}={value!r} is not a matrix mode; use one of: " + ", ".join(MODES)
+            + " (e.g. {opt}=" + QUICK + ")")
+ERR_SEED = "{opt}={value!r} is not a seed; give an integer (e.g. {opt}=1234) or 'last'"
+ERR_SEED_LAST = "{opt}=last: no previous seed is cached in this project; run once without it first"
+ERR_SEED_NO_CACHE = ("{opt}=last: pytest's cache is disabled (-p no:cacheprovider), so no previous seed can be read; "
+                     "give the seed itself (the header of the earlier run printed it: {opt}=N)")
+#: The old spelling of the mode, ``--resume-matrix=full``: still accepted, with this note.
+DEPRECATED_MODE = ("{old} is deprecated: use {new} (a bare {opt} can no longer swallow the path after it); "
+                   "the old spelling still works for now")
+ERR_HANG = "{opt}={value!r} must be a positive number of seconds (e.g. {opt}=60), or 0 or inf for no limit"
+ERR_ISOLATION = "{opt}={value!r} is not an isolation; use " + " or ".join(map(repr, ISOLATIONS))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated plugin settings (command line wins over the ini file)."""
+
+    mode: str | None
+    seed: int
+    targets: tuple[str, ...]
+    cell: str | None
+    hang_timeout: float
+    json_path: str | None
+    isolation: str | None
+    html_path: str | None = None
+    exhaustive: bool = False
+    #: The hang limit was given on the command line: it wins over a target's own.
+    hang_forced: bool = False
+    #: Cell node ids given as arguments (pasted from a ``FAILED`` line).
+    node_ids: tuple[str, ...] = ()
+
+
+#: The session's settings, set in ``pytest_configure`` whether or not the matrix is on.
+SETTINGS_KEY = pytest.StashKey[Settings]()
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """Every command-line option and ini key of the plugin."""
+    group = parser.getgroup("resume-check", "pytest-resume-check: kill, resume and compare training runs")
+    group.addoption(OPT_MATRIX, action="store_true", default=False, dest="resume_matrix", help=HELP_MATRIX)
+    group.addoption(OPT_MODE, default=None, dest="resume_matrix_mode", help=HELP_MODE)
+    for mode in MODES:  # the old spelling: argparse matches these whole strings before splitting at "="
+        group.addoption(f"{OPT_MATRIX}={mode}", action="store_const", const=mode, dest="resume_matrix_old_mode",
+                        default=None, help=argparse.SUPPRESS)
+    group.addoption(OPT_SEED, default=None, dest="resume_matrix_seed", help=HELP_SEED)
+    group.addoption(OPT_TARGET, action="append", default=[], dest="resume_matrix_target", help=HELP_TARGET)
+    group.addoption(OPT_CELL, default=None, dest="resume_matrix_cell", help=HELP_CELL)
+    group.addoption(OPT_HANG, default=None, dest="resume_matrix_hang_timeout", help=HELP_HANG)
+    group.addoption(OPT_JSON, default=None, dest="resume_matrix_json", help=HELP_JSON)
+    group.addoption(OPT_HTML, default=None, dest="resume_matrix_html", help=HELP_HTML)
+    group.addoption(OPT_ISOLATION, default=None, dest="resume_matrix_isolation", help=HELP_ISOLATION)
+    group.addoption(OPT_EXHAUSTIVE, action="store_true", default=False, dest="resume_matrix_exhaustive",
+                    help=HELP_EXHAUSTIVE)
+    parser.addini("resume_matrix", "matrix mode to run without the command-line flag: quick or full")
+    parser.addini("resume_matrix_seed", HELP_SEED)
+    parser.addini("resume_matrix_targets", HELP_TARGET, type="args")
+    parser.addini("resume_matrix_hang_timeout", HELP_HANG)
+    parser.addini("resume_matrix_json", HELP_JSON)
+    parser.addini("resume_matrix_html", HELP_HTML)
+    parser.addini("resume_matrix_isolation", HELP_ISOLATION)
+    parser.addini("resume_matrix_exhaustive", HELP_EXHAUSTIVE, type="bool", default=False)
+
+
+def read_settings(config: pytest.Config) -> Settings:
+    """The checked settings of this session (``pytest.UsageError`` naming the fix for a bad value). Cell
+    node ids are taken out of ``config.args`` first: they turn the matrix on."""
+    node_ids = _take_node_ids(config)
+    mode = _mode(config, bool(node_ids))  # checked in this order: the first bad value is the one named
+    hang = _hang_timeout(config)
+    isolation = _isolation(config)
+    return Settings(
+        mode=mode,
+        seed=_seed(config),
+        targets=tuple(_setting(config, "resume_matrix_target") or ()),
+        cell=config.getoption("resume_matrix_cell"),
+        hang_timeout=hang,
+        json_path=_setting(config, "resume_matrix_json"),
+        html_path=_setting(config, "resume_matrix_html"),
+        isolation=isolation,
+        exhaustive=bool(config.getoption("resume_matrix_exhaustive") or config.getini("resume_matrix_exhaustive")),
+        hang_forced=config.getoption("resume_matrix_hang_timeout") is not None,
+        node_ids=node_ids,
+    )
+
+
+def warn_of_old_mode(config: pytest.Config) -> None:
+    """The deprecation note for ``--resume-matrix=MODE`` (said once, by the controller)."""
+    old = config.getoption("resume_matrix_old_mode")
+    if old and not hasattr(config, "workerinput"):
+        config.issue_config_time_warning(pytest.PytestDeprecationWarning(DEPRECATED_MODE.format(
+            old=f"{OPT_MATRIX}={old}", new=f"{OPT_MATRIX} {OPT_MODE}={old}", opt=OPT_MATRIX)), stacklevel=3)
+
+
+def rerun_command(config: pytest.Config, name: str) -> str:
+    """The command that reruns exactly the cell ``name`` with the same seed (run from the same
+    directory): the session's paths, then ``--resume-matrix [--resume-matrix-mode=full]
+    --resume-matrix-seed=SEED --resume-matrix-cell=NAME`` and the options that change a cell's result
+    (``quick``, the default mode, unsaid)."""
+    settings = config.stash[SETTINGS_KEY]
+    words = list(config.args) if config.args_source == pytest.Config.ArgsSource.ARGS else []
+    words.append(OPT_MATRIX)
+    if settings.mode and settings.mode != QUICK:
+        words.append(f"{OPT_MODE}={settings.mode}")
+    words += [f"{OPT_SEED}={settings.seed}", f"{OPT_CELL}={name}"]
+    if settings.isolation:
+        words.append(f"{OPT_ISOLATION}={settings.isolation}")
+    if settings.exhaustive:
+        words.append(OPT_EXHAUSTIVE)
+    if settings.hang_forced:  # else the ini (or a target) is read again
+        words.append(f"{OPT_HANG}={settings.hang_timeout:g}")
+    return shlex.join(["pytest", *words])
+
+
+def _take_node_ids(config: pytest.Config) -> tuple[str, ...]:
+    """Move cell node ids out of ``config.args`` (pytest would look for a file named ``resume-matrix``).
+    With only such ids given, nothing else is collected."""
+    ids = tuple(a for a in config.args if a.startswith(NODE_PREFIX))
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is not None:  # an xdist worker: the controller took them out and passes them on
+        ids = tuple(worker_input.get(WORKER_NODE_IDS, ())) or ids
+    if ids:
+        config.args[:] = [a for a in config.args if not a.startswith(NODE_PREFIX)]
+    return ids
+
+
+def _setting(config: pytest.Config, name: str) -> Any:
+    value = config.getoption(name)
+    if value in (None, [], ""):
+        value = config.getini(name if name != "resume_matrix_target" else "resume_matrix_targets")
+    return value or None
+
+
+def _mode(config: pytest.Config, node_ids_given: bool) -> str | None:
+    """The matrix mode, or None when the matrix is off. On: ``--resume-matrix``, ``--resume-matrix-mode``,
+    the old ``--resume-matrix=MODE``, a pasted cell node id, or the ``resume_matrix`` ini value."""
+    mode = config.getoption("resume_matrix_mode") or config.getoption("resume_matrix_old_mode")
+    on = bool(mode or config.getoption("resume_matrix") or node_ids_given)
+    ini = config.getini("resume_matrix") or None
+    if ini is not None and ini not in MODES:
+        raise pytest.UsageError(ERR_MODE.format(opt="ini resume_matrix", value=ini))
+    if mode is not None and mode not in MODES:
+        raise pytest.UsageError(ERR_MODE.format(opt=OPT_MODE, value=mode))
+    if mode is None and (on or ini):
+        mode = ini or QUICK
+    return mode
+
+
+def _hang_timeout(config: pytest.Config) -> float:
+    hang = _setting(config, "resume_matrix_hang_timeout") or DEFAULT_HANG_TIMEOUT
+    try:
+        hang = float(hang)
+        if math.isnan(hang) or hang < 0:  # 0 and inf: no limit (the runner cuts huge limits)
+            raise ValueError
+    except ValueError:
+        raise pytest.UsageError(ERR_HANG.format(opt=OPT_HANG, value=hang)) from None
+    return hang
+
+
+def _isolation(config: pytest.Config) -> str | None:
+    isolation = _setting(config, "resume_matrix_isolation")
+    if isolation is not None and isolation not in ISOLATIONS:
+        raise pytest.UsageError(ERR_ISOLATION.format(opt=OPT_ISOLATION, value=isolation))
+    return isolation
+
+
+def _seed(config: pytest.Config) -> int:
+    """The controller's seed on an xdist worker; else the option, the cached one for ``last`` (and for
+    ``--lf``/``--ff`` without one), or a new random one."""
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is not None and WORKER_SEED in worker_input:
+        return int(worker_input[WORKER_SEED])
+    raw = _setting(config, "resume_matrix_seed")
+    cache = getattr(config, "cache", None)
+    if raw == "last":
+        if cache is None:
+            raise pytest.UsageError(ERR_SEED_NO_CACHE.format(opt=OPT_SEED))
+        seed = cache.get(CACHE_SEED, None)
+        if seed is None:
+            raise pytest.UsageError(ERR_SEED_LAST.format(opt=OPT_SEED))
+        return int(seed)
+    if raw is None and cache is not None and _rerunning_failures(config):
+        seed = cache.get(CACHE_SEED, None)  # --lf / --ff: the cells that failed exist only with their seed
+        if seed is not None:
+            return int(seed)
+    if raw is None:
+        return Random().randrange(10**6)
+    try:
+        return int(raw)
+    except ValueError:
+        raise pytest.UsageError(ERR_SEED.format(opt=OPT_SEED, value=raw)) from None
+
+
+def _rerunning_failures(config: pytest.Config) -> bool:
+    return any(config.getoption(name, False) for name in ("lf", "failedfirst"))

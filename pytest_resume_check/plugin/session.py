@@ -1,0 +1,210 @@
+"""The matrix session: the plugin object that ``pytest_configure`` registers only when the matrix is on
+(as pytest-xdist registers its ``DSession`` only when it distributes), so none of its hooks asks whether
+it is. It owns what only the matrix uses: the engine and the session's folder, the cells, their results
+and the targets whose matrix could not be built.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_resume_check.plugin import reports, scheduler, summary
+from pytest_resume_check.plugin.discovery import discover
+from pytest_resume_check.plugin.items import ResumeCell, ResumeMatrix
+from pytest_resume_check.plugin.options import (
+    CACHE_SEED,
+    MATRIX_NODE,
+    NODE_PREFIX,
+    OPT_CELL,
+    OPT_SEED,
+    Settings,
+    rerun_command,
+)
+
+#: The name the session is registered under.
+PLUGIN_NAME = "resume_check_matrix"
+#: The session's folder in pytest's base temporary directory (``resume-matrix0``, ...).
+SESSION_FOLDER = "resume-matrix"
+#: Key of ``config.workeroutput``: what went wrong when an xdist worker stopped its services.
+WORKER_PROBLEMS = "resume_check_problems"
+
+REPORT_HEADER = "resume-check: matrix={mode} seed={seed} (rerun with {opt}={seed})"
+ERR_NO_CELL = ("{opt} {value!r}: no such cell in this matrix (mode {mode}, seed {seed}); check the mode and seed "
+               "the cell came from (its rerun line has both)")
+#: Said after collection for targets whose crash cells ``--co`` did not list: recording their save runs
+#: the trainer.
+NOT_RECORDED = ("resume-check: {names}: crash-consistency cells not listed; how many there are depends on the "
+                "file operations of the save, which only running the trainer can record (--collect-only runs "
+                "nothing)")
+
+
+class MatrixSession:
+    """The hooks of a session with the matrix on, in the controller, a worker, or a run without xdist."""
+
+    def __init__(self, config: pytest.Config, settings: Settings):
+        self.config = config
+        self.settings = settings
+        #: Every cell's JSON, from the reports (in the controller too, when xdist runs the cells).
+        self.results: list[dict[str, Any]] = []
+        #: Node ids of matrix items that failed without being cells (a target whose matrix cannot be built).
+        self.broken: list[str] = []
+        #: Targets whose crash cells ``--co`` did not list: recording their save runs the trainer.
+        self.unrecorded: list[str] = []
+        self.cells: list[Any] = []
+        self._root: Path | None = None
+        self._engine: Any = None
+        cache = getattr(config, "cache", None)
+        if cache is not None and not hasattr(config, "workerinput"):
+            cache.set(CACHE_SEED, settings.seed)
+
+    # -- what the items ask for ----------------------------------------------------------------------
+
+    @property
+    def engine(self) -> Any:
+        """The session's engine, made at its first use (by a cell, or by recording a target's save while
+        collecting), with the cells collected so far."""
+        if self._engine is None:
+            from pytest_resume_check.engine import Engine
+
+            s = self.settings
+            self._engine = Engine(self.root, s.seed, s.hang_timeout, s.isolation, share=not s.exhaustive,
+                                  hang_forced=s.hang_forced)
+            self._engine.register(self.cells)
+        return self._engine
+
+    @property
+    def root(self) -> Path:
+        """The session's folder: ``resume-matrix<N>`` in pytest's own base temporary directory, so
+        ``--basetemp``, ``tmp_path_retention_count`` and ``tmp_path_retention_policy`` decide where runs
+        keep their files and how many sessions stay, the folder is private (pytest checks its owner and
+        that it is no symlink), and no session removes another live session's folder (pytest keeps a
+        numbered directory while its lock is held). Without pytest's tmpdir plugin: a private new folder."""
+        if self._root is None:
+            factory = getattr(self.config, "_tmp_path_factory", None)
+            if factory is not None:
+                self._root = factory.mktemp(SESSION_FOLDER, numbered=True)
+            else:
+                self._root = Path(tempfile.mkdtemp(prefix=f"pytest-{SESSION_FOLDER}-"))
+        return self._root
+
+    def targets(self) -> list[Any]:
+        """The targets this session runs; naming a cell names its target, so a rerun line works also
+        where that target is an installed package's."""
+        wanted = self.settings.targets or tuple(dict.fromkeys(n.partition("[")[0] for n in self._named_cells()))
+        return discover(self.config, wanted)
+
+    def rerun_command(self, name: str) -> str:
+        """The command that reruns exactly the cell ``name`` with this session's seed and options."""
+        return rerun_command(self.config, name)
+
+    def _named_cells(self) -> list[str]:
+        """Cell names given by ``--resume-matrix-cell`` or as pasted node ids."""
+        names = [self.settings.cell] if self.settings.cell else []
+        return names + [n[len(NODE_PREFIX):] for n in self.settings.node_ids]
+
+    # -- collection ----------------------------------------------------------------------------------
+
+    def pytest_report_header(self) -> list[str]:
+        s = self.settings
+        return [REPORT_HEADER.format(mode=s.mode, seed=s.seed, opt=OPT_SEED)]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, session: pytest.Session, items: list[pytest.Item]) -> None:
+        """Add the matrix's cells to the items (only the named ones when cells are named)."""
+        node = ResumeMatrix.from_parent(session, name=MATRIX_NODE, nodeid=MATRIX_NODE, matrix=self)
+        cells = node.collect()
+        self.cells = [item.cell for item in cells if isinstance(item, ResumeCell)]
+        # Report the cells as collected, so "collected N items" and the deselected counts include them.
+        collected: list[pytest.Item | pytest.Collector] = list(cells)
+        self.config.hook.pytest_collectreport(report=pytest.CollectReport(node.nodeid, "passed", None, collected))
+        names = self._named_cells()
+        if names:
+            self._select(names, cells, items)
+        else:
+            items.extend(cells)
+
+    def _select(self, names: list[str], cells: list[pytest.Item], items: list[pytest.Item]) -> None:
+        """Exactly the cells ``names`` (and, for pasted node ids, the tests of any paths given with them)."""
+        s = self.settings
+        by_name = {c.name: c for c in cells}
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise pytest.UsageError(ERR_NO_CELL.format(opt=OPT_CELL if s.cell else "node id", value=missing[0],
+                                                       mode=s.mode, seed=s.seed))
+        chosen = [by_name[n] for n in dict.fromkeys(names)]
+        others = [] if s.node_ids else list(items)
+        self.config.hook.pytest_deselected(items=others + [c for c in cells if c not in chosen])
+        items[:] = [i for i in items if i not in others] + chosen
+
+    def pytest_report_collectionfinish(self) -> list[str]:
+        return [NOT_RECORDED.format(names=", ".join(self.unrecorded))] if self.unrecorded else []
+
+    # -- the cells' reports --------------------------------------------------------------------------
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+        """A judged cell's JSON rides on its call report, so an xdist controller receives it too."""
+        rep = yield
+        if isinstance(item, ResumeCell) and call.when == "call" and item.cell_json is not None:
+            reports.carry(rep, item.cell_json, item.result.reference_seconds if item.result is not None else 0.0)
+        return rep
+
+    def pytest_report_teststatus(self, report: pytest.TestReport) -> Any:
+        """``PASSED (reference runs 1.2 s)`` with ``-v`` for a passing cell that made its case's reference."""
+        return reports.teststatus(report)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Gather each cell's JSON (made here for a cell that failed without one), and give each cell its
+        junit ``classname``."""
+        name = reports.cell_name(report)
+        cell = reports.carried(report)
+        if name is not None and reports.failed_unjudged(report):
+            cell = reports.unjudged(report, name, self.rerun_command(name))
+            if cell is None:
+                self.broken.append(report.nodeid)
+        if cell is not None:
+            self.results.append(cell)
+        if name is not None:
+            reports.set_junit_classname(self.config, report)
+
+    # -- the end -------------------------------------------------------------------------------------
+
+    def pytest_sessionfinish(self) -> None:
+        """Also after Ctrl-C: no process a run started outlives the session, nor the fork server; of the
+        session's files only the failing cells' folders stay (with their cases' references)."""
+        if self._engine is None:
+            return
+        from pytest_resume_check.process import starter
+
+        problems = self._engine.close()  # services first: they may use the server
+        worker_output = getattr(self.config, "workeroutput", None)
+        if worker_output is not None:  # an xdist worker's output is not shown: its controller prints them
+            worker_output[WORKER_PROBLEMS] = problems
+        else:
+            summary.print_problems(self.config, problems)
+        starter.stop_server()
+        try:
+            self._engine.layout.tidy()
+        except OSError:  # the folder went away under the session: nothing left to tidy
+            pass
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.results and not hasattr(self.config, "workerinput"):
+            summary.write_summary(terminalreporter, self.results, self.broken, self.settings)
+
+    # -- pytest-xdist (its hooks exist only when it is installed) ------------------------------------
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """A worker's services that failed to stop (or left processes running), said by the controller."""
+        summary.print_problems(self.config, list(getattr(node, "workeroutput", {}).get(WORKER_PROBLEMS, ())))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        """Keep a case's cells of one resume mode on one worker (:mod:`.scheduler`)."""
+        return scheduler.case_and_mode_scheduler(config, log)

@@ -1,0 +1,79 @@
+"""The matrix's part of the terminal summary, its JSON and HTML files, and the red lines of services
+that failed to stop."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_resume_check.plugin.options import OPT_HTML, OPT_JSON, Settings
+
+ERR_REPORT_WRITE = ("resume matrix: cannot write the {kind} report to {path}: {reason}; choose a writable path "
+                    "with {opt}")
+SUMMARY_HEADER = "resume matrix: {cells} cells, {failing} failing, {expected} expected failures, {broken}seed {seed}"
+#: Part of the summary's header when some targets' cells could not be built.
+BROKEN = "{count} target{s} whose matrix could not be built, "
+JSON_WRITTEN = "resume matrix verdicts written to {path}"
+HTML_WRITTEN = "resume matrix HTML report written to {path}"
+#: The summary grid is at most this wide.
+MAX_WIDTH = 100
+
+
+def write_summary(tr: Any, results: Sequence[dict[str, Any]], broken: Sequence[str], settings: Settings) -> None:
+    """The header line, the grids and failing cells, then the JSON and HTML files asked for."""
+    from pytest_resume_check import categories
+    from pytest_resume_check.report import summary
+
+    results = sorted(results, key=summary.cell_name)
+    failed = [r for r in results if categories.fails(r)]  # an XPASS fails, as pytest counts it
+    expected = [r for r in results if categories.status(r) == categories.XFAIL]
+    some_broken = BROKEN.format(count=len(broken), s="s" if len(broken) > 1 else "") if broken else ""
+    tr.write_sep("=", SUMMARY_HEADER.format(cells=len(results), failing=len(failed), expected=len(expected),
+                                            broken=some_broken, seed=settings.seed))
+    for line in summary.session_lines(results, width=min(MAX_WIDTH, tr._tw.fullwidth), more_hint=OPT_JSON):
+        tr.write_line(line)
+    if settings.json_path:
+        _write_json(tr, results, Path(settings.json_path), settings.seed)
+    if settings.html_path:
+        _write_html(tr, results, settings.html_path, settings.seed)
+
+
+def _write_json(tr: Any, results: Sequence[dict[str, Any]], path: Path, seed: int) -> None:
+    from pytest_resume_check.report import text as report
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(report.dump_json(results, seed))
+    except OSError as exc:  # a report that cannot be written must not change the matrix's result
+        tr.write_line(_cannot_write("JSON", path, exc, OPT_JSON), red=True)
+    else:
+        tr.write_line(JSON_WRITTEN.format(path=path))
+
+
+def _write_html(tr: Any, results: Sequence[dict[str, Any]], path: str, seed: int) -> None:
+    from pytest_resume_check.report import html
+
+    try:
+        written = html.write_report(results, Path(path), seed=seed)
+    except OSError as exc:
+        tr.write_line(_cannot_write("HTML", path, exc, OPT_HTML), red=True)
+    else:
+        tr.write_line(HTML_WRITTEN.format(path=written))
+
+
+def _cannot_write(kind: str, path: Any, exc: OSError, opt: str) -> str:
+    return ERR_REPORT_WRITE.format(kind=kind, path=path, reason=exc.strerror or exc, opt=opt)
+
+
+def print_problems(config: pytest.Config, problems: Sequence[str]) -> None:
+    """Print each line in red, whatever the verbosity (a service that failed to stop, processes it left)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    for problem in problems:
+        if reporter is not None:
+            reporter.write_line(problem, red=True)
+        else:
+            print(problem, file=sys.stderr)
