@@ -36,12 +36,16 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from pytest_resume_check.records.state import DIGEST_COMPONENT
+
 #: The environment variable that holds the descriptor of the harness's socket.
 FD_ENV = "RESUME_CHECK_FD"
 #: The environment variable that holds the run's facts as JSON.
 CONTEXT_ENV = "RESUME_CHECK_CONTEXT"
 #: The line protocol's version, in the context (``"protocol": 1``).
-PROTOCOL = 1
+PROTOCOL_VERSION = 1
+#: The old name of :data:`PROTOCOL_VERSION`, kept for programs that import it.
+PROTOCOL = PROTOCOL_VERSION
 
 
 class ProtocolError(RuntimeError):
@@ -66,6 +70,10 @@ class Run:
         self.case: dict[str, Any] = dict(context.get("case") or {})
         #: True for a run that follows a killed one.
         self.is_resume: bool = bool(context.get("is_resume"))
+        #: This process's rank and the run's number of ranks, from ``RANK`` and ``WORLD_SIZE`` (which the
+        #: harness sets for each rank of a command target with ``world_size``); 0 and 1 without them.
+        self.rank: int = _int_env("RANK", 0)
+        self.world_size: int = _int_env("WORLD_SIZE", 1)
         self._sock = sock
         self._reader = sock.makefile("rb") if sock is not None else None
         self._lock = threading.Lock()
@@ -111,6 +119,11 @@ class Run:
         Compared with the uninterrupted run's at the same step."""
         if self.active:
             self._call("state", step=int(step), components={str(k): v for k, v in components.items()})
+
+    def state_digest(self, step: int, digest: str) -> None:
+        """Optional: one digest of the program's whole state after ``step``, the state component
+        ``state_digest``; prefer :meth:`state`, which names the component that differs."""
+        self.state(step, {DIGEST_COMPONENT: str(digest)})
 
     def log(self, text: str) -> None:
         """A line for this run's log, quoted by a failing cell's report."""
@@ -185,6 +198,13 @@ def plain_ids(ids: Iterable[Any]) -> list[Any]:
             i = int(i) if isinstance(i, float) and i.is_integer() else str(i)
         out.append(i)
     return out
+
+
+def _int_env(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
 
 
 def _path(path: str | os.PathLike[str] | None) -> str | None:
