@@ -22,20 +22,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
-from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.trainer.ppo.utils import Role
 
 from agentlightning.verl.cpu_workers import CpuActorWorkerGroup
 from agentlightning.verl.rollout import DeterministicRolloutEngine, LatencySpec, RowTransform
 from agentlightning.verl.schedule import LatencyProfile
 from agentlightning.verl.trainer import DEFAULT_INPUT_ID_KEY, AgentLightningRayPPOTrainer, add_agentlightning_config
+
+if TYPE_CHECKING:
+    from agentlightning.verl.stock_trainer import StockCpuRayPPOTrainer
 
 FEATURE_DIM = 4
 # Dataset fields: one of each payload type the checkpoint must round-trip.
@@ -229,9 +231,9 @@ def build_cpu_trainer(
     latency_profile: LatencyProfile | None = None,
     rollout_transform: RowTransform | None = None,
     input_id_key: str = DEFAULT_INPUT_ID_KEY,
-    trainer_cls: type[RayPPOTrainer] = AgentLightningRayPPOTrainer,
+    trainer_cls: type[AgentLightningRayPPOTrainer | StockCpuRayPPOTrainer] = AgentLightningRayPPOTrainer,
     ray_workers: int = 0,
-) -> Any:
+) -> AgentLightningRayPPOTrainer | StockCpuRayPPOTrainer:
     """A constructed CPU trainer writing checkpoints to ``output_dir``; call ``.fit()`` to train.
 
     ``rollout_latency`` is the steps each rollout takes: an int, an inclusive ``(low, high)`` range
@@ -259,6 +261,7 @@ def build_cpu_trainer(
     )
     train = SyntheticInputs(dataset_size, seed=seed, input_id_key=input_id_key)
     validation = SyntheticInputs(min(dataset_size, 2), seed=seed, input_id_key=input_id_key)
+    engine = DeterministicRolloutEngine(seed=seed, latency=rollout_latency, transform=rollout_transform)
     trainer = trainer_cls(
         config=config,
         tokenizer=None,
@@ -269,12 +272,12 @@ def build_cpu_trainer(
         collate_fn=collate_inputs,
         train_sampler=None,  # verl's create_rl_sampler: seeded torchdata RandomSampler or sequential
         device_name="cpu",
-        rollout_engine=DeterministicRolloutEngine(seed=seed, latency=rollout_latency, transform=rollout_transform),
+        rollout_engine=engine,
         input_id_key=input_id_key,
     )
     if latency_profile is not None:
         orders = epoch_orders(trainer.train_dataloader, total_epochs)
-        trainer.rollout_engine.latency = AdmissionOrderLatency(latency_profile, orders)
+        engine.latency = AdmissionOrderLatency(latency_profile, orders)
     if ray_workers > 0:
         from agentlightning.verl.ray_workers import connect_driver, ray_worker_group
 

@@ -61,7 +61,8 @@ def read_regular(path: str, limit: int) -> bytes:
             raise NotReadable(f"is {_kind(opened.st_mode)}, not a regular file")
         if opened.st_size > limit:
             raise NotReadable(f"is {_size(opened.st_size)}, more than the {_size(limit)} such a file may have")
-        chunks, total = [], 0
+        chunks: list[bytes] = []
+        total = 0
         while True:
             chunk = os.read(fd, min(1 << 20, limit + 1 - total))
             if not chunk:

@@ -16,7 +16,7 @@ import struct
 import warnings
 import zipfile
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -210,7 +210,8 @@ def _scan_pickle(pickled: bytes, sizes: Mapping[str, int]) -> None:
         del stack[len(stack) - below:]
         value: Any = _OTHER
         if name in _GLOBALS:
-            parts = taken if name == "STACK_GLOBAL" else arg.split(" ", 1)
+            # genops types every argument Any | None; GLOBAL's and INST's is the str "module name".
+            parts = taken if name == "STACK_GLOBAL" else cast(str, arg).split(" ", 1)
             if not all(type(part) is str for part in parts):
                 raise Refused("names a global it computes", code="a global whose name it computes")
             value = _Global(".".join(parts))
@@ -219,7 +220,7 @@ def _scan_pickle(pickled: bytes, sizes: Mapping[str, int]) -> None:
         elif name == "BINPERSID":
             _check_storage(taken[0], sizes)
         elif name in _MEMO_GET:
-            value = memo[arg]
+            value = memo[cast(int, arg)]  # a GET's argument is the memo index, an int
         elif name in _TUPLES:
             value = tuple(taken)
         elif name == "DUP":

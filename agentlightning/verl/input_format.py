@@ -14,7 +14,7 @@ them, and hands the unpickled payload to :func:`validate_payload`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -64,7 +64,7 @@ class InputCheckpoint:
         return self.carried_over is not None
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -133,7 +133,7 @@ def connect_driver() -> None:
     # Ray reads its RAY_* settings (the head's token authentication among them) once per process; a process
     # forked after Ray was imported (the harness's fork server preloads verl) has them from before the
     # run's environment was set. Read them again.
-    from ray._raylet import Config
+    from ray._raylet import Config  # type: ignore[attr-defined]  # ray's _raylet.pyi lists a few of its classes
 
     Config.initialize("")
     # Likewise whether Ray is kept to this machine (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which the session's

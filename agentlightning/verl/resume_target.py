@@ -18,12 +18,16 @@ count is exact for every shuffle and seed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentlightning.verl.schedule import LATENCY_PROFILES, AsyncSchedule, simulate_async_schedule
 from agentlightning.verl.verl_layout import DATALOADER_FILENAME, TRACKER_FILENAME
 from pytest_resume_check.run import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, RunContext
 from pytest_resume_check.targets import Contract, resume_target
+
+if TYPE_CHECKING:  # verl only inside the functions (see above)
+    from agentlightning.verl.stock_trainer import StockCpuRayPPOTrainer
+    from agentlightning.verl.trainer import AgentLightningRayPPOTrainer
 
 #: Case keys: ``n`` dataset size, ``batch`` (data.train_batch_size), ``refill``
 #: (agentlightning.async_rollout.async_train_batch_size), ``epochs``, ``shuffle``, ``workers``,
@@ -171,7 +175,8 @@ def stock_state(trainer: Any) -> dict[str, Any]:
     return {"loader": trainer.train_dataloader.state_dict()}
 
 
-def fit_trainer(run: RunContext, *, async_enabled: bool, trainer_cls: type | None = None,
+def fit_trainer(run: RunContext, *, async_enabled: bool,
+                trainer_cls: type[AgentLightningRayPPOTrainer | StockCpuRayPPOTrainer] | None = None,
                 ray_workers: int = 0) -> None:
     """Build the CPU trainer of ``run.case`` (``trainer_cls``, by default the Agent Lightning trainer)
     and train it under the harness; ``ray_workers``: its actor on that many Ray actors (0: in-process)."""
@@ -275,16 +280,17 @@ def _stock_tracker_lost(cell: Any) -> bool:
 #: Exactly-once, same order, on what was taken from the loader and on what was trained on.
 BOTH_LEDGERS = Contract(ordered=True, ledgers=("consumed", "trained"))
 
+#: The Agent Lightning VERL trainer, async refills with carried-over rollouts (the fixed trainer).
 agentlightning_async = resume_target(
     fit_async, name="agentlightning_async", steps=async_steps, boundaries=async_boundaries,
     cases=ASYNC_CASES, contract=BOTH_LEDGERS, preload=PRELOAD, crash_save=(2, 1),
-    description="Agent Lightning VERL trainer, async refills with carried-over rollouts (the fixed trainer)",
 )
+#: The Agent Lightning VERL trainer, sync mode.
 agentlightning_sync = resume_target(
     fit_sync, name="agentlightning_sync", steps=sync_steps, boundaries=sync_boundaries,
     cases=SYNC_CASES, contract=BOTH_LEDGERS, preload=PRELOAD, crash_save=(2, 1),
-    description="Agent Lightning VERL trainer, sync mode",
 )
+#: Stock verl's RayPPOTrainer checkpointing on CPU.
 verl_stock_sync = resume_target(
     fit_stock, name="verl_stock_sync", steps=sync_steps, boundaries=sync_boundaries,
     cases=SYNC_CASES, contract="exactly_once_ordered", preload=PRELOAD, crash_save=(2, 1),
@@ -294,7 +300,6 @@ verl_stock_sync = resume_target(
                        (_stock_tracker_lost,
                         f"verl writes {TRACKER_FILENAME} with open('w') and no fsync: "
                         "left empty by the fault, the next resume fails on int('')")],
-    description="stock verl RayPPOTrainer checkpointing on CPU",
 )
 
 
@@ -314,10 +319,10 @@ def _ray_head_service() -> Any:
     return ray_head_service()
 
 
+#: The Agent Lightning VERL trainer with its actor on verl's RayWorkerGroup (2 CPU Ray actors).
 agentlightning_ray = resume_target(
     fit_ray, name="agentlightning_ray", steps=ray_steps, boundaries=ray_boundaries, cases=RAY_CASES,
     contract=BOTH_LEDGERS, preload=PRELOAD, services=[_ray_head_service], hang_timeout=300,
-    description="Agent Lightning VERL trainer with its actor on verl's RayWorkerGroup (2 CPU Ray actors)",
 )
 
 
@@ -327,7 +332,6 @@ agentlightning_ray = resume_target(
 #: processes, out of the recorder's reach; they are complete before the driver's own files are written.
 agentlightning_ray_crash = agentlightning_ray.with_options(
     name="agentlightning_ray_crash", cases=(RAY_CASES[1],), resume_modes=(RESUME_AUTO,), crash_save=(2, 1),
-    description="agentlightning_ray's sync case with faults inside the save the driver makes (on request)",
 )
 
 

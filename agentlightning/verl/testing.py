@@ -16,15 +16,16 @@ from __future__ import annotations
 import functools
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any
-
-from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+from typing import TYPE_CHECKING, Any
 
 from agentlightning.verl.cpu_builder import build_cpu_trainer
 from agentlightning.verl.input_file import write_input_state
 from agentlightning.verl.rollout import LatencySpec
 from agentlightning.verl.schedule import LatencyProfile
 from agentlightning.verl.trainer import AgentLightningRayPPOTrainer
+
+if TYPE_CHECKING:
+    from agentlightning.verl.stock_trainer import StockCpuRayPPOTrainer
 
 
 class TrainerWithoutInputFile(AgentLightningRayPPOTrainer):
@@ -95,7 +96,7 @@ class RecordingObserver:
         return [
             (epoch, input_id)
             for event, step, epoch, ids in self.events
-            if event == kind and (up_to_step is None or step <= up_to_step)
+            if event == kind and epoch is not None and (up_to_step is None or step <= up_to_step)
             for input_id in ids
         ]
 
@@ -139,7 +140,7 @@ def steps_for(
     num_workers: int = 0,
     rollout_latency: LatencySpec = 1,
     latency_profile: LatencyProfile | None = None,
-    trainer_cls: type[RayPPOTrainer] = AgentLightningRayPPOTrainer,
+    trainer_cls: type[AgentLightningRayPPOTrainer | StockCpuRayPPOTrainer] = AgentLightningRayPPOTrainer,
 ) -> int:
     """Number of steps an uninterrupted :func:`build_cpu_trainer` run with these parameters takes.
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -171,6 +172,12 @@ def add_agentlightning_config(
 class ObservedTrainingMixin:
     """Observer plumbing and the step pieces shared by the CPU-capable ``fit`` loops."""
 
+    # From verl's RayPPOTrainer, which each class using this mixin also derives from (declared only:
+    # a definition here would come before verl's in the method resolution order).
+    config: Any
+    actor_rollout_wg: Any
+    _save_checkpoint: Callable[[], Any]
+
     input_observer: InputObserver | None
     input_id_key: str
     rollout_engine: RolloutEngine | None
@@ -200,7 +207,7 @@ class ObservedTrainingMixin:
 
     def step_folder(self, step: int) -> str:
         """Absolute path of the ``global_step_{step}`` folder under ``trainer.default_local_dir``."""
-        base = os.path.abspath(self.config.trainer.default_local_dir)  # type: ignore[attr-defined]
+        base = os.path.abspath(self.config.trainer.default_local_dir)
         return os.path.join(base, step_folder_name(step))
 
     def _submit(self, batch: dict[str, Any], step: int, epoch: int) -> None:
@@ -214,18 +221,18 @@ class ObservedTrainingMixin:
         self.last_metrics = {}
         if done is not None:
             self.in_flight_inputs.complete(done.ids, done.epochs)
-            self.last_metrics = self.actor_rollout_wg.update_actor(done.batch)  # type: ignore[attr-defined]
+            self.last_metrics = self.actor_rollout_wg.update_actor(done.batch)
             for epoch, ids in done.by_epoch():
                 self._observe("trained", ids, step, epoch)
         self._observe("step_end", step)
 
     def _save_if_due(self, step: int, is_last: bool) -> None:
-        freq = self.config.trainer.save_freq  # type: ignore[attr-defined]
+        freq = self.config.trainer.save_freq
         due = freq > 0 and (is_last or step % freq == 0)  # verl's rule in RayPPOTrainer.fit
         if self._observe("should_checkpoint", step):
             due = True
         if due:
-            self._save_checkpoint()  # type: ignore[attr-defined]
+            self._save_checkpoint()
             self._observe("checkpoint_published", step, self.step_folder(step))
 
 
@@ -383,8 +390,10 @@ class AgentLightningRayPPOTrainer(ObservedTrainingMixin, RayPPOTrainer):
         while cap is None or self.global_steps <= cap:
             step = self.global_steps
             if self.async_enabled:
+                window = self.async_settings.async_train_batch_size
+                assert window is not None  # read_async_settings requires it when async is enabled
                 # The carried-over groups (resubmitted ones included) count against the window.
-                wanted = self.async_settings.async_train_batch_size - len(self.in_flight_inputs)
+                wanted = window - len(self.in_flight_inputs)
             else:
                 wanted = self.train_dataloader.batch_size
             chunks = self.input_stream.take(max(0, wanted))
