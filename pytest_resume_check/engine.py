@@ -27,10 +27,10 @@ from pytest_resume_check.judge.verdict import judge
 from pytest_resume_check.process.layout import Layout
 from pytest_resume_check.process.runner import Runner
 from pytest_resume_check.records import events as ev
-from pytest_resume_check.records.faults import RECORD, FaultPlan, FileOp
+from pytest_resume_check.records.faults import MODE_RECORD, FaultPlan, FileOp
 from pytest_resume_check.records.names import case_id
 from pytest_resume_check.records.plan import KillSpec, RunPlan
-from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT, KILLED, CellResult, RunRecord, Verdict
+from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT, CellResult, Outcome, RunRecord, Verdict
 from pytest_resume_check.targets import Target, TargetError
 
 
@@ -58,10 +58,6 @@ class Engine:
         """Trainer steps executed by every run so far (the cost of the matrix)."""
         return self.runner.steps_executed
 
-    @property
-    def runs_started(self) -> int:
-        return self.runner.runs_started
-
     def plan(self, target: Target, case: Mapping[str, Any], workdir: Path, index: int, **options: Any) -> RunPlan:
         """A plan for one run of ``target`` under ``workdir`` (see :meth:`Runner.plan`)."""
         return self.runner.plan(target, case, workdir, index, **options)
@@ -88,9 +84,9 @@ class Engine:
         """The file operations of the save of checkpoint ``step`` (after one of ``prior``), in order."""
         workdir = self.layout.fresh(self.layout.record_save(target.name, case_id(case), step))
         plan = self.runner.plan(target, case, workdir, 0, kill=KillSpec(step), checkpoint_steps=(prior,),
-                                faults=FaultPlan(step, RECORD))
+                                faults=FaultPlan(step, MODE_RECORD))
         record = self.runner.run(plan, target)
-        if record.outcome != KILLED:
+        if record.outcome != Outcome.KILLED:
             raise RuntimeError(f"recording the save of step {step} of {target.name} failed: {record.describe()}"
                                f"; see {plan.log_path}")
         return [FileOp(e.extra["index"], e.text or "", e.path or "", e.extra.get("target"))
@@ -99,6 +95,8 @@ class Engine:
     def crash_cells(self, target: Target, mode: str) -> list[Cell]:
         """The crash-consistency cells of ``target`` (its ``crash_save``): the save's file operations are
         recorded by running the trainer once, the points sampled with this engine's seed."""
+        if target.crash_save is None:
+            raise ValueError(f"target {target.name!r} has no crash_save=, so it has no crash cells")
         step, prior = target.crash_save
         case = target.cases[0]
         ops = self.record_ops(target, case, step, prior)

@@ -253,7 +253,7 @@ class RunContext:
                             "inputs before its step_end")
 
     def _violation(self, text: str) -> None:
-        self._sink.send(ev.Event(ev.PROTOCOL, text=text))
+        self._sink.send(ev.Event(ev.VIOLATION, text=text))
 
     def _send(self, event: ev.Event) -> None:
         """Pass an event through as it is (a command target relays its program's file operations)."""

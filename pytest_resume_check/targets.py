@@ -140,7 +140,6 @@ class Target:
     preload: tuple[str, ...] = ()
     isolation: str = ISOLATION_FORKSERVER
     expected_failures: tuple[tuple[Callable[[Any], bool], str], ...] = ()
-    description: str = ""
     #: (step, prior): add the crash-consistency axis for the save of checkpoint ``step`` of the first
     #: case, with a checkpoint of ``prior`` before it (None: no crash cells).
     crash_save: tuple[int, int] | None = None
@@ -191,7 +190,6 @@ def resume_target(
     preload: Iterable[str] = (),
     isolation: str = ISOLATION_FORKSERVER,
     expected_failures: Iterable[tuple[Callable[[Any], bool], str]] = (),
-    description: str = "",
     crash_save: tuple[int, int] | None = None,
     state_tolerance: tuple[float, float] | None = None,
     hang_timeout: float | None = None,
@@ -215,7 +213,6 @@ def resume_target(
             preload=preload,
             isolation=isolation,
             expected_failures=expected_failures,
-            description=description or (func.__doc__ or "").strip().split("\n")[0],
             crash_save=crash_save,
             state_tolerance=state_tolerance,
             hang_timeout=hang_timeout,
@@ -272,7 +269,6 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         preload=tuple(kw["preload"]),
         isolation=kw["isolation"],
         expected_failures=tuple(kw["expected_failures"]),
-        description=kw["description"],
         crash_save=tuple(kw["crash_save"]) if kw.get("crash_save") else None,
         state_tolerance=_tolerance(name, kw.get("state_tolerance")),
         hang_timeout=_hang_timeout(name, kw.get("hang_timeout")),
@@ -349,7 +345,6 @@ def command_target(
         raise TargetError(ERR_CASES.format(name=name, error=describe_error(exc))) from exc
     declared_in = _sys._getframe(1).f_globals.get("__file__")
     spec = command_spec(name, argv, cwd, env, cases, declared_in)
-    options.setdefault("description", f"the command {' '.join(spec.argv)}")
     if options.get("preemption"):
         raise TargetError(ERR_PREEMPT_COMMAND.format(name=name))
     target: Target = resume_target(run_command, name=name, steps=steps, cases=cases, **options)

@@ -24,7 +24,7 @@ from pytest_resume_check.cells.matrix import Cell
 from pytest_resume_check.client import FD_ENV
 from pytest_resume_check.engine import Engine
 from pytest_resume_check.judge import verdict as vd
-from pytest_resume_check.records.faults import CRASH, POWER, FaultPlan
+from pytest_resume_check.records.faults import MODE_CRASH, MODE_POWER, FaultPlan
 from pytest_resume_check.records.plan import CommandSpec
 from pytest_resume_check.run import KillSpec
 from pytest_resume_check.targets import TargetError, resume_target
@@ -85,7 +85,8 @@ def test_the_client_records_the_programs_own_save_and_crash_cells_judge_it(engin
     kinds = [op.kind for op in ops]
     assert kinds[0] == "open" and "fsync" in kinds and "replace" in kinds  # seen inside the program
     replace = kinds.index("replace")
-    for fault in (FaultPlan(2, CRASH, replace, total=len(ops)), FaultPlan(2, POWER, len(ops), total=len(ops))):
+    for fault in (FaultPlan(2, MODE_CRASH, replace, total=len(ops)),
+                  FaultPlan(2, MODE_POWER, len(ops), total=len(ops))):
         result = judge(engine, script_example, case, KillSpec(2, 0, fault))
         assert result.passed, (fault, result.verdict.headline)
         assert result.runs[0].outcome == "killed"

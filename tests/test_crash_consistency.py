@@ -17,7 +17,7 @@ from pytest_resume_check.cells import matrix as mx  # noqa: E402
 from pytest_resume_check.cells.matrix import Cell  # noqa: E402
 from pytest_resume_check.engine import Engine  # noqa: E402
 from pytest_resume_check.judge import verdict as vd  # noqa: E402
-from pytest_resume_check.records import faults  # noqa: E402
+from pytest_resume_check.records import faults, kill_ids  # noqa: E402
 from pytest_resume_check.run import KillSpec  # noqa: E402
 from pytest_resume_check.targets import resume_target  # noqa: E402
 
@@ -67,14 +67,14 @@ def test_quick_crash_points_keep_every_op_but_inner_writes(correct_ops):
 def test_correct_loop_survives_every_crash_point_power_loss_and_io_error(engine):
     cells = cells_of(engine, loop.correct_loop)
     modes = {c.kills[0].fault.mode for c in cells}
-    assert modes == {faults.CRASH, faults.POWER, faults.ERROR}
+    assert modes == {faults.MODE_CRASH, faults.MODE_POWER, faults.MODE_ERROR}
     failures = [(c.id, r.verdict.headline) for c in cells if not (r := engine.run_cell(c)).passed]
     assert failures == []
 
 
 def test_a_crash_report_names_the_operation_it_was_killed_before(engine, correct_ops):
     replace_at = next(op.index for op in correct_ops if op.kind == "replace")
-    plan = faults.FaultPlan(2, faults.CRASH, replace_at, total=len(correct_ops))
+    plan = faults.FaultPlan(2, faults.MODE_CRASH, replace_at, total=len(correct_ops))
     result = engine.run_cell(Cell(target(loop.correct_loop), CASE, "auto", (KillSpec(2, 0, plan),),
                                   loop.total_steps(CASE), None, (1,)))
     assert result.passed
@@ -84,16 +84,16 @@ def test_a_crash_report_names_the_operation_it_was_killed_before(engine, correct
 
 def test_non_atomic_save_breaks_the_resume_after_a_crash_or_power_loss(engine):
     cells = cells_of(engine, loop.loop_non_atomic_save)
-    torn = [c for c in cells if c.kills[0].fault.mode == faults.TORN]
+    torn = [c for c in cells if c.kills[0].fault.mode == faults.MODE_TORN]
     assert {c.kills[0].fault.file for c in torn} == {"step_2/state.pt", "latest"}
-    verdicts = {c.id: engine.run_cell(c).verdict for c in cells if c.kills[0].fault.mode != faults.ERROR}
+    verdicts = {c.id: engine.run_cell(c).verdict for c in cells if c.kills[0].fault.mode != faults.MODE_ERROR}
     broken = {cid: v.categories for cid, v in verdicts.items() if not v.passed}
     assert any(":power" in cid for cid in broken) and any(":torn:" in cid for cid in broken)
     assert all(set(cats) & {vd.RESUME_ERROR, vd.STALE_RESUME, vd.LOST, vd.DUPLICATED} for cats in broken.values())
 
 
 def test_a_save_that_swallows_io_errors_is_a_silent_io_error(engine):
-    cells = [c for c in cells_of(engine, loop.loop_swallow_save_errors) if c.kills[0].fault.mode == faults.ERROR]
+    cells = [c for c in cells_of(engine, loop.loop_swallow_save_errors) if c.kills[0].fault.mode == faults.MODE_ERROR]
     at_open = next(c for c in cells if c.save_ops[c.kills[0].fault.op].kind == "open")  # inside its try
     result = engine.run_cell(at_open)
     assert result.verdict.categories == [vd.SILENT_IO_ERROR]
@@ -103,7 +103,7 @@ def test_a_save_that_swallows_io_errors_is_a_silent_io_error(engine):
 def test_resuming_from_an_older_checkpoint_than_the_newest_complete_is_stale(engine):
     cells = cells_of(engine, loop.loop_oldest_checkpoint)
     end = next(c for c in cells
-               if c.kills[0].fault.mode == faults.CRASH and c.kills[0].fault.op == c.kills[0].fault.total)
+               if c.kills[0].fault.mode == faults.MODE_CRASH and c.kills[0].fault.op == c.kills[0].fault.total)
     result = engine.run_cell(end)
     assert vd.STALE_RESUME in result.verdict.categories
     assert "the checkpoint of step 2 was the newest checkpoint" in result.verdict.headline
@@ -111,7 +111,7 @@ def test_resuming_from_an_older_checkpoint_than_the_newest_complete_is_stale(eng
 
 def test_power_loss_report_names_the_files_that_were_not_durable(engine, correct_ops):
     torch_write = next(op.index for op in correct_ops if op.kind == "write")
-    plan = faults.FaultPlan(2, faults.POWER, torch_write + 1, total=len(correct_ops))
+    plan = faults.FaultPlan(2, faults.MODE_POWER, torch_write + 1, total=len(correct_ops))
     result = engine.run_cell(Cell(target(loop.correct_loop), CASE, "auto", (KillSpec(2, 0, plan),),
                                   loop.total_steps(CASE), None, (1,)))
     assert result.passed
@@ -120,6 +120,7 @@ def test_power_loss_report_names_the_files_that_were_not_durable(engine, correct
 
 @pytest.mark.parametrize("label", ["op4", "op4:power", "op4:enospc", "op4:eio+", "op4:torn:latest"])
 def test_fault_labels_round_trip_through_cell_ids(label):
-    (kill,) = mx.parse_kill_id(f"save2{label}")
-    assert mx.kill_id((kill,)) == f"save2{label}"
-    assert mx.parse_kill_id(f"save2{label.replace('op', '@')}") == (kill,)  # the old spelling still reads
+    (kill,) = kill_ids.parse_kill_id(f"save2{label}")
+    assert kill_ids.kill_id((kill,)) == f"save2{label}"
+    assert kill_ids.fault_label(kill.fault) == label
+    assert kill_ids.parse_kill_id(f"save2{label.replace('op', '@')}") == (kill,)  # the old spelling still reads

@@ -21,13 +21,12 @@ import pytest
 from pytest_resume_check import categories
 from pytest_resume_check.judge import verdict
 from pytest_resume_check.records import kill_ids
-from pytest_resume_check.records.faults import CRASH, ERRNOS, ERROR, POWER, TORN, FaultPlan
+from pytest_resume_check.records.faults import ERRNOS, MODE_CRASH, MODE_ERROR, MODE_POWER, MODE_TORN, FaultPlan
 from pytest_resume_check.records.plan import KillSpec
 from pytest_resume_check.report import html, summary
 
 PAYLOAD = '</script><img src=x onerror="alert(1)">&amp; <b>'
 CHROMIUM = shutil.which("chromium")
-PRELOAD = ("torch", "torchdata.stateful_dataloader", "pytest_resume_check.builtin.loop:warm_up")
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync")
 STORY = "run 1: killed right after checkpoint of step 1 was published -> run 2 (resume from step 1): done"
@@ -118,13 +117,13 @@ def crash_cell(mode, op, errno=None, persistent=False, file=None, **kw):
 def crash_matrix():
     """Plain kill points 1-4 and the crash-consistency cells of one save, two of which fail."""
     cells = [cell(kill=KillSpec(k)) for k in range(1, 5)]
-    cells += [crash_cell(CRASH, op) for op in range(6)] + [crash_cell(POWER, op) for op in (0, 5)]
-    cells += [crash_cell(POWER, 2, passed=False, categories=["STALE_RESUME"], headline="STALE_RESUME: planted")]
-    cells += [crash_cell(TORN, 4, file="model.pt")]
-    cells += [crash_cell(ERROR, op, ERRNOS["enospc"]) for op in range(5)]
-    cells += [crash_cell(ERROR, 2, ERRNOS["eio"], passed=False, categories=["SILENT_IO_ERROR"],
+    cells += [crash_cell(MODE_CRASH, op) for op in range(6)] + [crash_cell(MODE_POWER, op) for op in (0, 5)]
+    cells += [crash_cell(MODE_POWER, 2, passed=False, categories=["STALE_RESUME"], headline="STALE_RESUME: planted")]
+    cells += [crash_cell(MODE_TORN, 4, file="model.pt")]
+    cells += [crash_cell(MODE_ERROR, op, ERRNOS["enospc"]) for op in range(5)]
+    cells += [crash_cell(MODE_ERROR, 2, ERRNOS["eio"], passed=False, categories=["SILENT_IO_ERROR"],
                          headline="SILENT_IO_ERROR: planted")]
-    cells += [crash_cell(ERROR, 1, ERRNOS["enospc"], True)]
+    cells += [crash_cell(MODE_ERROR, 1, ERRNOS["enospc"], True)]
     return cells
 
 
@@ -221,7 +220,7 @@ def test_report_is_one_self_contained_file(tmp_path):
 
 
 def test_style_and_script_are_package_data_inlined_into_the_page():
-    assets = resources.files("pytest_resume_check") / "assets"
+    assets = resources.files("pytest_resume_check.report") / "assets"
     script, style = (assets / "report.js").read_text(encoding="utf-8"), (assets / "report.css").read_text()
     page = html.render([lost_cell()])
     assert f"<script>{script}</script>" in page
@@ -252,6 +251,20 @@ def test_kill_point_columns_come_in_order_from_the_structured_kills():
     cells = [cell(kill=k) for k in kills]
     (_, _, columns, _, _), = heatmaps(html.render(cells))
     assert columns == ["1", "3", "0+2", "3+1", "1,7+1"]
+
+
+def test_a_distributed_kind_gets_heatmap_rows_of_its_own():
+    kills = [(KillSpec(3),), (KillSpec(3, 0, rank=1),), (KillSpec(2, 1, signal="term", grace=2.0),)]
+    (_, _, columns, rows, squares), = heatmaps(html.render([cell(kill=k) for k in kills]))
+    assert columns == ["3", "2+1"] and rows == [["c", "auto", ""], ["c", "auto", "term2"], ["c", "auto", "rank1"]]
+    assert len(squares) == 3  # the kill of rank 1 alone does not hide the kill of every rank at step 3
+
+
+def test_a_cell_without_structured_kills_keeps_its_kill_id_as_its_column():
+    old = {**cell(kill=KillSpec(2)), "kills": []}
+    (_, _, columns, _, _), = heatmaps(html.render([cell(kill=KillSpec(1)), old]))
+    assert columns == ["1", "ckpt2"]
+    assert summary.grid([cell(kill=KillSpec(1)), old])[1].split() == ["1", "ckpt2"]  # the terminal grid too
 
 
 def test_summary_counts_failures_expected_failures_and_categories():
@@ -383,7 +396,7 @@ def test_crash_consistency_cells_get_their_own_heatmap():
 
 
 def test_a_crash_cell_timeline_says_where_in_the_save_it_was_killed():
-    stale = crash_cell(POWER, 2, passed=False, categories=["STALE_RESUME"], headline="STALE_RESUME: planted",
+    stale = crash_cell(MODE_POWER, 2, passed=False, categories=["STALE_RESUME"], headline="STALE_RESUME: planted",
                        reference=ledger(4), composite=ledger(4), resumed_from=[1])
     t = html.timeline(stale)
     assert t["kills"] == [[0, 3, 3, "killed with power loss at file operation 2 of the save of step 3"]]
@@ -503,7 +516,7 @@ def planted_cells(tmp_path_factory):
             (loop.loop_buffer_and_reread, (KillSpec(1), KillSpec(5, 1))), (loop.correct_loop, (KillSpec(3),))]
     for fn, kills in runs:
         target = resume_target(fn, name=fn.__name__, steps=loop.total_steps, boundaries=loop.epoch_boundaries,
-                               preload=PRELOAD)
+                               preload=loop.PRELOAD)
         cells.append(report.cell_json(engine.run_cell(Cell(target, case, "auto", kills, loop.total_steps(case)))))
     return cells
 

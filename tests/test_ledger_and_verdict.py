@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from pytest_resume_check.judge import verdict as vd
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.ledger import Ledger, ResumeReportMissing, compose
 from pytest_resume_check.records.plan import KillSpec, RunPlan
-from pytest_resume_check.records.results import DONE, KILLED, RAISED, RunRecord
+from pytest_resume_check.records.results import Outcome, RunRecord
 from pytest_resume_check.targets import Contract
 
 
@@ -105,32 +108,33 @@ def test_lost_headline_names_count_ids_epoch_and_resume_point():
 
 def _record(events, outcome, is_resume=False, error=None):
     plan = RunPlan("t", ("m", "", "f"), {}, 0, "/tmp/x", "/tmp/x.log", is_resume=is_resume,
-                   kill=KillSpec(1) if outcome == KILLED else None)
+                   kill=KillSpec(1) if outcome == Outcome.KILLED else None)
     return RunRecord(plan, list(events), outcome, 0, error)
 
 
 def test_a_resumed_run_that_raised_is_a_resume_error_with_its_last_traceback_line():
-    ref = _record(REFERENCE, DONE)
-    runs = [_record(REFERENCE[:1], KILLED), _record([], RAISED, True, "Traceback...\nValueError: bad file")]
+    ref = _record(REFERENCE, Outcome.DONE)
+    runs = [_record(REFERENCE[:1], Outcome.KILLED),
+            _record([], Outcome.RAISED, True, "Traceback...\nValueError: bad file")]
     verdict = vd.judge(ref, runs, Contract())
     assert verdict.categories == [vd.RESUME_ERROR]
     assert verdict.headline.endswith("ValueError: bad file")
 
 
 def test_a_first_run_that_raised_is_a_crash_not_a_resume_error():
-    runs = [_record([], RAISED, False, "boom")]
-    assert vd.judge(_record(REFERENCE, DONE), runs, Contract()).categories == [vd.CRASHED]
+    runs = [_record([], Outcome.RAISED, False, "boom")]
+    assert vd.judge(_record(REFERENCE, Outcome.DONE), runs, Contract()).categories == [vd.CRASHED]
 
 
 def test_differing_reference_runs_are_reported_as_nondeterministic():
     other = stream([(1, 0, 1, 0), (2, 0, 2, 3), (3, 1, 0, 1), (4, 1, 2, 3)])
-    findings = vd.judge_reference(_record(REFERENCE, DONE), _record(other, DONE), None, Contract())
+    findings = vd.judge_reference(_record(REFERENCE, Outcome.DONE), _record(other, Outcome.DONE), None, Contract())
     assert [f.category for f in findings] == [vd.NONDETERMINISTIC]
 
 
 def test_a_reference_with_other_step_count_than_declared_is_a_protocol_error():
     events = [*REFERENCE, ev.Event(ev.STEP_END, step=4)]
-    findings = vd.judge_reference(_record(events, DONE), None, 6, Contract())
+    findings = vd.judge_reference(_record(events, Outcome.DONE), None, 6, Contract())
     assert findings[0].headline == vd.MSG_STEPS.format(declared=6, actual=4)
 
 
@@ -194,3 +198,33 @@ def test_a_double_kill_names_the_resume_that_took_inputs_again():
                           resumed_from=resumed_from)
     assert [f.headline for f in findings] == ["DUPLICATED 1 input after resume from step_4: ids 4 (epoch 0)"]
     assert findings[0].step == 5  # where it was taken again
+
+
+def test_a_run_outcome_reads_as_its_value_in_text_json_and_comparisons():
+    """Issue 27: outcomes are one enum, and everything that reads them (JSON, headlines, strings read
+    back from JSON) still sees ``"killed"``."""
+    killed = Outcome.KILLED
+    assert (str(killed), f"{killed}", json.dumps({"outcome": killed})) == ("killed", "killed", '{"outcome": "killed"}')
+    assert killed == "killed" and "killed" in {killed} and Outcome("killed") is killed
+    assert _record([], "killed").outcome is killed  # a plain value becomes its member
+
+
+def test_the_judge_takes_its_steps_in_the_order_its_docstring_gives():
+    documented = re.findall(r"^\d\. ([A-Za-z/ ]+?)(?: \(final\))?:", vd.__doc__, re.MULTILINE)
+    names = ["_" + name.lower().replace("/", "").replace(" ", "_") for name in documented]
+    assert [step.__name__ for step in vd.STEPS] == names
+
+
+def test_a_finished_run_judged_against_an_identical_reference_passes():
+    first = [*REFERENCE[:2], ev.Event(ev.STEP_END, step=1), ev.Event(ev.STEP_END, step=2),
+             ev.Event(ev.CHECKPOINT, step=2)]
+    runs = [_record(first, Outcome.KILLED), _record([resumed(2), *REFERENCE[2:]], Outcome.DONE, is_resume=True)]
+    verdict = vd.judge(_record(REFERENCE, Outcome.DONE), runs, Contract())
+    assert verdict.findings == [] and verdict.resumed_from == [2] and verdict.resume_labels == ["resume from step 2"]
+
+
+def test_a_killed_last_run_is_a_protocol_error():
+    runs = [_record(REFERENCE[:2], Outcome.KILLED)]
+    verdict = vd.judge(_record(REFERENCE, Outcome.DONE), runs, Contract())
+    assert verdict.headline == vd.MSG_PROTOCOL.format(detail="the last run was killed")
+

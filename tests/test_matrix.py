@@ -55,6 +55,29 @@ def test_bad_kill_id_names_the_expected_form():
         kill_ids.parse_kill_id("step3")
 
 
+def test_an_unknown_fault_kind_is_a_value_error_naming_the_expected_form():
+    with pytest.raises(ValueError, match="unknown kind 'enoent'.*op<N>:power"):
+        kill_ids.parse_kill_id("save3op4:enoent")
+
+
+@pytest.mark.parametrize(("kills", "column", "kind"), [
+    ((KillSpec(3),), "3", ""),
+    ((KillSpec(3, 1),), "3+1", ""),
+    ((KillSpec(1), KillSpec(7, 1)), "1,7+1", ""),
+    ((KillSpec(6, 0, rank=1),), "6", "rank1"),
+    ((KillSpec(5, 1, signal="term", grace=2.0),), "5+1", "term2"),
+    ((KillSpec(3, 0, resume_world_size=1), KillSpec(5, 0, resume_world_size=1)), "3,5", "ws1"),
+])
+def test_a_grid_column_is_the_kill_point_and_its_row_the_distributed_kind(kills, column, kind):
+    assert (kill_ids.short_label(kills), kill_ids.kind_label(kills)) == (column, kind)
+
+
+def test_a_cell_name_splits_back_into_its_parts():
+    name = kill_ids.cell_name("t", "b4-take2", "path", "ckpt1_ckpt7+1")
+    assert name == "t[b4-take2-path-ckpt1_ckpt7+1]"
+    assert kill_ids.split_cell_name(name) == ("t", "b4-take2", "path", "ckpt1_ckpt7+1")
+
+
 def test_cells_cover_auto_and_path_resume_unsaved_steps_and_double_kills():
     cells = matrix.cells(make(), matrix.QUICK, seed=0)
     ids = [c.id for c in cells]

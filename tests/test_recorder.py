@@ -14,7 +14,7 @@ import os
 import pytest
 
 from pytest_resume_check.child.recorder import Recorder
-from pytest_resume_check.records.faults import CRASH, ERROR, RECORD, FaultPlan
+from pytest_resume_check.records.faults import MODE_CRASH, MODE_ERROR, MODE_RECORD, FaultPlan
 
 
 class Killed(Exception):
@@ -38,7 +38,7 @@ def _watched(plan, root):
 
 
 def test_recording_lists_each_file_operation_in_order(tmp_path):
-    with _watched(FaultPlan(2, RECORD), tmp_path) as rec:
+    with _watched(FaultPlan(2, MODE_RECORD), tmp_path) as rec:
         _save(tmp_path)
     assert [(op.kind, op.path) for op in rec.ops] == [
         ("open", "tracker.txt"), ("write", "tracker.txt"), ("close", "tracker.txt")]
@@ -46,7 +46,7 @@ def test_recording_lists_each_file_operation_in_order(tmp_path):
 
 def test_uninstall_puts_the_real_functions_back(tmp_path):
     real = (builtins.open, os.replace, os.fsync)
-    with _watched(FaultPlan(2, RECORD), tmp_path):
+    with _watched(FaultPlan(2, MODE_RECORD), tmp_path):
         assert builtins.open is not real[0]
     assert (builtins.open, os.replace, os.fsync) == real
 
@@ -57,7 +57,7 @@ def test_an_error_at_close_loses_the_buffered_bytes_whatever_the_garbage_collect
     (tmp_path / "tracker.txt").write_text("1")
     gc.disable()
     try:
-        with _watched(FaultPlan(2, ERROR, 2, errno.ENOSPC), tmp_path), pytest.raises(OSError, match="injected"):
+        with _watched(FaultPlan(2, MODE_ERROR, 2, errno.ENOSPC), tmp_path), pytest.raises(OSError, match="injected"):
             _save(tmp_path)
         if collect:
             gc.collect()
@@ -67,14 +67,14 @@ def test_an_error_at_close_loses_the_buffered_bytes_whatever_the_garbage_collect
 
 
 def test_an_error_at_write_leaves_the_file_truncated_and_closed_normally(tmp_path):
-    with _watched(FaultPlan(2, ERROR, 1, errno.EIO), tmp_path) as rec, pytest.raises(OSError):
+    with _watched(FaultPlan(2, MODE_ERROR, 1, errno.EIO), tmp_path) as rec, pytest.raises(OSError):
         _save(tmp_path)
     assert (tmp_path / "tracker.txt").read_text() == ""
     assert [op.kind for op in rec.ops] == ["open", "write", "close"]
 
 
 def test_a_crash_point_stops_before_its_operation(tmp_path):
-    with _watched(FaultPlan(2, CRASH, 1), tmp_path) as rec:
+    with _watched(FaultPlan(2, MODE_CRASH, 1), tmp_path) as rec:
         f = open(tmp_path / "tracker.txt", "w")
         with pytest.raises(Killed, match="before write"):
             f.write("2")

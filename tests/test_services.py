@@ -23,7 +23,7 @@ import pytest
 
 from pytest_resume_check.builtin import train_script
 from pytest_resume_check.engine import Engine
-from pytest_resume_check.records.results import DONE
+from pytest_resume_check.records.results import Outcome
 from pytest_resume_check.run import RunContext
 from pytest_resume_check.targets import TargetError, resume_target
 
@@ -86,7 +86,7 @@ def engine(tmp_path):
 def run_once(engine, target, tmp_path, index=0):
     plan = engine.plan(target, target.cases[0], tmp_path / f"w{index}", index)
     record = engine.run(plan, target)
-    assert record.outcome == DONE, record.error
+    assert record.outcome == Outcome.DONE, record.error
     return (Path(plan.checkpoint_dir) / "service.txt").read_text()
 
 

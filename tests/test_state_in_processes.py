@@ -9,7 +9,7 @@ from pytest_resume_check.cells.matrix import Cell
 from pytest_resume_check.engine import Engine
 from pytest_resume_check.judge import verdict as vd
 from pytest_resume_check.records.plan import KillSpec
-from pytest_resume_check.records.results import CONVERGED, DONE
+from pytest_resume_check.records.results import Outcome
 from pytest_resume_check.targets import resume_target
 
 KILLS = [(KillSpec(2),), (KillSpec(4, 1),), (KillSpec(1), KillSpec(3))]
@@ -34,12 +34,12 @@ def test_a_correct_resume_stops_at_its_first_step_with_the_references_state(engi
     result = judge(engine, target(), {}, kills, mode)
     assert result.passed, result.verdict.headline
     last = result.runs[-1]
-    assert last.outcome == CONVERGED and last.converged_step == last.resumed_step + 1
+    assert last.outcome == Outcome.CONVERGED and last.converged_step == last.resumed_step + 1
 
 
 def test_a_state_that_never_meets_the_reference_runs_to_the_end_and_is_judged(engine):
     result = judge(engine, target(), {"nudge": True}, (KillSpec(2),))
-    assert result.runs[-1].outcome == DONE
+    assert result.runs[-1].outcome == Outcome.DONE
     assert result.verdict.categories == [vd.STATE_DIVERGED]
     assert result.verdict.headline == vd.MSG_STATE_DIVERGED.format(
         step=3, when="first step after", label="resume from step_2", what="model differs (w), progress agrees")
@@ -51,7 +51,7 @@ def test_the_early_stop_and_full_runs_give_the_same_verdicts(tmp_path, engine):
         for kills in KILLS:
             fast, slow = judge(engine, target(), case, kills), judge(full, target(), case, kills)
             assert (fast.verdict.categories, fast.verdict.headline) == (slow.verdict.categories, slow.verdict.headline)
-            assert slow.runs[-1].outcome == DONE
+            assert slow.runs[-1].outcome == Outcome.DONE
 
 
 def test_state_noise_between_reference_runs_is_nondeterministic_naming_the_component(engine):
@@ -69,4 +69,4 @@ def test_a_tolerance_accepts_the_noise_and_still_catches_a_real_difference(engin
     assert result.verdict.categories == [vd.STATE_DIVERGED]
     assert result.verdict.headline.startswith("STATE_DIVERGED at step 5 (first step after resume from step_4): "
                                               "model differs (w), progress agrees")
-    assert result.runs[-1].outcome == DONE  # close is not equal: no early stop under a tolerance
+    assert result.runs[-1].outcome == Outcome.DONE  # close is not equal: no early stop under a tolerance

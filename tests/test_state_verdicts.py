@@ -9,7 +9,7 @@ from pytest_resume_check.judge import verdict as vd
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records import state as st
 from pytest_resume_check.records.plan import RESUME_DISABLED, RESUME_PATH, KillSpec, RunPlan
-from pytest_resume_check.records.results import CONVERGED, DONE, KILLED, RunRecord
+from pytest_resume_check.records.results import Outcome, RunRecord
 from pytest_resume_check.targets import Contract, TargetError, resume_target
 
 
@@ -32,7 +32,7 @@ def state(step, **components):
     return ev.Event(ev.STATE, step=step, extra={ev.STATE_DIGESTS: digests, ev.STATE_LEAVES: leaves})
 
 
-def record(events, outcome=DONE, resume_mode="auto", kill=None, is_resume=False):
+def record(events, outcome=Outcome.DONE, resume_mode="auto", kill=None, is_resume=False):
     plan = RunPlan("t", ("m", "", "f"), {}, 0, "/ckpt", "/tmp/x.log", resume_mode=resume_mode, kill=kill,
                    is_resume=is_resume)
     return RunRecord(plan, list(events), outcome, 0)
@@ -65,11 +65,11 @@ def first_run(kill_after=4, publish=(2, 4)):
         events += [consumed(s, *INPUTS[s]), ev.Event(ev.STEP_END, step=s)]
         if s in publish:
             events.append(published(s))
-    return record(events, KILLED, kill=KillSpec(max(publish, default=0), kill_after - max(publish, default=0)))
+    return record(events, Outcome.KILLED, kill=KillSpec(max(publish, default=0), kill_after - max(publish, default=0)))
 
 
 def resumed_run(step, states=model, mode="auto"):
-    return record([resumed(step), *steps(step + 1, 6, states)], DONE, resume_mode=mode, is_resume=True)
+    return record([resumed(step), *steps(step + 1, 6, states)], Outcome.DONE, resume_mode=mode, is_resume=True)
 
 
 # -- which checkpoint ------------------------------------------------------------------------------
@@ -102,14 +102,14 @@ def test_a_run_told_not_to_resume_may_start_fresh():
 
 
 def test_a_resume_from_a_step_no_run_reached_is_a_protocol_error():
-    killed = record([*steps(1, 4), published(2)], KILLED, kill=KillSpec(2, 2))
+    killed = record([*steps(1, 4), published(2)], Outcome.KILLED, kill=KillSpec(2, 2))
     verdict = vd.judge(REFERENCE, [killed, resumed_run(5)], Contract())
     assert verdict.categories[0] == vd.PROTOCOL
     assert verdict.headline == vd.MSG_UNPUBLISHED.format(run=2, step=5, reached=4)
 
 
 def test_the_second_resume_of_a_double_kill_must_take_the_newest_checkpoint_of_either_run():
-    second = record([resumed(4), *steps(5, 5, model), published(5)], KILLED, kill=KillSpec(5), is_resume=True)
+    second = record([resumed(4), *steps(5, 5, model), published(5)], Outcome.KILLED, kill=KillSpec(5), is_resume=True)
     runs = [first_run(), second, resumed_run(4)]
     verdict = vd.judge(REFERENCE, runs, Contract())
     assert verdict.categories == [vd.STALE_RESUME]
@@ -148,15 +148,15 @@ def test_a_scheduler_that_was_not_restored_shows_in_the_learning_rate():
 
 
 def test_state_that_differs_only_where_the_inputs_do_is_not_a_second_finding():
-    wrong = record([resumed(4), consumed(5, 8), model(5), *steps(6, 6, model)], DONE, is_resume=True)
-    other_state = record([resumed(4), consumed(5, 8), state(5, model={"w": [0.0]}), *steps(6, 6, model)], DONE,
+    wrong = record([resumed(4), consumed(5, 8), model(5), *steps(6, 6, model)], Outcome.DONE, is_resume=True)
+    other_state = record([resumed(4), consumed(5, 8), state(5, model={"w": [0.0]}), *steps(6, 6, model)], Outcome.DONE,
                          is_resume=True)
     assert vd.judge(REFERENCE, [first_run(), wrong], Contract()).categories == [vd.LOST]
     assert vd.judge(REFERENCE, [first_run(), other_state], Contract()).categories == [vd.LOST]
 
 
 def test_a_converged_run_agrees_with_the_reference():
-    run = record([resumed(4), consumed(5, *INPUTS[5]), model(5), ev.Event(ev.CONVERGED, step=5)], CONVERGED,
+    run = record([resumed(4), consumed(5, *INPUTS[5]), model(5), ev.Event(ev.CONVERGED, step=5)], Outcome.CONVERGED,
                  is_resume=True)
     assert vd.judge(REFERENCE, [first_run(), run], Contract()).passed
 
@@ -232,5 +232,5 @@ def test_a_bad_state_tolerance_is_a_clear_target_error(bad):
 
 def test_a_checkpoint_complete_on_disk_but_not_yet_published_at_the_kill_may_be_resumed():
     # A background saver finished step_4 on disk; its publication had not reached the harness yet.
-    killed = record([*steps(1, 5), published(2)], KILLED, kill=KillSpec(2, 3))
+    killed = record([*steps(1, 5), published(2)], Outcome.KILLED, kill=KillSpec(2, 3))
     assert vd.judge(REFERENCE, [killed, resumed_run(4)], Contract()).passed

@@ -19,7 +19,7 @@ from pytest_resume_check.cells import matrix
 from pytest_resume_check.cells.matrix import Cell
 from pytest_resume_check.engine import Engine
 from pytest_resume_check.records import kill_ids
-from pytest_resume_check.records.results import DONE, HUNG
+from pytest_resume_check.records.results import Outcome
 from pytest_resume_check.targets import resume_target
 
 
@@ -107,7 +107,7 @@ def test_a_snapshot_is_taken_while_every_process_of_the_run_is_stopped(engine):
 def test_a_step_longer_than_the_hang_limit_that_keeps_reporting_is_alive(engine, tmp_path):
     plan = engine.plan(long_step_logger, {}, tmp_path, 0)
     record = engine.run(plan, long_step_logger)
-    assert record.outcome == DONE, record.error
+    assert record.outcome == Outcome.DONE, record.error
     assert record.hang_timeout == 3 < tt.LONG_STEP
 
 
@@ -115,7 +115,7 @@ def test_a_step_that_reports_nothing_for_longer_than_the_hang_limit_still_hangs(
     silent = resume_target(steps=2, hang_timeout=1, name="silent_step")(tt.long_step_logger)
     plan = engine.plan(silent, {"silent": True}, tmp_path, 0)
     record = engine.run(plan, silent)
-    assert record.outcome == HUNG
+    assert record.outcome == Outcome.HUNG
 
 
 two_rank_loop = resume_target(steps=tt.STEPS, world_size=2, cases=[{"slow_rank1": True}], name="two_rank_loop",
@@ -170,3 +170,13 @@ def test_a_rank_that_resumed_elsewhere_is_not_waited_for():
                ev.Event(ev.RESUMED, step=4, rank=2)]
     assert supervisor._awaited(RunRecord(plan, resumed)) == [2]
     assert supervisor._awaited(RunRecord(plan, [])) == [1, 2]
+
+
+def test_every_event_kind_that_ends_or_stops_a_run_has_a_handler_of_its_own():
+    """Issue 27: the supervisor's event loop dispatches by kind; the kinds that end the reading (done, an
+    error, converged, the kill point) or make the harness act (a pause for a snapshot) have their own."""
+    from pytest_resume_check.process import supervisor
+    from pytest_resume_check.records import events as ev
+
+    assert set(supervisor.HANDLERS) <= ev.KINDS
+    assert {ev.DONE, ev.ERROR, ev.CONVERGED, ev.KILL_READY, ev.PAUSED} <= set(supervisor.HANDLERS)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from pytest_resume_check.builtin.epochs import AccumulatedEpochs
 from pytest_resume_check.ids import WithIds
@@ -126,8 +126,12 @@ def fit(accelerator: Any, config: Config, resume_from: str | os.PathLike[str] | 
     else:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 3))
     generator = torch.Generator().manual_seed(config.seed) if config.loader_generator else None
-    loader = torch.utils.data.DataLoader(WithIds(Features(config.n)), batch_size=config.batch_size,
-                                         shuffle=config.shuffle, num_workers=config.num_workers, generator=generator)
+    # A map-style dataset by duck typing, as DataLoader takes one; typed as torch's Dataset, which it does not
+    # subclass so that importing this module does not import torch.
+    dataset = cast("torch.utils.data.Dataset[dict[str, Any]]", WithIds(Features(config.n)))
+    # Any: accelerator.prepare replaces it with Accelerate's own loader (untyped; it has set_epoch).
+    loader: Any = torch.utils.data.DataLoader(dataset, batch_size=config.batch_size, shuffle=config.shuffle,
+                                              num_workers=config.num_workers, generator=generator)
     progress = Progress()
     accelerator.register_for_checkpointing(progress)
     if bug == OPTIMIZER_NOT_PREPARED:
@@ -256,9 +260,9 @@ WORKERS_BUG = ("accelerate 1.15 + torchdata 0.11, use_stateful_dataloader + use_
                "epoch 0 is shuffled by one sampler and a resume fast-forwards the other; a resume at the end of "
                "epoch 0 continues with epoch 2's order (huggingface/accelerate#4204; docs/findings.md)")
 
+#: The Accelerate loop (save_state/load_state) watched by ResumeCheck.
 accelerate_example = declare(train, "accelerate_example",
-                             expected_failures=[(resumes_in_first_epoch_with_workers, WORKERS_BUG)],
-                             description="Accelerate loop (save_state/load_state) watched by ResumeCheck")
+                             expected_failures=[(resumes_in_first_epoch_with_workers, WORKERS_BUG)])
 
 
 def _has_accelerate() -> bool:

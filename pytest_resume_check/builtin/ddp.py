@@ -26,7 +26,7 @@ import signal
 import threading
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pytest_resume_check.integrations.durable import fsync_path
 
@@ -116,7 +116,7 @@ class _Loop:
 
     # -- the loop ------------------------------------------------------------------------------------
     def train(self) -> None:
-        from torch.utils.data import DataLoader
+        from torch.utils.data import DataLoader, Dataset
         from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
         source = self._resume_source()
@@ -131,6 +131,9 @@ class _Loop:
         if self.taken >= N_INPUTS:  # saved at the epoch's last step
             self.epoch, self.taken = self.epoch + 1, 0
         resumed_epoch = self.epoch if source is not None else None
+        # A map-style dataset by duck typing, as DataLoader takes one; typed as torch's Dataset, which it does
+        # not subclass so that importing this module does not import torch.
+        dataset = cast("Dataset[Any]", self.dataset)
         while self.epoch < EPOCHS:
             if not (self.bug == "elastic_epoch" and self.epoch == resumed_epoch and self.saved_world != self.world):
                 self.sampler.set_epoch(self.epoch)
@@ -139,7 +142,7 @@ class _Loop:
                     raise ValueError(f"the checkpoint's position ({self.taken} inputs of epoch {self.epoch}) does "
                                      f"not divide among {self.world} ranks; resume at a world size that divides it")
                 self.sampler.load_state_dict({"yielded": self.taken // self.world})
-            for ids, x in DataLoader(self.dataset, batch_size=BATCH, sampler=self.sampler):
+            for ids, x in DataLoader(dataset, batch_size=BATCH, sampler=self.sampler):
                 self.step += 1
                 self.run.consumed(ids.tolist(), step=self.step, epoch=self.epoch)
                 loss = self.model(x).pow(2).mean()
@@ -218,7 +221,7 @@ class _Loop:
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_state, "optim": optim_state}
+        state: dict[str, Any] = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=str(folder))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         data = json.loads((folder / DATA_FILE).read_text())

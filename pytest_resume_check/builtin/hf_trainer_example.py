@@ -94,13 +94,13 @@ def model_and_data(p: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     )
 
     if p["mlm"]:
-        config = BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                            intermediate_size=32, max_position_embeddings=16, pad_token_id=0)
+        bert_config = BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32, max_position_embeddings=16, pad_token_id=0)
         collator = DataCollatorForLanguageModeling(word_level_tokenizer(), mlm_probability=0.15)
-        return BertForMaskedLM(config), WithIds(TokenRows(p["n"], labels=False)), collator
-    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=16, bos_token_id=0,
-                        eos_token_id=0)
-    return GPT2LMHeadModel(config), WithIds(TokenRows(p["n"])), default_data_collator
+        return BertForMaskedLM(bert_config), WithIds(TokenRows(p["n"], labels=False)), collator
+    gpt2_config = GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=16, bos_token_id=0,
+                             eos_token_id=0)
+    return GPT2LMHeadModel(gpt2_config), WithIds(TokenRows(p["n"])), default_data_collator
 
 
 def train(run: RunContext, bug: str | None = None) -> None:
@@ -202,6 +202,7 @@ MLM_MID_EPOCH = ("transformers Trainer: on a mid-epoch resume the RNG state is r
                  "batches were collated, so DataCollatorForLanguageModeling masks them differently "
                  "(huggingface/transformers#39215; docs/examples/findings/hf_trainer_rng_after_collate.py)")
 
+#: The Hugging Face Trainer (tiny GPT-2) through the hf_trainer integration.
 hf_trainer_example = resume_target(
     correct,
     name="hf_trainer_example",
@@ -211,7 +212,6 @@ hf_trainer_example = resume_target(
     contract="exactly_once_ordered",
     preload=PRELOAD,
     expected_failures=[(resumes_mid_epoch, MLM_MID_EPOCH)],
-    description="Hugging Face Trainer (tiny GPT-2) through the hf_trainer integration",
 )
 
 

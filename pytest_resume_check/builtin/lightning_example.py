@@ -29,7 +29,7 @@ import functools
 import importlib.util
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from pytest_resume_check.builtin.epochs import AccumulatedEpochs
 from pytest_resume_check.run import RESUME_DISABLED, RunContext, RunPlan
@@ -43,7 +43,6 @@ DEFAULT_CASE = {"n": 40, "batch": 8, "epochs": 2, "accumulate": 1, "shuffle": Fa
 #: Planted bugs.
 PLAIN_LOADER = "plain_loader"  # torch.utils.data.DataLoader: no loader state in the checkpoint -> DUPLICATED/LOST
 FRESH_OPTIMIZER = "fresh_optimizer"  # the optimizer state is dropped on load -> STATE_DIVERGED
-BUGS = (PLAIN_LOADER, FRESH_OPTIMIZER)
 
 
 #: The case's step counts (pytest_resume_check.builtin.epochs).
@@ -100,7 +99,8 @@ def fresh_optimizer_class() -> type:
     """Planted bug: the module drops the saved optimizer state, a habit copied from fine-tuning recipes
     ("start the optimizer afresh on resume"). Lightning then restores nothing into the optimizer."""
 
-    class FreshOptimizerRegressor(regressor_class()):
+    # The base is made at first use (importing this module must not import Lightning), so mypy cannot see it.
+    class FreshOptimizerRegressor(regressor_class()):  # type: ignore[misc]
         def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
             checkpoint["optimizer_states"] = []
 
@@ -110,11 +110,14 @@ def fresh_optimizer_class() -> type:
 def make_loader(p: Mapping[str, Any], stateful: bool = True) -> Any:
     """The training loader: torchdata's StatefulDataLoader (Lightning saves and restores its position),
     or a plain DataLoader (it cannot)."""
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, Dataset
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     cls = StatefulDataLoader if stateful else DataLoader
-    return cls(Synthetic(p["n"]), batch_size=p["batch"], shuffle=bool(p["shuffle"]), num_workers=int(p["workers"]),
+    # A map-style dataset by duck typing, as DataLoader takes one; typed as torch's Dataset, which it does not
+    # subclass so that importing this module does not import torch.
+    dataset = cast("Dataset[dict[str, Any]]", Synthetic(p["n"]))
+    return cls(dataset, batch_size=p["batch"], shuffle=bool(p["shuffle"]), num_workers=int(p["workers"]),
                persistent_workers=False)
 
 
@@ -205,6 +208,7 @@ CASES = (
     {"id": "e2-shuffle-w2-fix", "n": 24, "shuffle": True, "workers": 2, "fix_epoch_end": True},
 )
 
+#: PyTorch Lightning's Trainer.fit over a StatefulDataLoader with the ResumeCheck callback.
 lightning_example = resume_target(
     fit_example,
     name="lightning_example",
@@ -215,7 +219,6 @@ lightning_example = resume_target(
     preload=("torch", "torchdata.stateful_dataloader", "lightning.pytorch",
              "pytest_resume_check.integrations.lightning", "pytest_resume_check.builtin.lightning_example:warm_up"),
     expected_failures=[(after_last_batch_of_an_epoch, LIGHTNING_EPOCH_SKIP)],
-    description="PyTorch Lightning Trainer.fit over a StatefulDataLoader with the ResumeCheck callback",
 )
 
 

@@ -46,11 +46,13 @@ NO_OPTIMIZER = "no_optimizer"  # the optimizer's momentum is not restored -> STA
 LOADER_STATE_AT_SAVE = "loader_state_at_save"
 CRASH = "crash"  # exits by itself at step 2 -> CRASHED
 HANG = "hang"  # stops sending events at step 2 -> HUNG
-BUGS = (DROP_BUFFER, BUFFER_AND_REREAD, RESTART_AT_EPOCH_BOUNDARY, FRESH_SHUFFLE, EPOCH_RESET,
-        SHARED_GENERATOR, NON_ATOMIC_SAVE, SWALLOW_SAVE_ERRORS, OLDEST_CHECKPOINT, NO_OPTIMIZER, LOADER_STATE_AT_SAVE,
-        RAISE_ON_RESUME, CRASH, HANG)
 
 DEFAULT_CASE = {"n": 12, "batch": 4, "take": 4, "epochs": 2, "shuffle": False, "workers": 0}
+
+
+#: What a target of these loops preloads in the fork server (copy it for a loop of your own): torch, the
+#: loader, and the warm-up that pays torch's first-step costs once.
+PRELOAD = ("torch", "torchdata.stateful_dataloader", "pytest_resume_check.builtin.loop:warm_up")
 
 
 def params(case: Mapping[str, Any]) -> dict[str, Any]:

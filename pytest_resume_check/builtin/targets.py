@@ -4,8 +4,11 @@ framework is installed; importing their modules imports no framework)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from pytest_resume_check.builtin import accelerate_example, ddp, hf_trainer_example, lightning_example, loop
-from pytest_resume_check.targets import resume_target
+from pytest_resume_check.targets import command_target, resume_target
 
 #: Cases of the built-in loop: loader batch vs take size equal, dividing, not dividing and larger;
 #: shuffle off and on; one and two epochs; 0 and 2 loader workers.
@@ -16,6 +19,7 @@ CASES = (
     {"id": "b4-take6-e1", "batch": 4, "take": 6, "epochs": 1},
 )
 
+#: A plain PyTorch loop over StatefulDataLoader with a buffered tail, crash cells in the save of step 2.
 builtin_loop = resume_target(
     loop.correct_loop,
     name="builtin_loop",
@@ -24,8 +28,7 @@ builtin_loop = resume_target(
     buffered=loop.buffered_steps,
     cases=CASES,
     contract="exactly_once_ordered",
-    preload=("torch", "torchdata.stateful_dataloader", "pytest_resume_check.builtin.loop:warm_up"),
-    description="plain PyTorch loop over StatefulDataLoader with a buffered tail",
+    preload=loop.PRELOAD,
     crash_save=(2, 1),
 )
 
@@ -38,26 +41,27 @@ SCRIPT_ARGV = ("{python}", "-m", "pytest_resume_check.builtin.train_script", "--
 SCRIPT_CASES = ({"id": "e2", "epochs": 2, "shuffle": 0}, {"id": "e2-shuffle", "epochs": 2, "shuffle": 1})
 
 
-def script_steps(case: dict) -> int:
+def script_steps(case: Mapping[str, Any]) -> int:
     return 6 * int(case["epochs"])  # 24 inputs in batches of 4
 
 
-def script_boundaries(case: dict) -> list[int]:
+def script_boundaries(case: Mapping[str, Any]) -> list[int]:
     return [6 * (e + 1) for e in range(int(case["epochs"]))]
 
 
-script_example = resume_target.command(
+#: The training script as a command target (crash cells in the save of step 2).
+script_example = command_target(  # = resume_target.command (type checkers do not see a function attribute)
     SCRIPT_ARGV,
     name="script_example",
     steps=script_steps,
     boundaries=script_boundaries,
     cases=SCRIPT_CASES,
-    description="a plain Python training script run as a command, reporting through pytest_resume_check.client",
     crash_save=(2, 1),
 )
 
 
-#: The two-rank DDP loop: one rank alone killed, preemption with a 2 s grace period, resumes on 1 and 3 ranks.
+#: The two-rank DDP loop (gloo, StatefulDistributedSampler, torch.distributed.checkpoint): one rank alone
+#: killed, preemption with a 2 s grace period, resumes on 1 and 3 ranks.
 # --8<-- [start:ddp]
 DDP_WORLD_SIZE = 2
 ddp_loop = resume_target(
@@ -70,7 +74,6 @@ ddp_loop = resume_target(
     elastic=(1, 3),
     preemption=(2.0,),
     preload=("torch", "torchdata.stateful_dataloader", "pytest_resume_check.builtin.ddp:warm_up"),
-    description="two-rank DDP loop (gloo) with StatefulDistributedSampler and torch.distributed.checkpoint",
 )
 # --8<-- [end:ddp]
 

@@ -86,8 +86,9 @@ def main(argv: list[str] | None = None, run: Any = None) -> None:
     rows = data(args.seed)
     steps_per_epoch = -(-INPUTS // BATCH)
 
-    state = {"step": 0, "epoch": 0, "position": 0, "weights": [0.0] * FEATURES, "momentum": [0.0] * FEATURES}
-    source = Path(args.resume_from) if args.resume == "path" else (checkpoints(out) or [None])[-1]
+    state: dict[str, Any] = {"step": 0, "epoch": 0, "position": 0,
+                             "weights": [0.0] * FEATURES, "momentum": [0.0] * FEATURES}
+    source = Path(args.resume_from) if args.resume == "path" else next(reversed(checkpoints(out)), None)
     if args.resume != "disabled" and source is not None:
         restored = json.loads(Path(source).read_text())
         if args.plant == "loader":

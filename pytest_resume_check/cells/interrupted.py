@@ -14,9 +14,9 @@ from pytest_resume_check.cells.matrix import Cell
 from pytest_resume_check.process.layout import Layout
 from pytest_resume_check.process.runner import Runner
 from pytest_resume_check.records import events as ev
-from pytest_resume_check.records.faults import CRASH, INJECTED, POWER, apply_after_kill
+from pytest_resume_check.records.faults import INJECTED, MODE_CRASH, MODE_POWER, apply_after_kill
 from pytest_resume_check.records.plan import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, KillSpec
-from pytest_resume_check.records.results import KILLED, RAISED, RunRecord
+from pytest_resume_check.records.results import Outcome, RunRecord
 from pytest_resume_check.targets import Target
 
 
@@ -41,8 +41,8 @@ def run_interrupted(runner: Runner, target: Target, case: Mapping[str, Any], kil
         latest, start = first[1], 1
     for index in range(start, len(kills) + 1):
         kill = kills[index] if index < len(kills) else None
-        if index and kills[index - 1].resume_world_size is not None:
-            world = kills[index - 1].resume_world_size  # an elastic resume: this run has another world size
+        if index and (resized := kills[index - 1].resume_world_size) is not None:
+            world = resized  # an elastic resume: this run has another world size
         mode, path = resume_mode, None
         if resume_mode == RESUME_PATH:  # the first run starts fresh, later ones name the last checkpoint
             mode = RESUME_PATH if latest else (RESUME_AUTO if index == 0 else RESUME_DISABLED)
@@ -55,12 +55,12 @@ def run_interrupted(runner: Runner, target: Target, case: Mapping[str, Any], kil
         record = runner.run(plan, target)
         runs.append(record)
         if kill is not None and kill.fault is not None:
-            if record.outcome == KILLED:
+            if record.outcome == Outcome.KILLED:
                 extra = next((e.extra for e in record.events if e.kind == ev.KILL_READY), {})
                 record.damage = apply_after_kill(plan.checkpoint_dir, extra)
-            elif not (record.outcome == RAISED and INJECTED in (record.error or "")):
+            elif not (record.outcome == Outcome.RAISED and INJECTED in (record.error or "")):
                 break  # the run did not fail where the fault was injected: judged as is
-        elif record.outcome != KILLED or kill is None:
+        elif record.outcome != Outcome.KILLED or kill is None:
             break
         if record.published:
             latest = record.published[-1][1] or latest
@@ -75,8 +75,8 @@ def newest_complete(cell: Cell, runs: Sequence[RunRecord]) -> int | None:
     if fault is None or not runs:
         return None
     previous = max((step for step, _ in runs[0].published if step < kill.checkpoint_step), default=0)
-    if fault.mode == CRASH and fault.completes_save:
+    if fault.mode == MODE_CRASH and fault.completes_save:
         return kill.checkpoint_step
-    if fault.mode == POWER and fault.completes_save and not runs[0].damage.not_durable:
+    if fault.mode == MODE_POWER and fault.completes_save and not runs[0].damage.not_durable:
         return kill.checkpoint_step
     return previous

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_resume_check.records import faults
-from pytest_resume_check.records.kill_ids import kill_id
+from pytest_resume_check.records.kill_ids import cell_id, kill_id
 from pytest_resume_check.records.names import case_id
 from pytest_resume_check.records.plan import RESUME_AUTO, RESUME_PATH, SIGNAL_TERM, KillSpec
 from pytest_resume_check.targets import ERR_RAISED, ERR_STEPS_RETURNED, Target, TargetError, describe_error
@@ -61,15 +61,18 @@ class Cell:
 
     @property
     def case_id(self) -> str:
+        """The id of the cell's case (see :func:`~pytest_resume_check.records.names.case_id`)."""
         return case_id(self.case)
 
     @property
     def kill_id(self) -> str:
+        """The cell's kills as text: ``ckpt3``, ``ckpt1_ckpt7+1``, ``save3op4:power``."""
         return kill_id(self.kills)
 
     @property
     def id(self) -> str:
-        return f"{self.case_id}-{self.resume_mode}-{self.kill_id}"
+        """The cell's id within its target: ``shuffle-auto-ckpt3``."""
+        return cell_id(self.case_id, self.resume_mode, self.kill_id)
 
 
 def kill_steps(steps: int, boundaries: Sequence[int], mode: str, rng: random.Random,
@@ -109,8 +112,8 @@ def kill_points(steps: int, boundaries: Sequence[int], mode: str, rng: random.Ra
         # its checkpoint (issue 19: a path-only target with a boundary bug passed every quick cell).
         edges = {b for b in boundaries if 1 <= b <= steps}
         points += [(RESUME_PATH, (KillSpec(k),)) for k in sorted({1, max(1, steps // 2)} | edges) if k <= steps]
-        unsaved = range(1, steps - 1) if mode == FULL else sorted(b for b in edges if b < steps - 1)
-        points += [(RESUME_PATH, (KillSpec(k, 1),)) for k in unsaved]
+        after = list(range(1, steps - 1)) if mode == FULL else sorted(b for b in edges if b < steps - 1)
+        points += [(RESUME_PATH, (KillSpec(k, 1),)) for k in after]
         points += [(RESUME_PATH, kills) for kills in _double_kills(steps, QUICK)]
     return points
 
@@ -259,13 +262,13 @@ def crash_cells(target: Target, case: Mapping[str, Any], ops: Sequence[faults.Fi
     points = crash_points(ops, mode)
     at_ops = [i for i in points if i < total]
     sample = at_ops if mode == FULL else sorted(rng.sample(at_ops, min(QUICK_ERROR_SAMPLE, len(at_ops))))
-    plans = [faults.FaultPlan(step, faults.CRASH, i, total=total) for i in points]
-    plans += [faults.FaultPlan(step, faults.POWER, i, total=total) for i in points]
-    plans += [faults.FaultPlan(step, faults.TORN, min(i + 1, total), file=path, total=total)
+    plans = [faults.FaultPlan(step, faults.MODE_CRASH, i, total=total) for i in points]
+    plans += [faults.FaultPlan(step, faults.MODE_POWER, i, total=total) for i in points]
+    plans += [faults.FaultPlan(step, faults.MODE_TORN, min(i + 1, total), file=path, total=total)
               for path, i in tearable_files(ops)]
-    plans += [faults.FaultPlan(step, faults.ERROR, i, faults.ERRNOS["enospc"], total=total) for i in at_ops]
-    plans += [faults.FaultPlan(step, faults.ERROR, i, faults.ERRNOS["eio"], total=total) for i in sample]
-    plans += [faults.FaultPlan(step, faults.ERROR, i, faults.ERRNOS["enospc"], True, total=total) for i in sample]
+    plans += [faults.FaultPlan(step, faults.MODE_ERROR, i, faults.ERRNOS["enospc"], total=total) for i in at_ops]
+    plans += [faults.FaultPlan(step, faults.MODE_ERROR, i, faults.ERRNOS["eio"], total=total) for i in sample]
+    plans += [faults.FaultPlan(step, faults.MODE_ERROR, i, faults.ERRNOS["enospc"], True, total=total) for i in sample]
     steps = int(target.steps(case))
     out = []
     for plan in plans:

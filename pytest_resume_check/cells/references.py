@@ -13,7 +13,7 @@ from pytest_resume_check.process.layout import REPEAT_OUT, STATE_VALUES, Layout
 from pytest_resume_check.process.runner import Runner
 from pytest_resume_check.records.names import case_id
 from pytest_resume_check.records.plan import RESUME_DISABLED
-from pytest_resume_check.records.results import DONE, Finding, RunRecord
+from pytest_resume_check.records.results import Finding, Outcome, RunRecord
 from pytest_resume_check.targets import Target
 
 
@@ -54,17 +54,17 @@ class References:
 
     def _compute(self, target: Target, case: Mapping[str, Any]) -> Reference:
         workdir = self.layout.fresh(self.layout.reference(target.name, case_id(case)))
-        values = None
+        values_dir: str | None = None
         if target.state_tolerance is not None:
             values = workdir / STATE_VALUES
             values.mkdir()
-        options = {"resume_mode": RESUME_DISABLED, "report_state": True}
-        first = self.runner.run(self.runner.plan(target, case, workdir, 0, state_values_dir=values and str(values),
-                                                 **options), target)
+            values_dir = str(values)
+        first = self.runner.run(self.runner.plan(target, case, workdir, 0, resume_mode=RESUME_DISABLED,
+                                                 report_state=True, state_values_dir=values_dir), target)
         second = None
-        if self.check_determinism and first.outcome == DONE:
-            plan = self.runner.plan(target, case, workdir, 1, out=workdir / REPEAT_OUT,
-                                    state_reference_dir=values and str(values), **options)
+        if self.check_determinism and first.outcome == Outcome.DONE:
+            plan = self.runner.plan(target, case, workdir, 1, out=workdir / REPEAT_OUT, resume_mode=RESUME_DISABLED,
+                                    report_state=True, state_reference_dir=values_dir)
             second = self.runner.run(plan, target)
         findings = judge_reference(first, second, int(target.steps(case)), target.contract)
-        return Reference(first, findings, values and str(values))
+        return Reference(first, findings, values_dir)

@@ -18,7 +18,7 @@ from pytest_resume_check.process.layout import Layout
 from pytest_resume_check.process.runner import Runner
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.plan import RESUME_AUTO, KillSpec
-from pytest_resume_check.records.results import KILLED, RunRecord
+from pytest_resume_check.records.results import Outcome, RunRecord
 
 
 @dataclass
@@ -55,9 +55,11 @@ class SharedFirstRuns:
         if not (cell.shares_prefix and cell.group in self._steps):
             return None
         prefix = self._prefix(cell)
+        if prefix is None:
+            return None
         step = cell.kills[0].checkpoint_step
-        snapshot = Layout.snapshot(prefix.workdir, step) if prefix is not None else None
-        if snapshot is None or not snapshot.exists():
+        snapshot = Layout.snapshot(prefix.workdir, step)
+        if not snapshot.exists():
             return None
         out = Layout.out(workdir, cell.resume_mode)
         # Moved, not copied: each snapshot serves the one cell killed at its step, and a copy per cell
@@ -82,7 +84,7 @@ class SharedFirstRuns:
         shutil.copyfile(Layout.log(prefix.workdir, 0), log)
         plan = replace(prefix.record.plan, checkpoint_dir=str(out), log_path=str(log),
                        kill=kill, checkpoint_steps=frozenset((*cell.prior_checkpoints, step)), pause_steps=frozenset())
-        record = RunRecord(plan, events, KILLED, prefix.record.exitcode, None, 0.0, prefix.record.hang_timeout,
+        record = RunRecord(plan, events, Outcome.KILLED, prefix.record.exitcode, None, 0.0, prefix.record.hang_timeout,
                            prefix.record.pid, prefix.record.isolation)
         return record, published
 
@@ -103,4 +105,4 @@ class SharedFirstRuns:
             shutil.copytree(live, Layout.snapshot(workdir, step), symlinks=True)
 
         record = self.runner.run(plan, cell.target, on_pause=snapshot)
-        return _Prefix(record, workdir, live) if record.outcome == KILLED else None
+        return _Prefix(record, workdir, live) if record.outcome == Outcome.KILLED else None

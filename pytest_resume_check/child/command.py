@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_resume_check.client import CONTEXT_ENV, FD_ENV, PROTOCOL
+from pytest_resume_check.client import CONTEXT_ENV, FD_ENV, PROTOCOL_VERSION
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.errors import TargetError
 from pytest_resume_check.records.names import case_id
@@ -85,7 +85,7 @@ def run_command(run: RunContext) -> None:
                             "resume_target.command([...])")
     argv = fill(spec.argv, placeholder_values(run))
     ours, theirs = socket.socketpair()
-    context = {"protocol": PROTOCOL, "checkpoint_dir": str(run.checkpoint_dir), "resume_mode": run.resume_mode,
+    context = {"protocol": PROTOCOL_VERSION, "checkpoint_dir": str(run.checkpoint_dir), "resume_mode": run.resume_mode,
                "resume_path": str(run.resume_path) if run.resume_path else None, "seed": run.seed,
                "case": dict(run.case), "is_resume": run.is_resume,
                "faults": run.plan.faults.to_json() if run.plan.faults is not None else None}
@@ -209,7 +209,7 @@ INTERNAL_CALLS = ("file_op", "kill_ready")
 
 def _dispatch(run: RunContext, request: Mapping[str, Any]) -> Any:
     call = request["call"]
-    step = request.get("step")
+    step: Any = request.get("step")  # any JSON value: int() rejects a missing or wrong one (a violation)
     if call in INTERNAL_CALLS and run.plan.faults is None:
         raise ValueError(f"{call!r} is the client's own call in crash cells; a program does not make it")
     if call == "resumed":

@@ -171,7 +171,8 @@ def _drop_fork_server_pipe() -> None:
             os.close(fd)
         except OSError:
             pass
-        server._forkserver_alive_fd = None
+        # A private attribute of CPython's ForkServer, which typeshed does not declare.
+        server._forkserver_alive_fd = None  # type: ignore[attr-defined]
 
 
 def _rank_env(plan: RunPlan, rank: int) -> dict[str, str]:
@@ -234,13 +235,13 @@ def _launch_ranks(plan: RunPlan, conn: Any, control: Any) -> None:
     failed = False
     while pids:
         pid, status = os.wait()
-        rank = pids.pop(pid, None)
-        if rank is None or os.waitstatus_to_exitcode(status) == 0 or failed:
+        ended = pids.pop(pid, None)  # the rank that ended (None: an orphan this process adopted)
+        if ended is None or os.waitstatus_to_exitcode(status) == 0 or failed:
             continue
         failed = True
         how = os.waitstatus_to_exitcode(status)
         what = f"signal {-how}" if how < 0 else f"exit code {how}"
-        _write_quietly(sys.stderr, f"[launcher] rank {rank} ended with {what}; ending ranks "
+        _write_quietly(sys.stderr, f"[launcher] rank {ended} ended with {what}; ending ranks "
                                    f"{sorted(pids.values())}\n")
         for other in pids:
             try:

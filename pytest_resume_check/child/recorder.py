@@ -20,20 +20,20 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_resume_check.records.faults import (
-    CRASH,
-    ERROR,
     EXTRA_OPS_DONE,
     EXTRA_TORN,
     EXTRA_UNSYNCED,
     INJECTED,
-    POWER,
-    TORN,
+    MODE_CRASH,
+    MODE_ERROR,
+    MODE_POWER,
+    MODE_TORN,
     FaultPlan,
     FileOp,
 )
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-_KILLING = (CRASH, POWER, TORN)
+_KILLING = (MODE_CRASH, MODE_POWER, MODE_TORN)
 
 
 class Recorder:
@@ -78,30 +78,31 @@ class Recorder:
             return os.path.relpath(real, self.root)
         return None
 
-    def op(self, kind: str, path: Any, target: Any = None) -> bool:
-        """Called before an operation happens; True when it is watched. May kill or raise."""
+    def op(self, kind: str, path: Any, target: Any = None) -> str | None:
+        """Called before an operation happens; the path relative to the root when the operation is
+        watched, None when it is not. May kill or raise."""
         rel = self._rel(path) if self.active else None
         if rel is None:
-            return False
+            return None
         index = len(self.ops)
         op = FileOp(index, kind, rel, self._rel(target) if target is not None else None)
         plan = self.plan
         if plan.mode in _KILLING and plan.op == index:
             self._kill(f"before {op.describe()}")
         self.ops.append(op)  # counted even when it fails: "once" must hit exactly one op
-        if plan.mode == ERROR and (index == plan.op or (plan.persistent and self._failing)):
+        if plan.mode == MODE_ERROR and (index == plan.op or (plan.persistent and self._failing)):
             self._failing = True
             code = plan.errno or errno_codes.EIO
             raise OSError(code, f"{os.strerror(code)} {INJECTED} at {op.describe()}", os.fspath(path))
         self.on_op(op)
-        return True
+        return rel
 
     def _kill(self, where: str) -> None:
         extra: dict[str, Any] = {EXTRA_OPS_DONE: len(self.ops)}
-        if self.plan.mode == POWER:
+        if self.plan.mode == MODE_POWER:
             extra[EXTRA_UNSYNCED] = {p: self.synced.get(p, 0) for p, n in self.written.items()
                                      if n > self.synced.get(p, 0)}
-        if self.plan.mode == TORN and self.plan.file:
+        if self.plan.mode == MODE_TORN and self.plan.file:
             extra[EXTRA_TORN] = self.plan.file
         self.on_kill(f"killed {where}", extra)
 
@@ -161,7 +162,7 @@ def _path_wrapper(rec: Recorder, kind: str, real: Callable[..., Any], moves: boo
 
     def wrapper(path: Any, *args: Any, **kwargs: Any) -> Any:
         target = (args[0] if args else kwargs.get("dst")) if moves else None
-        watched = rec.op(kind, path, target)
+        watched = rec.op(kind, path, target) is not None
         result = real(path, *args, **kwargs)
         if watched and moves:
             rec.moved(rec._rel(path), rec._rel(target))
@@ -173,8 +174,8 @@ def _path_wrapper(rec: Recorder, kind: str, real: Callable[..., Any], moves: boo
 def _open_wrapper(rec: Recorder, real: Callable[..., Any]) -> Callable[..., Any]:
     def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
         writing = isinstance(file, (str, bytes, os.PathLike)) and any(c in mode for c in "wax+")
-        if writing and rec.op("open", file):
-            rel = rec._rel(file)
+        rel = rec.op("open", file) if writing else None
+        if rel is not None:
             if "a" not in mode:
                 rec.written[rel] = 0
                 rec.synced[rel] = 0
@@ -209,18 +210,18 @@ def _fsync_wrapper(rec: Recorder, real: Callable[..., Any]) -> Callable[..., Any
             path: str | None = os.readlink(f"/proc/self/fd/{number}")
         except OSError:
             path = None
-        watched = path is not None and rec.op("fsync", path)
+        rel = rec.op("fsync", path) if path is not None else None
         real(fd)
-        if watched:
-            rec.fsynced(rec._rel(path))
+        if rel is not None:
+            rec.fsynced(rel)
 
     return fsync
 
 
 def _torch_save_wrapper(rec: Recorder, real: Callable[..., Any]) -> Callable[..., Any]:
     def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
-        if isinstance(f, (str, os.PathLike)) and rec.op("torch.save", f):
-            rel = rec._rel(f)
+        rel = rec.op("torch.save", f) if isinstance(f, (str, os.PathLike)) else None
+        if rel is not None:
             real(obj, f, *args, **kwargs)
             # torch writes paths from C++ and never fsyncs them: nothing of it is durable.
             rec.written[rel] = max(1, os.path.getsize(f))

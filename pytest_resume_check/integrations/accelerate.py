@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -302,7 +302,7 @@ class ResumeCheck:
             "optimizer": _tracked(acc, "_optimizers"),
             "scheduler": _tracked(acc, "_schedulers"),
             "registered": _tracked(acc, "_custom_objects"),
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()[1],
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(legacy=False)["state"]["key"],
                     "python": repr(random.getstate())},
             "data": {"loaders": stateful, "epoch": self._epoch, "batches": self._batches,
                      "accumulation": int(acc.step)},
@@ -374,7 +374,9 @@ def warm_up() -> None:
                 model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1))
                 optimizer = torch.optim.AdamW(model.parameters())
                 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-                data = [{"x": torch.ones(2), DEFAULT_ID_KEY: i} for i in range(4)]
+                rows = [{"x": torch.ones(2), DEFAULT_ID_KEY: i} for i in range(4)]
+                # A list is a map-style dataset to DataLoader, though not a torch Dataset to the type checker.
+                data = cast("torch.utils.data.Dataset[dict[str, Any]]", rows)
                 loader = torch.utils.data.DataLoader(data, batch_size=1, shuffle=True,
                                                      generator=torch.Generator().manual_seed(0))
                 model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)

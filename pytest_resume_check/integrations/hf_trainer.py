@@ -168,7 +168,7 @@ class ResumeCheck(TrainerCallback):
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
         """Check the arguments, report the restored step, and start watching the model's inputs."""
-        if Path(args.output_dir).resolve() != self.run.checkpoint_dir.resolve():
+        if _output_dir(args).resolve() != self.run.checkpoint_dir.resolve():
             raise ValueError(ERR_OUTPUT_DIR.format(output_dir=args.output_dir, checkpoint_dir=self.run.checkpoint_dir))
         if isinstance(self.ids, str) and args.remove_unused_columns:
             raise ValueError(ERR_REMOVE_COLUMNS.format(key=self.ids))
@@ -211,7 +211,7 @@ class ResumeCheck(TrainerCallback):
                 **kwargs: Any) -> None:
         """Publish the checkpoint the Trainer just finished writing."""
         step = int(state.global_step)
-        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+        folder = _output_dir(args) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
         if not is_complete(folder):
             raise RuntimeError(ERR_SAVE_INCOMPLETE.format(step=step, folder=folder, file=TRAINER_STATE_FILE))
         if self.durable:
@@ -240,7 +240,7 @@ class ResumeCheck(TrainerCallback):
             return self._resume
         self.run.log(f"the Trainer restored step {step}, but ResumeCheck chose {self._resume}: pass "
                      "trainer.train(resume_from_checkpoint=check.resume_from_checkpoint)")
-        guess = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+        guess = _output_dir(args) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
         return guess if guess.is_dir() else None
 
     def _take_ids(self, module: torch.nn.Module, args: tuple[Any, ...],
@@ -284,6 +284,13 @@ class ResumeCheck(TrainerCallback):
         if self.extra_state is not None:
             components.update(self.extra_state())
         self.run.state(step, components)
+
+
+def _output_dir(args: TrainingArguments) -> Path:
+    """``args.output_dir``, typed optional: ``TrainingArguments.__post_init__`` replaces a None with its
+    default folder, so a Trainer's arguments always name one."""
+    assert args.output_dir is not None
+    return Path(args.output_dir)
 
 
 def _updates_per_epoch(loader: Any, accumulation: int) -> int | None:

@@ -1,9 +1,27 @@
 """Judge an interrupted run against the uninterrupted reference.
 
-Process problems come first (a resumed run that raised, a run that died or hung): with those the
-ledgers mean nothing. Otherwise each ledger the contract names is composed and compared with the
-reference ledger: inputs missing (LOST), inputs taken more often (DUPLICATED), the same inputs with
-other epoch labels (EPOCH), and - for ordered contracts - the same inputs in another order (REORDERED).
+:func:`judge` takes its :data:`STEPS` in this order (docs/reading-a-report.md: process problems first,
+with them the ledgers mean nothing, then the ledgers under the target's contract). Every finding of the
+steps marked *final* ends the judging; the other steps add theirs and go on.
+
+1. report calls (final): a run reported out of order (``PROTOCOL``);
+2. silent I/O error (final): an I/O error injected into a save did not fail the run (``SILENT_IO_ERROR``);
+3. ranks (final): the ranks of a resumed run restored different checkpoints (``STALE_RESUME``); the
+   process problem of step 4, if any, follows it as its consequence;
+4. processes (final): the first run that did not end as planned: it raised while resuming
+   (``RESUME_ERROR``), died (``CRASHED``) or hung (``HUNG``);
+5. killed last run (final): no run finished the training (``PROTOCOL``);
+6. restored checkpoint: a resume restored an older checkpoint than it was entitled to (``STALE_RESUME``),
+   or a step no run reached (``PROTOCOL``, final);
+7. ledgers: each ledger the contract names, composed over the runs, against the reference's: inputs
+   missing (``LOST``), taken more often (``DUPLICATED``), the same inputs with other epoch labels
+   (``EPOCH``) and, for ordered contracts, in another order (``REORDERED``); a resumed run that never
+   said where it resumed is ``PROTOCOL`` (final);
+8. state: the training state after a resume differs from the reference's (``STATE_DIVERGED``), unless
+   only from where the inputs already differ (not judged after a resume at another world size).
+
+:func:`judge_reference` judges the reference runs themselves, and :func:`entry_marks` marks each ledger
+entry as :func:`compare` matches it.
 """
 
 from __future__ import annotations
@@ -11,8 +29,8 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pytest_resume_check.categories import (  # noqa: F401  (re-exported: tests and users import them here)
@@ -44,13 +62,13 @@ from pytest_resume_check.judge.state_verdict import (  # noqa: F401  (MSG_* re-e
     judge_state,
 )
 from pytest_resume_check.records import events as ev
-from pytest_resume_check.records import results as rs
-from pytest_resume_check.records.faults import ERROR
+from pytest_resume_check.records.faults import MODE_ERROR
 from pytest_resume_check.records.ledger import Entry, Ledger, ResumeReportMissing, compose
-from pytest_resume_check.records.names import ISOLATION_FORKSERVER
-from pytest_resume_check.records.results import Finding, RunRecord, Verdict
+from pytest_resume_check.records.names import ISOLATION_FORKSERVER, OPT_ISOLATION
+from pytest_resume_check.records.results import AS_PLANNED, FINISHED, Finding, Outcome, RunRecord, Verdict
 
 if TYPE_CHECKING:
+    from pytest_resume_check.records.faults import FaultPlan
     from pytest_resume_check.targets import Contract
 
 #: Headline templates; tests import these rather than repeating the words.
@@ -63,7 +81,7 @@ MSG_CRASHED = "CRASHED: {who} {what}"
 MSG_HUNG = "HUNG: {who} sent no event for {timeout} s after step {step}; it was killed"
 MSG_HUNG_AT_START = ("HUNG: {who} sent no event at all within {timeout} s of being forked from the preloaded "
                      "server; the trainer may not be fork-safe (threads or locks held at fork time): declare "
-                     "the target with isolation='spawn' or run with --resume-matrix-isolation=spawn")
+                     "the target with isolation='spawn' or run with " + OPT_ISOLATION + "=spawn")
 MSG_HUNG_COMMAND_AT_START = ("HUNG: {who} sent no event at all within {timeout} s: the program ({argv}) never "
                              "reported; it must call client.connect() and report (resumed, consumed, step_end) "
                              "as it trains, or it waits for something that never comes (see its log)")
@@ -99,7 +117,7 @@ def judge_reference(first: RunRecord, second: RunRecord | None, declared_steps: 
     if calls is not None:
         return [calls]
     for rec in (first, second):
-        if rec is not None and rec.outcome != rs.DONE:
+        if rec is not None and rec.outcome != Outcome.DONE:
             return [_process_finding(rec, "the reference run", resumed=False)]
     for kind in contract.ledgers:
         if not Ledger.from_events(first.events, kind):
@@ -122,77 +140,183 @@ def judge_reference(first: RunRecord, second: RunRecord | None, declared_steps: 
 
 def judge(reference: RunRecord, runs: Sequence[RunRecord], contract: Contract,
           newest_complete: int | None = None) -> Verdict:
-    """Judge the interrupted ``runs`` (first, then each resumed one) against ``reference``.
+    """Judge the interrupted ``runs`` (first, then each resumed one) against ``reference``: the
+    :data:`STEPS` in order, until one says the judging ends.
 
     ``newest_complete``: for a fault in a save, the newest checkpoint that was complete at the fault;
     the first resumed run must not start from anything older (STALE_RESUME).
     """
-    verdict = Verdict()
-    #: A resume at another world size: judged by the elastic contract, each epoch's inputs exactly once.
-    elastic = any(r.plan.world_size != reference.plan.world_size for r in runs)
-    calls = _call_finding(runs, lambda i: f"run {i + 1} of {len(runs)}")
-    if calls is not None:
-        verdict.findings.append(calls)
-        return verdict
-    fault = runs[0].plan.faults if runs else None
-    if fault is not None and fault.mode == ERROR and runs[0].outcome != rs.RAISED:
-        verdict.findings.append(Finding(SILENT_IO_ERROR, MSG_SILENT_IO.format(
-            error=os.strerror(fault.errno or 5), op=fault.op, step=fault.step, what=runs[0].describe())))
-        return verdict
-    disagree = judge_ranks_agree(runs)
-    if disagree is not None:
-        verdict.findings.append(disagree)
-    for index, rec in enumerate(runs):
-        if rec.outcome in (rs.DONE, rs.KILLED, rs.CONVERGED):
+    judging = _Judging(reference, runs, contract, newest_complete)
+    for step in STEPS:
+        if step(judging):
+            break
+    return judging.verdict
+
+
+@dataclass
+class _Judging:
+    """What the steps of :func:`judge` read, and the verdict they add their findings to."""
+
+    reference: RunRecord
+    runs: Sequence[RunRecord]
+    contract: Contract
+    newest_complete: int | None
+    verdict: Verdict = field(default_factory=Verdict)
+
+    @property
+    def elastic(self) -> bool:
+        """A resume at another world size: judged by the elastic contract, each epoch's inputs exactly once."""
+        return any(r.plan.world_size != self.reference.plan.world_size for r in self.runs)
+
+    @property
+    def fault(self) -> FaultPlan | None:
+        """The fault injected into the first run's save, if any."""
+        return self.runs[0].plan.faults if self.runs else None
+
+    def who(self, index: int) -> str:
+        """How a headline names run ``index``: ``run 2 of 3``."""
+        return f"run {index + 1} of {len(self.runs)}"
+
+    def add(self, finding: Finding | None) -> bool:
+        """Add ``finding`` to the verdict; True when there was one."""
+        if finding is not None:
+            self.verdict.findings.append(finding)
+        return finding is not None
+
+
+def _report_calls(judging: _Judging) -> bool:
+    """``PROTOCOL``: a run reported out of order; the ledgers of such a run mean nothing (ends the judging)."""
+    return judging.add(_call_finding(judging.runs, judging.who))
+
+
+def _silent_io_error(judging: _Judging) -> bool:
+    """``SILENT_IO_ERROR``: an I/O error injected into the first run's save did not make it raise (ends the
+    judging)."""
+    fault = judging.fault
+    if fault is None or fault.mode != MODE_ERROR or judging.runs[0].outcome == Outcome.RAISED:
+        return False
+    return judging.add(Finding(SILENT_IO_ERROR, MSG_SILENT_IO.format(
+        error=os.strerror(fault.errno or 5), op=fault.op, step=fault.step, what=judging.runs[0].describe())))
+
+
+def _ranks(judging: _Judging) -> bool:
+    """``STALE_RESUME``: the ranks of a resumed run restored different checkpoints. Judged before how the
+    runs ended: ranks that continue from different steps usually fail in a collective soon after, and that
+    failure follows as the consequence. Ends the judging: the ledgers of ranks at different steps say
+    nothing more."""
+    if not judging.add(judge_ranks_agree(judging.runs)):
+        return False
+    judging.add(_process_problem(judging))
+    return True
+
+
+def _processes(judging: _Judging) -> bool:
+    """``RESUME_ERROR``, ``CRASHED`` or ``HUNG``: the first run that did not end as planned (ends the
+    judging: with it the ledgers mean nothing)."""
+    return judging.add(_process_problem(judging))
+
+
+def _process_problem(judging: _Judging) -> Finding | None:
+    """The finding of the first run that did not end as planned (None when all did)."""
+    for index, rec in enumerate(judging.runs):
+        if rec.outcome in AS_PLANNED:
             continue
-        if index == 0 and fault is not None and rec.outcome == rs.RAISED:
+        if index == 0 and judging.fault is not None and rec.outcome == Outcome.RAISED:
             continue  # the injected I/O error made the save fail loudly, as it must
-        who = f"run {index + 1} of {len(runs)}"
-        verdict.findings.append(_process_finding(rec, who, resumed=rec.plan.is_resume, run=index + 1))
-        return verdict
-    if disagree is not None:
-        return verdict  # the ledgers of ranks at different steps say nothing more
-    if runs and runs[-1].outcome not in rs.FINISHED:
-        verdict.findings.append(Finding(PROTOCOL, MSG_PROTOCOL.format(detail="the last run was killed")))
-        return verdict
-    restored = judge_restored(runs, newest_complete)
-    verdict.findings.extend(restored)
-    if any(f.category == PROTOCOL for f in restored):
-        return verdict  # cut at a step no run reached, the ledgers mean nothing
-    for kind in contract.ledgers:
-        ref = Ledger.from_events(reference.events, kind)
-        try:
-            comp, resumed_from = compose([r.events for r in runs], kind)
-        except ResumeReportMissing as exc:
-            verdict.findings.append(Finding(PROTOCOL, MSG_PROTOCOL.format(detail=exc)))
-            return verdict
-        converged = runs[-1].converged_step if runs else None
-        if converged is not None:
-            # From here the resumed run's state equals the reference's: the reference's rest is its rest.
-            tail = (Entry(e.id, e.step, e.epoch, len(runs), e.rank) for e in ref if e.step > converged)
-            comp = Ledger(comp + Ledger(tail))
-        verdict.resumed_from = resumed_from
-        verdict.resume_labels = [resume_label(r.resumed_step, r.resumed_path) for r in runs[1:]]
-        if kind == contract.ledgers[0]:
-            verdict.reference, verdict.composite = ref, comp
-        found = compare(ref, comp, contract.ordered and not elastic, kind, verdict.resume_labels, resumed_from)
-        if not found and ref.ranks and not elastic:
-            # The global ledger agrees; each rank must also have taken its own inputs (ranks that swap
-            # inputs pass a set comparison of the whole).
-            for rank in ref.ranks:
-                found = [_on_rank(f, rank) for f in compare(ref.of_rank(rank), comp.of_rank(rank), contract.ordered,
-                                                            kind, verdict.resume_labels, resumed_from)]
-                if found:
-                    break
-        verdict.findings.extend(found)
-    if elastic:
-        return verdict  # another world size trains on other batches: the state cannot equal the reference's
-    state = judge_state(reference, runs, verdict.resume_labels)
-    inputs_differ = [f.step for f in verdict.findings if f.category in LEDGER_CATEGORIES and f.step is not None]
-    if state is not None and (not inputs_differ or state.step < min(inputs_differ)):
-        # State that differs only from where the inputs did is their consequence, not a second finding.
-        verdict.findings.append(state)
-    return verdict
+        return _process_finding(rec, judging.who(index), resumed=rec.plan.is_resume, run=index + 1)
+    return None
+
+
+def _killed_last_run(judging: _Judging) -> bool:
+    """``PROTOCOL``: the last run was killed too, so no run finished the training (ends the judging)."""
+    runs = judging.runs
+    if not runs or runs[-1].outcome in FINISHED:
+        return False
+    return judging.add(Finding(PROTOCOL, MSG_PROTOCOL.format(detail="the last run was killed")))
+
+
+def _restored_checkpoint(judging: _Judging) -> bool:
+    """``STALE_RESUME``: a resume restored an older checkpoint than it was entitled to; ``PROTOCOL``: one
+    reported a step no run reached, so the ledgers are cut at a step nobody trained and mean nothing (ends
+    the judging)."""
+    restored = judge_restored(judging.runs, judging.newest_complete)
+    judging.verdict.findings.extend(restored)
+    return any(f.category == PROTOCOL for f in restored)
+
+
+def _ledgers(judging: _Judging) -> bool:
+    """``LOST``, ``DUPLICATED``, ``EPOCH``, ``REORDERED``: each ledger the contract names against the
+    reference's. ``PROTOCOL`` when a resumed run never reported where it resumed (ends the judging)."""
+    for kind in judging.contract.ledgers:
+        if _ledger(judging, kind):
+            return True
+    return False
+
+
+def _ledger(judging: _Judging, kind: str) -> bool:
+    """Compose the runs' ledger of ``kind``, keep it on the verdict (the contract's first kind), and add
+    what :func:`compare` finds against the reference's, or else what one rank's own ledger shows."""
+    runs, verdict = judging.runs, judging.verdict
+    ref = Ledger.from_events(judging.reference.events, kind)
+    try:
+        comp, resumed_from = compose([r.events for r in runs], kind)
+    except ResumeReportMissing as exc:
+        return judging.add(Finding(PROTOCOL, MSG_PROTOCOL.format(detail=exc)))
+    converged = runs[-1].converged_step if runs else None
+    if converged is not None:
+        # From here the resumed run's state equals the reference's: the reference's rest is its rest.
+        tail = (Entry(e.id, e.step, e.epoch, len(runs), e.rank) for e in ref if e.step > converged)
+        comp = Ledger(comp + Ledger(tail))
+    verdict.resumed_from = resumed_from
+    verdict.resume_labels = [resume_label(r.resumed_step, r.resumed_path) for r in runs[1:]]
+    if kind == judging.contract.ledgers[0]:
+        verdict.reference, verdict.composite = ref, comp
+    ordered = judging.contract.ordered and not judging.elastic
+    found = compare(ref, comp, ordered, kind, verdict.resume_labels, resumed_from)
+    if not found and ref.ranks and not judging.elastic:
+        # The global ledger agrees; each rank must also have taken its own inputs (ranks that swap
+        # inputs pass a set comparison of the whole).
+        found = _rank_findings(ref, comp, ordered, kind, verdict.resume_labels, resumed_from)
+    verdict.findings.extend(found)
+    return False
+
+
+def _rank_findings(ref: Ledger, comp: Ledger, ordered: bool, kind: str, labels: Sequence[str],
+                   resumed_from: Sequence[int]) -> list[Finding]:
+    """The findings of the first rank whose own ledger differs from its reference's (empty if none does)."""
+    for rank in ref.ranks:
+        found = compare(ref.of_rank(rank), comp.of_rank(rank), ordered, kind, labels, resumed_from)
+        if found:
+            return [_on_rank(f, rank) for f in found]
+    return []
+
+
+def _state(judging: _Judging) -> bool:
+    """``STATE_DIVERGED``: the training state after a resume differs from the reference's. Not judged at
+    another world size (other batches: the state cannot equal the reference's); a state that differs only
+    from where the inputs did is their consequence, not a second finding."""
+    if judging.elastic:
+        return False
+    state = judge_state(judging.reference, judging.runs, judging.verdict.resume_labels)
+    findings = judging.verdict.findings
+    inputs_differ = [f.step for f in findings if f.category in LEDGER_CATEGORIES and f.step is not None]
+    if state is None or (inputs_differ and state.step is not None and state.step >= min(inputs_differ)):
+        return False
+    return judging.add(state)
+
+
+#: The steps of :func:`judge`, in order. Each adds its findings to the verdict and returns True when the
+#: judging ends with them.
+STEPS: tuple[Callable[[_Judging], bool], ...] = (
+    _report_calls,
+    _silent_io_error,
+    _ranks,
+    _processes,
+    _killed_last_run,
+    _restored_checkpoint,
+    _ledgers,
+    _state,
+)
 
 
 def compare(ref: Ledger, comp: Ledger, ordered: bool, kind: str = "consumed",
@@ -320,7 +444,7 @@ def _key(value: Any) -> Any:
     return json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value
 
 
-def _beyond(keys: list[tuple[Any, Any]], available: Counter) -> list[bool]:
+def _beyond(keys: Sequence[tuple[Any, Any]], available: Counter) -> list[bool]:
     """For each key in order: is this occurrence beyond what ``available`` holds of it?"""
     seen: Counter = Counter()
     out = []
@@ -336,26 +460,34 @@ def _call_finding(runs: Sequence[RunRecord | None], who: Any) -> Finding | None:
     """The first report call a run made out of order (``resumed`` twice, inputs after ``step_end``, a
     step past the case's last): the ledgers of such a run mean nothing."""
     for index, rec in enumerate(runs):
-        text = next((e.text for e in rec.events if e.kind == ev.PROTOCOL), None) if rec is not None else None
+        text = next((e.text for e in rec.events if e.kind == ev.VIOLATION), None) if rec is not None else None
         if text:
             return Finding(PROTOCOL, MSG_CALLS.format(who=who(index), what=text))
     return None
 
 
 def _process_finding(rec: RunRecord, who: str, resumed: bool, run: int = 0) -> Finding:
-    if rec.outcome == rs.HUNG and not rec.events and rec.plan.command is not None:
-        return Finding(HUNG, MSG_HUNG_COMMAND_AT_START.format(who=who, timeout=f"{rec.hang_timeout:g}",
-                                                              argv=" ".join(rec.plan.command.argv)))
-    if rec.outcome == rs.HUNG and not rec.events and rec.isolation == ISOLATION_FORKSERVER:
-        return Finding(HUNG, MSG_HUNG_AT_START.format(who=who, timeout=f"{rec.hang_timeout:g}"))
-    if rec.outcome == rs.HUNG and rec.stalled:
-        return Finding(HUNG, MSG_HUNG_STALLED.format(who=who, what=rec.stalled))
-    if rec.outcome == rs.HUNG:
-        return Finding(HUNG, MSG_HUNG.format(who=who, timeout=f"{rec.hang_timeout:g}", step=rec.last_step))
+    """The finding of a run that did not end as planned: its outcome was ``hung`` (category ``HUNG``), it
+    raised while resuming (``RESUME_ERROR``), or it ended any other way (``CRASHED``)."""
+    if rec.outcome == Outcome.HUNG:
+        return Finding(HUNG, _hung_headline(rec, who))
     disk = DISK_FULL if any(m in (rec.error or "") for m in DISK_FULL_MARKERS) else ""
-    if rec.outcome == rs.RAISED and resumed:
+    if rec.outcome == Outcome.RAISED and resumed:
         return Finding(RESUME_ERROR, MSG_RESUME_ERROR.format(run=run, error=_last_line(rec.error)) + disk)
     return Finding(CRASHED, MSG_CRASHED.format(who=who, what=rec.describe()) + disk)
+
+
+def _hung_headline(rec: RunRecord, who: str) -> str:
+    """What a hung run failed to do: report at all (a command, or a child forked from the preloaded server),
+    what it was waited for (``stalled``), or send anything after its last step."""
+    if not rec.events and rec.plan.command is not None:
+        return MSG_HUNG_COMMAND_AT_START.format(who=who, timeout=f"{rec.hang_timeout:g}",
+                                                argv=" ".join(rec.plan.command.argv))
+    if not rec.events and rec.isolation == ISOLATION_FORKSERVER:
+        return MSG_HUNG_AT_START.format(who=who, timeout=f"{rec.hang_timeout:g}")
+    if rec.stalled:
+        return MSG_HUNG_STALLED.format(who=who, what=rec.stalled)
+    return MSG_HUNG.format(who=who, timeout=f"{rec.hang_timeout:g}", step=rec.last_step)
 
 
 def _last_line(text: str | None) -> str:

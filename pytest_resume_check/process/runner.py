@@ -17,7 +17,7 @@ from pytest_resume_check.process.services import Services
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.faults import FaultPlan
 from pytest_resume_check.records.plan import RESUME_AUTO, KillSpec, RunPlan
-from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT, DONE, RunRecord
+from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT, Outcome, RunRecord
 from pytest_resume_check.targets import Target
 
 #: The longest hang limit a run can wait for (about 23 days): ``poll()`` takes at most 2**31 - 1 ms, and a
@@ -34,7 +34,7 @@ def hang_limit(seconds: float) -> float:
 
 
 class Runner:
-    """Makes the plan of each run and runs it; counts runs and trainer steps (for benchmarks)."""
+    """Makes the plan of each run and runs it; counts the trainer steps they execute (for benchmarks)."""
 
     def __init__(self, seed: int, hang_timeout: float = DEFAULT_HANG_TIMEOUT, isolation: str | None = None,
                  hang_forced: bool = False):
@@ -44,7 +44,6 @@ class Runner:
         self.hang_forced = hang_forced
         self.isolation = isolation
         self.steps_executed = 0
-        self.runs_started = 0
         #: The targets' shared services, started on a target's first plan (:meth:`close` stops them).
         self.services = Services()
         #: (target, world size) -> the ranks besides rank 0 that reported step ends in a finished run.
@@ -88,9 +87,8 @@ class Runner:
         isolation = self.isolation or target.isolation
         starter.check_preload(target.name, target.preload, isolation)  # adds it to the server's preload
         record = sv.supervise(plan, isolation=isolation, hang_timeout=self.hang_limit_of(target), on_pause=on_pause)
-        self.runs_started += 1
         self.steps_executed += record.steps_run
-        if plan.world_size > 1 and record.outcome == DONE:  # which ranks report steps (the reference says)
+        if plan.world_size > 1 and record.outcome == Outcome.DONE:  # which ranks report steps (the reference says)
             ranks = {e.rank for e in record.events if e.kind == ev.STEP_END and e.rank}
             self._step_ranks.setdefault((target.name, plan.world_size), tuple(sorted(r for r in ranks if r)))
         return record

@@ -16,6 +16,7 @@ import contextlib
 import json
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.context
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import multiprocessing.spawn
@@ -33,7 +34,7 @@ from pytest_resume_check.child.main import child_main
 from pytest_resume_check.process import _server_setup
 from pytest_resume_check.process._server_setup import WARMUP_ENV
 from pytest_resume_check.process.sweep import environment
-from pytest_resume_check.records.names import RUN_TOKEN_ENV
+from pytest_resume_check.records.names import OPT_ISOLATION, RUN_TOKEN_ENV
 from pytest_resume_check.records.plan import SIGNAL_TERM, RunPlan
 from pytest_resume_check.targets import ISOLATION_FORKSERVER, ISOLATIONS, TargetError
 
@@ -54,7 +55,7 @@ _warned: set[str] = set()
 ERR_PRELOAD = ("target {target!r}: preload module {module!r} failed to import in the fork server: {error}; fix the "
                "module, or remove it from the target's preload=")
 ERR_SERVER_DIED = ("the fork server died while importing the preload modules {modules} or calling the warm-ups "
-                   "{warmups}, and no module fails when imported alone; run with --resume-matrix-isolation=spawn "
+                   "{warmups}, and no module fails when imported alone; run with " + OPT_ISOLATION + "=spawn "
                    "to do without the fork server")
 ERR_WARMUP_THREADS = ("target {target!r}: the warm-up {spec!r} left {n} more thread{s} running in the fork server; "
                       "a run forked from it inherits their locks but not the threads, and hangs (torch's thread pool "
@@ -222,7 +223,7 @@ def _ensure_server(ctx: Any) -> None:
 
 def _server_alive() -> bool:
     """Whether the fork server this process started still runs (a dead one is a zombie until reaped)."""
-    pid = multiprocessing.forkserver._forkserver._forkserver_pid
+    pid = _forkserver_pid()
     if not pid:
         return False
     try:
@@ -318,7 +319,7 @@ def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER) -> Child:
     """Start one child running ``plan``."""
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {list(ISOLATIONS)}, not {isolation!r}")
-    ctx = multiprocessing.get_context(isolation)
+    ctx = _context(isolation)
     if isolation == ISOLATION_FORKSERVER:
         _ensure_server(ctx)
     reader, writer = ctx.Pipe(duplex=False)
@@ -341,9 +342,23 @@ def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER) -> Child:
     return Child(process, reader, control_writer)
 
 
+def _context(isolation: str) -> multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext:
+    """The multiprocessing context of ``isolation``, one of :data:`ISOLATIONS` (the literal names pick
+    typeshed's typed overloads)."""
+    if isolation == ISOLATION_FORKSERVER:
+        return multiprocessing.get_context("forkserver")
+    return multiprocessing.get_context("spawn")
+
+
 def server_pid() -> int | None:
     """The running fork server's pid (it adopts orphans of the runs it forked), if there is one."""
-    return multiprocessing.forkserver._forkserver._forkserver_pid if _server_started else None
+    return _forkserver_pid() if _server_started else None
+
+
+def _forkserver_pid() -> int | None:
+    """The pid multiprocessing keeps for its fork server (None before it starts)."""
+    # A private attribute of CPython's ForkServer, which typeshed does not declare.
+    return multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
 
 
 def stop_server() -> None:

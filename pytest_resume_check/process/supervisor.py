@@ -1,5 +1,10 @@
 """Parent side of one run: start the child, read its events, kill it when the plan says, enforce the
-hang limit. A run ends in one of the outcomes below; no process of the run outlives this call.
+hang limit. A run ends in one of the :class:`~pytest_resume_check.records.results.Outcome` values; no
+process of the run outlives this call.
+
+The event loop waits for the channel, the child's exit or the hang limit, and hands each event it reads
+to the handler of its kind (:data:`HANDLERS`): a handler records the event, does what the kind asks of
+the harness (wait for the other ranks, snapshot, kill) and says whether the run's reading ends.
 """
 
 from __future__ import annotations
@@ -9,23 +14,16 @@ import select
 import signal
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from multiprocessing.connection import wait
 
 from pytest_resume_check.process import starter
 from pytest_resume_check.process.sweep import sweep
 from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.names import OPT_HANG
 from pytest_resume_check.records.plan import SIGNAL_TERM, RunPlan
-from pytest_resume_check.records.results import (
-    CONVERGED,
-    CRASHED,
-    DEFAULT_HANG_TIMEOUT,
-    DONE,
-    HUNG,
-    KILLED,
-    RAISED,
-    RunRecord,
-)
+from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT, Outcome, RunRecord
 
 
 def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HANG_TIMEOUT,
@@ -38,14 +36,14 @@ def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HA
     record.pid = child.pid
     interrupted = True
     try:
-        _read_events(child, record, hang_timeout, on_pause, started)
+        _read_events(_Watch(child, record, hang_timeout, on_pause, started))
         interrupted = False
     except _BadFrame as bad:  # something wrote to the channel that is no event: the run's word is void
-        record.events.append(ev.Event(ev.PROTOCOL, text=ERR_BAD_FRAME.format(detail=bad)))
-        record.outcome = CRASHED
+        record.events.append(ev.Event(ev.VIOLATION, text=ERR_BAD_FRAME.format(detail=bad)))
+        record.outcome = Outcome.CRASHED
     finally:
         # Interrupted (Ctrl-C, an error in the parent): kill at once, never wait for a paused child.
-        if interrupted or record.outcome in (KILLED, HUNG):
+        if interrupted or record.outcome in (Outcome.KILLED, Outcome.HUNG):
             child.kill()
             record.exitcode = child.process.exitcode
         else:
@@ -53,7 +51,7 @@ def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HA
         server = starter.server_pid() if isolation == starter.ISOLATION_FORKSERVER else None
         record.leftovers = sweep(plan.token, server)
         record.seconds = time.monotonic() - started
-    if record.outcome == CRASHED and record.exitcode == 0 and not record.events:
+    if record.outcome == Outcome.CRASHED and record.exitcode == 0 and not record.events:
         record.error = "the child exited without sending any event"
     return record
 
@@ -62,8 +60,22 @@ def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HA
 LIVENESS_POLL = 0.5
 
 
-def _read_events(child: starter.Child, record: RunRecord, hang_timeout: float,
-                 on_pause: Callable[[int], None] | None, started: float) -> None:
+@dataclass
+class _Watch:
+    """One run being supervised: its child, what has been recorded of it, and what the plan asks."""
+
+    child: starter.Child
+    record: RunRecord
+    hang_timeout: float
+    on_pause: Callable[[int], None] | None
+    #: ``time.monotonic()`` when the child was started.
+    started: float
+
+
+def _read_events(watch: _Watch) -> None:
+    """Record the run's events until it ends, is killed at its kill point, or sends nothing within the hang
+    limit (``HUNG``)."""
+    child, record = watch.child, watch.record
     sentinel = child.process.sentinel
     last_event = time.monotonic()
     while True:
@@ -73,56 +85,105 @@ def _read_events(child: starter.Child, record: RunRecord, hang_timeout: float,
         if not ready:
             if child.process.exitcode is not None:
                 ready = [sentinel]
-            elif hang_timeout and time.monotonic() - last_event > hang_timeout:
-                record.outcome = HUNG
-                record.error = f"no event for {hang_timeout:g} s (hang limit) after step {record.last_step}"
+            elif watch.hang_timeout and time.monotonic() - last_event > watch.hang_timeout:
+                record.outcome = Outcome.HUNG
+                record.error = f"no event for {watch.hang_timeout:g} s (hang limit) after step {record.last_step}"
                 return
             else:
                 continue
         if child.conn in ready:
             last_event = time.monotonic()
-            try:
-                received = _receive(child, hang_timeout)
-            except (EOFError, OSError):
-                _finish(record)
+            if _dispatch_message(watch):
                 return
-            if record.first_event_seconds is None:
-                record.first_event_seconds = time.monotonic() - started
-            for event in received:
-                if event.kind != ev.PAUSED:
-                    record.events.append(event)
-                if event.kind == ev.STEP_END and record.first_step_seconds is None:
-                    record.first_step_seconds = time.monotonic() - started
-                if event.kind == ev.PAUSED:
-                    # What a kill here would leave: the other ranks past the step, every process stopped.
-                    if not _wait_for_peers(child, record, event.step or 0, hang_timeout, "paused for a snapshot"):
-                        return
-                    record.events.append(event)
-                    if on_pause is not None:
-                        with starter.frozen(child.pid):
-                            on_pause(event.step or 0)
-                    child.resume()
-                elif event.kind == ev.KILL_READY:
-                    record.outcome = KILLED
-                    kill = record.plan.kill
-                    if kill is not None and event.extra.get("signal") == SIGNAL_TERM:
-                        _preempt(child, record, kill.grace)
-                    elif kill is not None and kill.rank is not None and record.plan.world_size > 1:
-                        _kill_one_rank(child, record, kill.rank, int(event.extra["pid"]))
-                    elif kill is not None and kill.fault is None and record.plan.world_size > 1:
-                        if _wait_for_peers(child, record, kill.kill_step, hang_timeout, "waited at the kill point"):
-                            record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL",
-                                                          extra={"signal": "kill", "ranks_past": _awaited(record)}))
-                    return
-                elif event.kind in (ev.DONE, ev.ERROR, ev.CONVERGED):
-                    _finish(record)
-                    return
         elif sentinel in ready:
             # The child is gone; its loader workers may still hold the channel open. Drain what
             # was written before the exit, then decide.
             _drain_written(child, record)
             _finish(record)
             return
+
+
+def _dispatch_message(watch: _Watch) -> bool:
+    """Read the channel message that is ready and hand each of its events to the handler of its kind; True
+    when the run's reading ends (the channel closed, or a handler ended it)."""
+    try:
+        received = _receive(watch.child, watch.hang_timeout)
+    except (EOFError, OSError):
+        _finish(watch.record)
+        return True
+    if watch.record.first_event_seconds is None:
+        watch.record.first_event_seconds = time.monotonic() - watch.started
+    for event in received:
+        if HANDLERS.get(event.kind, _on_event)(watch, event):
+            return True
+    return False
+
+
+def _on_event(watch: _Watch, event: ev.Event) -> bool:
+    """Any kind without a handler of its own: recorded, and the reading goes on."""
+    watch.record.events.append(event)
+    return False
+
+
+def _on_step_end(watch: _Watch, event: ev.Event) -> bool:
+    """A step's end: recorded, and the first one's time kept (start-up cost, rendezvous of ranks included)."""
+    watch.record.events.append(event)
+    if watch.record.first_step_seconds is None:
+        watch.record.first_step_seconds = time.monotonic() - watch.started
+    return False
+
+
+def _on_paused(watch: _Watch, event: ev.Event) -> bool:
+    """The child waits at a checkpoint to be snapshot: wait for the other ranks to get past the step (what
+    a kill here would leave), then, every process of the run stopped, call ``on_pause`` and let it go on.
+    The event is recorded once the ranks are past; the reading ends when they never get there."""
+    step = event.step or 0
+    if not _wait_for_peers(watch.child, watch.record, step, watch.hang_timeout, "paused for a snapshot"):
+        return True
+    watch.record.events.append(event)
+    if watch.on_pause is not None:
+        with starter.frozen(watch.child.pid):
+            watch.on_pause(step)
+    watch.child.resume()
+    return False
+
+
+def _on_kill_ready(watch: _Watch, event: ev.Event) -> bool:
+    """The child is at the planned kill point: the run is ``KILLED``. A SIGTERM plan preempts every rank;
+    a plan that kills one rank kills it alone; an all-ranks SIGKILL of a multi-rank run first waits for
+    the other ranks to reach the kill point's step. The caller SIGKILLs what is left; the reading ends."""
+    child, record = watch.child, watch.record
+    record.events.append(event)
+    record.outcome = Outcome.KILLED
+    kill = record.plan.kill
+    if kill is not None and event.extra.get("signal") == SIGNAL_TERM:
+        _preempt(child, record, kill.grace)
+    elif kill is not None and kill.rank is not None and record.plan.world_size > 1:
+        _kill_one_rank(child, record, kill.rank, int(event.extra["pid"]))
+    elif kill is not None and kill.fault is None and record.plan.world_size > 1:
+        if _wait_for_peers(child, record, kill.kill_step, watch.hang_timeout, "waited at the kill point"):
+            record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL",
+                                          extra={"signal": "kill", "ranks_past": _awaited(record)}))
+    return True
+
+
+def _on_end(watch: _Watch, event: ev.Event) -> bool:
+    """The run's last word (done, an error, converged): recorded, and the outcome decided from it."""
+    watch.record.events.append(event)
+    _finish(watch.record)
+    return True
+
+
+#: What the event loop does with each kind of event (other kinds: :func:`_on_event`); a handler returns
+#: True when the run's reading ends.
+HANDLERS: Mapping[str, Callable[[_Watch, ev.Event], bool]] = {
+    ev.STEP_END: _on_step_end,
+    ev.PAUSED: _on_paused,
+    ev.KILL_READY: _on_kill_ready,
+    ev.DONE: _on_end,
+    ev.ERROR: _on_end,
+    ev.CONVERGED: _on_end,
+}
 
 
 #: Seconds a multi-rank run's launcher gets to end the other ranks after one was killed.
@@ -203,7 +264,7 @@ def _wait_for_peers(child: starter.Child, record: RunRecord, step: int, hang_tim
         _finish(record)
         return False
     missing = sorted(awaited - {e.rank for e in record.events if e.kind == ev.STEP_END and (e.step or 0) >= step})
-    record.outcome = HUNG
+    record.outcome = Outcome.HUNG
     record.stalled = ERR_PEERS.format(ranks=", ".join(map(str, missing)), s="s" if len(missing) > 1 else "",
                                       step=step, limit=hang_timeout, doing=doing)
     return False
@@ -212,7 +273,7 @@ def _wait_for_peers(child: starter.Child, record: RunRecord, step: int, hang_tim
 #: A rank that never reached the step of rank 0's kill point (or snapshot).
 ERR_PEERS = ("rank{s} {ranks} did not report the end of step {step} within the hang limit ({limit:g} s) while "
              "rank 0 {doing}; every rank must report run.step_end(step) before it needs rank 0 again (in the "
-             "next step's collectives), or raise the limit with --resume-matrix-hang-timeout")
+             "next step's collectives), or raise the limit with " + OPT_HANG)
 
 
 def _drain_until(child: starter.Child, record: RunRecord, deadline: float,
@@ -295,13 +356,14 @@ def _decode(raw: bytes) -> list[ev.Event]:
 
 
 def _finish(record: RunRecord) -> None:
+    """The outcome of a run that ended by itself, from its last words: an error, done, or converged."""
     kinds = [e.kind for e in record.events]
     if ev.ERROR in kinds:
-        record.outcome = RAISED
+        record.outcome = Outcome.RAISED
         record.error = next(e.text for e in record.events if e.kind == ev.ERROR)
     elif ev.DONE in kinds:
-        record.outcome = DONE
+        record.outcome = Outcome.DONE
     elif ev.CONVERGED in kinds:
-        record.outcome = CONVERGED
+        record.outcome = Outcome.CONVERGED
     else:
-        record.outcome = CRASHED
+        record.outcome = Outcome.CRASHED

@@ -130,14 +130,15 @@ def stop_servers() -> None:
     import multiprocessing.resource_tracker
 
     server = multiprocessing.forkserver._forkserver
-    address = server._forkserver_address
+    # _forkserver_address: a private attribute of CPython's ForkServer, which typeshed does not declare.
+    address = server._forkserver_address  # type: ignore[attr-defined]
     _stop(server, "_forkserver_pid", "_forkserver_alive_fd")
     if address and not address.startswith("\0"):
         try:
             os.unlink(address)
         except OSError:
             pass
-    server._forkserver_address = None
+    server._forkserver_address = None  # type: ignore[attr-defined]
     _stop(multiprocessing.resource_tracker._resource_tracker, "_pid", "_fd")
 
 

@@ -25,7 +25,9 @@ DONE = "done"
 STATE = "state"  # extra: the trainer's state after a step by component (see RunContext.state)
 PAUSED = "paused"  # the child waits for the supervisor to snapshot its checkpoint directory
 CONVERGED = "converged"  # the resumed run's state equals the reference's at this step; it stopped
-PROTOCOL = "protocol"  # text: a report call the target made out of order (its run is judged PROTOCOL)
+#: text: a reporting rule the run broke (a call out of order, bytes on the channel that are no event); the
+#: cell is judged ``PROTOCOL``. The wire value keeps the category's word.
+VIOLATION = "protocol"
 FILE_OP = "file_op"  # a file operation of the watched save (path, extra: index, kind, target)
 RANKS = "ranks"  # a multi-rank run's launcher started its ranks (extra: pids, by rank)
 #: Written by the supervisor, not a child: what it did to the run (extra: signal, grace, rank, pid).
@@ -38,7 +40,7 @@ STATE_LEAVES = "leaves"
 STATE_COMPARED = "compared"
 
 KINDS = frozenset({CONSUMED, TRAINED, STEP_END, CHECKPOINT, RESUMED, KILL_READY, LOG, ERROR, DONE, STATE,
-                   PAUSED, CONVERGED, FILE_OP, PROTOCOL, RANKS, SIGNALLED})
+                   PAUSED, CONVERGED, FILE_OP, VIOLATION, RANKS, SIGNALLED})
 
 
 @dataclass(frozen=True)

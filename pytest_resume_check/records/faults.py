@@ -26,13 +26,15 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-RECORD = "record"
-CRASH = "crash"
-POWER = "power"
-TORN = "torn"
-ERROR = "error"
-MODES = (RECORD, CRASH, POWER, TORN, ERROR)
+#: What a :class:`FaultPlan` does at its op (the values appear in cell JSON and kill ids: never change them).
+MODE_RECORD = "record"
+MODE_CRASH = "crash"
+MODE_POWER = "power"
+MODE_TORN = "torn"
+MODE_ERROR = "error"
+MODES = (MODE_RECORD, MODE_CRASH, MODE_POWER, MODE_TORN, MODE_ERROR)
 
+#: The I/O errors a ``error`` plan injects, by the name kill ids and reports give them.
 ERRNOS = {"enospc": errno_codes.ENOSPC, "eio": errno_codes.EIO}
 #: Marker in injected errors, so the verdict can tell them from the target's own failures.
 INJECTED = "[injected by pytest-resume-check]"
@@ -45,10 +47,11 @@ EXTRA_TORN = "torn"  # relative path of the file to tear
 
 @dataclass(frozen=True)
 class FaultPlan:
-    """What to do during the save of checkpoint ``step``."""
+    """What to do during the save of checkpoint ``step`` (its text in a kill id, ``op4:power``, is
+    :func:`pytest_resume_check.records.kill_ids.fault_label`)."""
 
     step: int
-    mode: str = RECORD
+    mode: str = MODE_RECORD
     op: int | None = None
     errno: int | None = None
     persistent: bool = False
@@ -56,44 +59,18 @@ class FaultPlan:
     total: int | None = None  # ops of this save as recorded (known when the matrix is built)
 
     @property
-    def label(self) -> str:
-        """``op4``, ``op4:power``, ``op4:enospc+`` ... (the kill id after ``save{step}``; characters that
-        pytest's ``-k`` can spell)."""
-        if self.mode == TORN:
-            return f"op{self.op}:torn:{self.file}"
-        return f"op{self.op}:{self.kind}" if self.kind != CRASH else f"op{self.op}"
-
-    @property
-    def kind(self) -> str:
-        """``crash``, ``power``, ``torn``, ``record``, or the error's name (``enospc``, ``eio+``)."""
-        if self.mode != ERROR:
-            return self.mode
-        name = next((k for k, v in ERRNOS.items() if v == self.errno), str(self.errno))
-        return name + ("+" if self.persistent else "")
-
-    @property
     def completes_save(self) -> bool:
         """The fault lands after the save's last op (the save itself finished)."""
         return self.total is not None and self.op == self.total
 
     def to_json(self) -> dict[str, Any]:
+        """The structured form (``fault`` of a kill in a cell's JSON): the fields that are set."""
         return {k: v for k, v in asdict(self).items() if v is not None}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FaultPlan:
+        """Inverse of :meth:`to_json`."""
         return cls(**data)
-
-
-def parse_label(step: int, text: str) -> FaultPlan:
-    """Inverse of :attr:`FaultPlan.label` (without file and total); the old ``@4`` spelling too."""
-    text = text[2:] if text.startswith("op") else text.lstrip("@")
-    op, _, kind = text.partition(":")
-    if kind.startswith("torn:"):
-        return FaultPlan(step, TORN, int(op), file=kind[len("torn:"):])
-    if kind in ("", "power", "record"):
-        return FaultPlan(step, {"": CRASH}.get(kind, kind), int(op))
-    persistent = kind.endswith("+")
-    return FaultPlan(step, ERROR, int(op), ERRNOS[kind.rstrip("+")], persistent)
 
 
 @dataclass(frozen=True)

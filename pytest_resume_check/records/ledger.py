@@ -16,7 +16,6 @@ from pytest_resume_check.records import events as ev
 
 CONSUMED = ev.CONSUMED
 TRAINED = ev.TRAINED
-LEDGERS = (CONSUMED, TRAINED)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,19 @@ ISOLATIONS = (ISOLATION_FORKSERVER, ISOLATION_SPAWN)
 #: escaped the run's process group is found after it (:mod:`pytest_resume_check.process.sweep`).
 RUN_TOKEN_ENV = "PYTEST_RESUME_CHECK_RUN"
 
+#: The command-line options, spelled once: the plugin declares them, and messages and reports that tell
+#: the user which option to use name them from here.
+OPT_MATRIX = "--resume-matrix"
+OPT_MODE = "--resume-matrix-mode"
+OPT_SEED = "--resume-matrix-seed"
+OPT_TARGET = "--resume-matrix-target"
+OPT_CELL = "--resume-matrix-cell"
+OPT_HANG = "--resume-matrix-hang-timeout"
+OPT_JSON = "--resume-matrix-json"
+OPT_ISOLATION = "--resume-matrix-isolation"
+OPT_EXHAUSTIVE = "--resume-matrix-exhaustive"
+OPT_HTML = "--resume-matrix-html"
+
 #: The folder of a case's uninterrupted reference runs, beside its cells' folders (named in reports).
 REFERENCE = "reference"
 

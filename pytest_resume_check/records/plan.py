@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_resume_check.records.faults import FaultPlan
+from pytest_resume_check.records.faults import MODE_CRASH, MODE_ERROR, MODE_POWER, MODE_TORN, FaultPlan
 
 #: Resume modes a target must understand.
 RESUME_AUTO = "auto"
@@ -61,6 +61,7 @@ class KillSpec:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KillSpec:
+        """Inverse of :meth:`to_json`."""
         fault = data.get("fault")
         rank, world = data.get("rank"), data.get("resume_world_size")
         return cls(int(data["checkpoint_step"]), int(data.get("extra_steps", 0)),
@@ -82,8 +83,8 @@ class KillSpec:
     def _describe_point(self) -> str:
         if self.fault is not None:
             f = self.fault
-            what = {"crash": "killed", "power": "killed with power loss", "torn": "killed leaving a torn file",
-                    "error": "I/O error injected"}.get(f.mode, f.mode)
+            what = {MODE_CRASH: "killed", MODE_POWER: "killed with power loss", MODE_TORN: "killed leaving a torn file",
+                    MODE_ERROR: "I/O error injected"}.get(f.mode, f.mode)
             return f"{what} at file operation {f.op} of the save of step {self.checkpoint_step}"
         if self.extra_steps == 0:
             return f"killed right after checkpoint of step {self.checkpoint_step} was published"

@@ -7,6 +7,7 @@ the reports read them. This module imports nothing that starts processes or judg
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,14 +21,32 @@ from pytest_resume_check.records.plan import RunPlan
 if TYPE_CHECKING:
     from pytest_resume_check.cells.matrix import Cell
 
-#: Run outcomes.
-DONE = "done"  # the target returned
-KILLED = "killed"  # killed by the harness at the planned point
-RAISED = "raised"  # the target raised an exception
-CRASHED = "crashed"  # the process died by itself (non-zero exit, signal) without reporting an error
-HUNG = "hung"  # no event within the hang limit; killed
-CONVERGED = "converged"  # a resumed run reached the reference's state and stopped; the rest is the reference's
-FINISHED = (DONE, CONVERGED)
+class Outcome(str, enum.Enum):
+    """How a run ended. Each member is its value, so JSON and comparisons with strings read back from JSON
+    see ``"done"``, ``"killed"``...; ``str()`` and f-strings give the value too (``enum.StrEnum`` needs
+    Python 3.11, and the project supports 3.10)."""
+
+    #: The target returned.
+    DONE = "done"
+    #: Killed by the harness at the planned point.
+    KILLED = "killed"
+    #: The target raised an exception.
+    RAISED = "raised"
+    #: The process died by itself (non-zero exit, signal) without reporting an error.
+    CRASHED = "crashed"
+    #: No event within the hang limit; killed.
+    HUNG = "hung"
+    #: A resumed run reached the reference's state and stopped; the rest is the reference's.
+    CONVERGED = "converged"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: Outcomes of a run that got to the end of its training (itself, or by reaching the reference's state).
+FINISHED = frozenset({Outcome.DONE, Outcome.CONVERGED})
+#: Outcomes of a run that ended as the cell planned: finished, or killed at its kill point.
+AS_PLANNED = FINISHED | {Outcome.KILLED}
 
 DEFAULT_HANG_TIMEOUT = 60.0
 
@@ -49,7 +68,7 @@ class RunRecord:
 
     plan: RunPlan
     events: list[ev.Event] = field(default_factory=list)
-    outcome: str = CRASHED
+    outcome: Outcome = Outcome.CRASHED
     exitcode: int | None = None
     error: str | None = None
     seconds: float = 0.0
@@ -69,6 +88,9 @@ class RunRecord:
     #: A ``HUNG`` run that was not silent: what it failed to do within the hang limit (a rank that never
     #: reported the kill point's step end).
     stalled: str | None = None
+
+    def __post_init__(self) -> None:
+        self.outcome = Outcome(self.outcome)  # a plain ``"done"`` (a test's, one read from JSON) becomes its member
 
     def _lead(self, kind: str) -> list[ev.Event]:
         """The run's events of ``kind`` from rank 0 (all of them in a one-process run): the ranks of a
@@ -131,21 +153,21 @@ class RunRecord:
 
     def describe(self) -> str:
         """``killed right after checkpoint of step 3 was published`` and the like."""
-        if self.outcome == KILLED and self.plan.kill is not None:
+        if self.outcome == Outcome.KILLED and self.plan.kill is not None:
             text = next((e.text for e in self.events if e.kind == ev.KILL_READY and e.text), None)
             if self.plan.faults is not None and text:
                 return f"{text} (save of step {self.plan.kill.checkpoint_step})" + "".join(
                     f"; {n}" for n in self.damage.describe())
             return self.plan.kill.describe()
-        if self.outcome == DONE:
+        if self.outcome == Outcome.DONE:
             return "ran to the end"
-        if self.outcome == CONVERGED:
+        if self.outcome == Outcome.CONVERGED:
             return f"reached the reference's exact state at step {self.converged_step} (the rest is the reference's)"
-        if self.outcome == RAISED:
+        if self.outcome == Outcome.RAISED:
             return "raised " + (self.error or "").strip().splitlines()[-1] if self.error else "raised"
-        if self.outcome == HUNG and self.stalled:
+        if self.outcome == Outcome.HUNG and self.stalled:
             return f"hung: {self.stalled}"
-        if self.outcome == HUNG:
+        if self.outcome == Outcome.HUNG:
             return f"hung after step {self.last_step}"
         return f"died by itself (exit code {self.exitcode}) after step {self.last_step}"
 

@@ -34,8 +34,8 @@ from typing import Any
 from pytest_resume_check import categories
 from pytest_resume_check.categories import Category
 from pytest_resume_check.judge import verdict
-from pytest_resume_check.records import faults
-from pytest_resume_check.records.plan import KillSpec
+from pytest_resume_check.records import faults, kill_ids
+from pytest_resume_check.records.names import OPT_JSON, OPT_SEED
 from pytest_resume_check.report import summary
 from pytest_resume_check.report import text as report
 
@@ -85,8 +85,8 @@ def render(results: Sequence[Mapping[str, Any]], seed: int | None = None) -> str
     # Unexpected failures first (those fail the build), then target by target in heatmap order.
     targets = {t: i for i, t in enumerate(dict.fromkeys(c["target"] for c in cells))}
     failing = sorted((c for c in cells if not c["passed"] or categories.fails(c)), key=lambda c: (
-        not categories.fails(c), targets[c["target"]], _is_crash(c), c["case_id"], c["resume_mode"],
-        _kill_key(c)))
+        not categories.fails(c), targets[c["target"]], summary.is_crash_cell(c), c["case_id"], c["resume_mode"],
+        summary.cell_sort_key(c)))
     listed = failing[:MAX_LISTED]
     with_timeline = listed[:MAX_TIMELINES]
     anchors = {summary.cell_name(c): f"cell-{i}" for i, c in enumerate(listed)}
@@ -132,30 +132,8 @@ def _asset(name: str) -> str:
 
 # -- cells -------------------------------------------------------------------------------------------
 
-def _kills(cell: Mapping[str, Any]) -> tuple[KillSpec, ...]:
-    """The kill points of a cell (none for JSON written before cells carried ``kills``)."""
-    return summary.kills_of(cell) if cell.get("kills") else ()
-
-
-def _is_crash(cell: Mapping[str, Any]) -> bool:
-    return bool(cell.get("kills")) and summary.is_crash_cell(cell)
-
-
-def _kill_key(cell: Mapping[str, Any]) -> tuple[Any, ...]:
-    kills = _kills(cell)
-    return (0, *summary.kill_sort_key(kills)) if kills else (1, 0, 0, 0, 0, str(cell.get("kill", "")))
-
-
-def _kill_label(cell: Mapping[str, Any]) -> str:
-    """A kill-point column: ``3`` (right after the checkpoint of step 3), ``3+1``, ``1,7+1``."""
-    kills = _kills(cell)
-    if not kills:
-        return str(cell.get("kill", "?"))
-    return ",".join(f"{k.checkpoint_step}" + (f"+{k.extra_steps}" if k.extra_steps else "") for k in kills)
-
-
 def _rerun(cell: Mapping[str, Any], seed: int | None) -> str:
-    return str(cell.get("rerun") or report.rerun_command(summary.cell_name(cell), None, seed))
+    return str(cell.get("rerun") or report.rerun_command(summary.cell_name(cell), seed))
 
 
 # -- timelines: the data the page's script draws ------------------------------------------------------
@@ -174,12 +152,13 @@ def timeline(cell: Mapping[str, Any]) -> dict[str, Any]:
     reference = [list(r) for r in cell.get("reference") or []]
     composite = [list(r) for r in cell.get("composite") or []]
     ref_marks, comp_marks = _entry_marks(cell, reference, composite)
-    kills = [[run, k.checkpoint_step, k.kill_step, k.describe()] for run, k in enumerate(_kills(cell))]
+    kill_points = summary.kills_of(cell)
+    kills = [[run, k.checkpoint_step, k.kill_step, k.describe()] for run, k in enumerate(kill_points)]
     resumed = [int(s) for s in cell.get("resumed_from") or []]
     last = max((int(r[1]) for r in reference + composite), default=0)
     interesting = [int(r[1]) for r, m in zip(reference, ref_marks) if m != verdict.MARK_OK]
     interesting += [int(r[1]) for r, m in zip(composite, comp_marks) if m != verdict.MARK_OK]
-    interesting += [s + 1 for s in resumed] + [k[2] for k in kills]
+    interesting += [s + 1 for s in resumed] + [k.kill_step for k in kill_points]
     state = cell.get("state_diverged")
     if state:
         interesting.append(int(state))
@@ -272,7 +251,7 @@ def _header(cells: Sequence[Mapping[str, Any]], failing: Sequence[Mapping[str, A
     if fixed:
         facts.append(f"of the failing, {fixed} {categories.BY_NAME[categories.XPASS].label}")
     if seed is not None:
-        facts.append(f"seed {seed} (rerun with --resume-matrix-seed={seed})")
+        facts.append(f"seed {seed} (rerun with {OPT_SEED}={seed})")
     verdict_text = "FAILED" if unexpected else "PASSED"
     return (f'<header><h1>{escape(TITLE)} <span class="verdict v-{verdict_text}">{verdict_text}</span></h1>'
             f'<p class="meta">{escape(" · ".join(facts))}</p>'
@@ -328,8 +307,8 @@ def _heatmaps(cells: Sequence[Mapping[str, Any]], anchors: Mapping[str, str]) ->
            "Hover a cell for its verdict; click a failing one for its timeline.</p>", _legend(), '<div class="hms">']
     for target in dict.fromkeys(c["target"] for c in cells):
         mine = [c for c in cells if c["target"] == target]
-        plain = [c for c in mine if not _is_crash(c)]
-        crash = [c for c in mine if _is_crash(c)]
+        plain = [c for c in mine if not summary.is_crash_cell(c)]
+        crash = [c for c in mine if summary.is_crash_cell(c)]
         if plain:
             out.append(_kill_heatmap(target, plain, anchors))
         if crash:
@@ -339,25 +318,26 @@ def _heatmaps(cells: Sequence[Mapping[str, Any]], anchors: Mapping[str, str]) ->
 
 
 def _kill_heatmap(target: str, cells: Sequence[Mapping[str, Any]], anchors: Mapping[str, str]) -> str:
-    """Cases and resume modes x kill points."""
-    columns = list(dict.fromkeys(_kill_label(c) for c in sorted(cells, key=_kill_key)))
+    """Cases and resume modes x kill points; the cells of a distributed kind (``rank1``, ``term2``, ``ws1``)
+    get rows of their own, as in the terminal grid."""
+    columns = list(dict.fromkeys(summary.column(c) for c in sorted(cells, key=summary.cell_sort_key)))
+    kinds = any(summary.kind_of(c) for c in cells)
     rows: dict[tuple[str, ...], dict[Any, Mapping[str, Any]]] = {}
-    for c in cells:
-        rows.setdefault((c["case_id"], c["resume_mode"]), {})[_kill_label(c)] = c
+    for c in sorted(cells, key=lambda c: bool(summary.kind_of(c))):
+        row = (c["case_id"], c["resume_mode"]) + ((summary.kind_of(c),) if kinds else ())
+        rows.setdefault(row, {})[summary.column(c)] = c
     title = f'{escape(target)} <span class="meta">{len(cells)} cells</span>'
-    return _heat_table("kills", title, ("case", "resume"), rows, [(k, k) for k in columns], anchors)
+    heads = ("case", "resume") + (("kind",) if kinds else ())
+    return _heat_table("kills", title, heads, rows, [(k, k) for k in columns], anchors)
 
 
 def _crash_heatmap(target: str, cells: Sequence[Mapping[str, Any]], anchors: Mapping[str, str]) -> str:
     """Crash-consistency cells: (case, saved step, fault kind) x file operation of the save."""
-    def fault(c: Mapping[str, Any]) -> faults.FaultPlan:
-        plan = _kills(c)[0].fault
-        assert plan is not None
-        return plan
+    fault = summary.fault_of
 
     def row_order(c: Mapping[str, Any]) -> tuple[Any, ...]:  # kills, then power loss and torn files, then errors
         f = fault(c)
-        return (c["case_id"], f.step, f.mode == faults.ERROR, f.mode != faults.CRASH, f.kind)
+        return (c["case_id"], f.step, f.mode == faults.MODE_ERROR, f.mode != faults.MODE_CRASH, kill_ids.fault_kind(f))
 
     rows: dict[tuple[str, ...], dict[Any, Mapping[str, Any]]] = {}
     for c in sorted(cells, key=row_order):
@@ -431,7 +411,7 @@ def _failures(listed: Sequence[Mapping[str, Any]], total: int, drawn: int, ancho
                    f"{''.join(rest)}</tbody></table></div>")
     if total > len(listed):
         out.append(f'<p class="note">{total - len(listed)} further failing cells are not listed; '
-                   "<code>--resume-matrix-json</code> has them all.</p>")
+                   f"<code>{OPT_JSON}</code> has them all.</p>")
     out.append("</section>")
     return "\n".join(out)
 

@@ -5,10 +5,12 @@ cells (``report.cell_json``), so it can be built from any process's results (xdi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pytest_resume_check import categories
+from pytest_resume_check.records import faults, kill_ids
+from pytest_resume_check.records.names import OPT_JSON
 from pytest_resume_check.records.plan import KillSpec
 
 
@@ -17,9 +19,10 @@ def mark(cell: dict[str, Any]) -> str:
     return categories.mark(categories.status(cell))
 
 
-def kills_of(cell: dict[str, Any]) -> tuple[KillSpec, ...]:
-    """The structured kill points of a cell's JSON."""
-    return tuple(KillSpec.from_json(k) for k in cell["kills"])
+def kills_of(cell: Mapping[str, Any]) -> tuple[KillSpec, ...]:
+    """The structured kill points of a cell's JSON (none for JSON written before cells carried
+    ``kills``, and for a failed cell whose name held no kill id)."""
+    return tuple(KillSpec.from_json(k) for k in cell.get("kills") or ())
 
 
 def kill_sort_key(kills: Sequence[KillSpec]) -> tuple[int, int, int, int, str]:
@@ -27,46 +30,64 @@ def kill_sort_key(kills: Sequence[KillSpec]) -> tuple[int, int, int, int, str]:
     crash-consistency cells last (by file operation)."""
     first = kills[0]
     if first.fault is not None:
-        return (3, first.checkpoint_step, first.fault.op or 0, 0, first.fault.kind)
+        return (3, first.checkpoint_step, first.fault.op or 0, 0, kill_ids.fault_kind(first.fault))
     group = 0 if len(kills) == 1 and first.extra_steps == 0 else (1 if len(kills) == 1 else 2)
     return (group, first.checkpoint_step, kills[-1].kill_step, len(kills), "")
 
 
-def is_crash_cell(cell: dict[str, Any]) -> bool:
+def cell_sort_key(cell: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Order cells by kill point (:func:`kill_sort_key`); cells without structured kills last, by name."""
+    kills = kills_of(cell)
+    return (0, *kill_sort_key(kills)) if kills else (1, 0, 0, 0, 0, str(cell.get("kill", "")))
+
+
+def column(cell: Mapping[str, Any]) -> str:
+    """The kill-point column of a cell: ``3``, ``3+1``, ``1,7+1`` (:func:`kill_ids.short_label`); a cell
+    without structured kills shows its kill id as it is."""
+    kills = kills_of(cell)
+    return kill_ids.short_label(kills) if kills else str(cell.get("kill", "?"))
+
+
+def kind_of(cell: Mapping[str, Any]) -> str:
+    """The distributed kind of a cell's kills (``rank1``, ``term2``, ``ws3``; '' for a plain SIGKILL of all)."""
+    return kill_ids.kind_label(kills_of(cell))
+
+
+def is_crash_cell(cell: Mapping[str, Any]) -> bool:
     """A cell of the crash-consistency axis (a fault inside a save)."""
-    return any(k.get("fault") for k in cell["kills"])
+    return any(k.fault is not None for k in kills_of(cell))
 
 
-def crash_row(cell: dict[str, Any]) -> str:
+#: The crash-grid row of a kill inside a save (the other rows are named by :func:`kill_ids.fault_kind`).
+KILL_ROW = "kill"
+
+
+def fault_of(cell: Mapping[str, Any]) -> faults.FaultPlan:
+    """The fault of a crash-consistency cell (:func:`is_crash_cell`)."""
+    fault = kills_of(cell)[0].fault
+    assert fault is not None, "not a crash-consistency cell"
+    return fault
+
+
+def crash_row(cell: Mapping[str, Any]) -> str:
     """The row of a crash-consistency cell in its grid: the fault's kind (``kill``, ``power``, ``torn``,
     ``enospc``, ``eio``, ``enospc+``)."""
-    fault = kills_of(cell)[0].fault
-    assert fault is not None
-    return "kill" if fault.kind == "crash" else fault.kind
+    fault = fault_of(cell)
+    return KILL_ROW if fault.mode == faults.MODE_CRASH else kill_ids.fault_kind(fault)
 
 
 #: Crash-grid rows in this order (a kill, then the disk damage kinds, then the I/O errors); others after.
-CRASH_ROWS = ("kill", "power", "torn", "enospc", "enospc+", "eio", "eio+")
+CRASH_ROWS = (KILL_ROW, faults.MODE_POWER, faults.MODE_TORN,
+              *(name + persistent for name in faults.ERRNOS for persistent in ("", kill_ids.PERSISTENT)))
 
 
 def _crash_row_order(row: str) -> tuple[int, str]:
     return (CRASH_ROWS.index(row) if row in CRASH_ROWS else len(CRASH_ROWS), row)
 
 
-def _short(kill: str) -> str:
-    """A column label: ``1,7+1`` reads as "then"; a distributed kind (``:rank1``) goes to the row."""
-    return ",".join(part.split(":")[0] for part in kill.replace("ckpt", "").split("_"))
-
-
-def _kind(kill: str) -> str:
-    """The distributed kind of a kill id (``rank1``, ``term2``, ``ws3``; '' for a plain SIGKILL of all)."""
-    mods = [m for part in kill.split("_") for m in part.split(":")[1:]]
-    return " ".join(dict.fromkeys(mods))
-
-
 def _row(cell: dict[str, Any]) -> str:
     """``shuffle auto``, or ``shuffle auto rank1`` for the cells of one distributed kind."""
-    return " ".join(x for x in (cell["case_id"], cell["resume_mode"], _kind(cell["kill"])) if x)
+    return " ".join(x for x in (cell["case_id"], cell["resume_mode"], kind_of(cell)) if x)
 
 
 def grid(cells: Sequence[dict[str, Any]], width: int = 100) -> list[str]:
@@ -78,27 +99,34 @@ def grid(cells: Sequence[dict[str, Any]], width: int = 100) -> list[str]:
         plain = [c for c in mine if not is_crash_cell(c)]
         crash = [c for c in mine if is_crash_cell(c)]
         if plain:
-            kinds = any(_kind(c["kill"]) for c in plain)
-            lines.append(f"{target}: {len(plain)} cells, columns are kill points (ckpt N[+unsaved steps])"
-                         + ("; rows rankR: that rank alone killed, termG: SIGTERM with G s grace, wsW: resumed on W "
-                            "ranks" if kinds else ""))
-            order = {c["kill"]: kill_sort_key(kills_of(c)) for c in plain}
-            kills = sorted(order, key=order.__getitem__)
-            rows = {_row(c): {} for c in sorted(plain, key=lambda c: bool(_kind(c["kill"])))}
-            for c in plain:
-                rows[_row(c)][_short(c["kill"])] = c
-            lines += _table(rows, list(dict.fromkeys(_short(k) for k in kills)), width)
+            lines += _kill_grid(target, plain, width)
         if crash:
-            step = kills_of(crash[0])[0].checkpoint_step
-            lines.append(f"{target}: {len(crash)} crash-consistency cells of the save of step {step} "
-                         f"(case {crash[0]['case_id']}), columns are file operations")
-            rows = {}
-            for c in sorted(crash, key=lambda c: _crash_row_order(crash_row(c))):  # the same rows on every run
-                rows.setdefault(crash_row(c), {})[str(kills_of(c)[0].fault.op)] = c
-            ops = sorted({op for row in rows.values() for op in row}, key=int)
-            lines += _table(rows, ops, width)
+            lines += _crash_grid(target, crash, width)
     lines.extend(categories.legend(width))
     return lines
+
+
+def _kill_grid(target: str, cells: Sequence[dict[str, Any]], width: int) -> list[str]:
+    """Cases, resume modes and distributed kinds x kill points."""
+    kinds = any(kind_of(c) for c in cells)
+    lines = [f"{target}: {len(cells)} cells, columns are kill points (ckpt N[+unsaved steps])"
+             + ("; rows rankR: that rank alone killed, termG: SIGTERM with G s grace, wsW: resumed on W ranks"
+                if kinds else "")]
+    rows: dict[str, dict[str, dict[str, Any]]] = {_row(c): {} for c in sorted(cells, key=lambda c: bool(kind_of(c)))}
+    for c in cells:
+        rows[_row(c)][column(c)] = c
+    return lines + _table(rows, list(dict.fromkeys(column(c) for c in sorted(cells, key=cell_sort_key))), width)
+
+
+def _crash_grid(target: str, cells: Sequence[dict[str, Any]], width: int) -> list[str]:
+    """Fault kinds x file operations of the save."""
+    lines = [f"{target}: {len(cells)} crash-consistency cells of the save of step {fault_of(cells[0]).step} "
+             f"(case {cells[0]['case_id']}), columns are file operations"]
+    rows: dict[str, dict[str, dict[str, Any]]] = {}
+    for c in sorted(cells, key=lambda c: _crash_row_order(crash_row(c))):  # the same rows on every run
+        rows.setdefault(crash_row(c), {})[str(fault_of(c).op)] = c
+    ops = sorted({op for row in rows.values() for op in row}, key=int)
+    return lines + _table(rows, ops, width)
 
 
 def _table(rows: dict[str, dict[str, dict[str, Any]]], columns: list[str], width: int) -> list[str]:
@@ -127,6 +155,10 @@ def _chunks(kills: list[str], room: int) -> Iterable[list[str]]:
         yield chunk
 
 
+#: The size :func:`smallest_failures` gives a cell without structured kills: more than any cell has.
+_NO_KILLS = 1 << 30
+
+
 def smallest_failures(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per failing (target, case, resume mode): the smallest failing kill point (fewest kills, then
     earliest kill), i.e. the simplest reproduction of that case's failure. An expected failure that
@@ -136,19 +168,20 @@ def smallest_failures(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if not categories.fails(c):
             continue
         key = (c["target"], c["case_id"], c["resume_mode"])
-        kills = kills_of(c)
-        rank = (len(kills), kills[-1].kill_step, kills[0].checkpoint_step)
+        kills = kills_of(c)  # a cell without structured kills is the last choice
+        rank = (len(kills), kills[-1].kill_step, kills[0].checkpoint_step) if kills else (_NO_KILLS, 0, 0)
         best = out.get(key)
         if best is None or rank < best["_rank"]:
             out[key] = {**c, "_rank": rank}
     return [{k: v for k, v in c.items() if k != "_rank"} for c in out.values()]
 
 
-def cell_name(cell: dict[str, Any]) -> str:
-    return f"{cell['target']}[{cell['case_id']}-{cell['resume_mode']}-{cell['kill']}]"
+def cell_name(cell: Mapping[str, Any]) -> str:
+    """The name of a cell's JSON: ``target[case-mode-kill]``."""
+    return kill_ids.cell_name(cell["target"], cell["case_id"], cell["resume_mode"], cell["kill"])
 
 
-def session_lines(results: Sequence[dict[str, Any]], width: int = 100, more_hint: str = "--resume-matrix-json",
+def session_lines(results: Sequence[dict[str, Any]], width: int = 100, more_hint: str = OPT_JSON,
                   listed: int = 50) -> list[str]:
     """The end-of-session summary under its header: the grids, the smallest failing kill point of each
     failing case with its rerun command, and the failing cells' headlines (at most ``listed``)."""

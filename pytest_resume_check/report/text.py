@@ -12,10 +12,10 @@ from typing import Any
 
 from pytest_resume_check.categories import HARNESS, status
 from pytest_resume_check.judge.verdict import entry_marks, resume_label
-from pytest_resume_check.records.events import LOG_PREFIX
+from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.ledger import Ledger
-from pytest_resume_check.records.names import REFERENCE
-from pytest_resume_check.records.results import CONVERGED, DONE, KILLED, CellResult, RunRecord
+from pytest_resume_check.records.names import OPT_CELL, OPT_MATRIX, OPT_SEED, REFERENCE
+from pytest_resume_check.records.results import AS_PLANNED, CellResult, Outcome, RunRecord
 
 #: The story of a cell whose reference failed (no interrupted run was made).
 NO_RUNS = "no interrupted run (the reference itself failed)"
@@ -93,9 +93,9 @@ def _log_lines(result: CellResult, shown_error: str | None) -> list[str]:
     planned (it raised, crashed or hung), its last output lines of any kind."""
     out = []
     for i, rec in enumerate(result.runs):
-        as_planned = rec.outcome in (DONE, KILLED, CONVERGED)
+        as_planned = rec.outcome in AS_PLANNED
         tail = log_tail(rec.plan.log_path, LOG_LINES, shown_error if rec.error == shown_error else None,
-                        only=LOG_PREFIX if as_planned else None)
+                        only=ev.LOG_PREFIX if as_planned else None)
         if tail:
             out.append(f"  log of run {i + 1} (last lines of {rec.plan.log_path}):")
             out += ["    " + ln for ln in tail]
@@ -116,7 +116,7 @@ def failure_text(result: CellResult, rerun: str | None = None) -> str:
     lines.append(f"  target: {result.cell.target.name} (contract: {contract}); case {result.cell.case_id}")
     shown_error = None
     for rec in result.runs:
-        if rec.error and rec.outcome != "done":
+        if rec.error and rec.outcome != Outcome.DONE:
             lines.append("  error of the failing run (last lines):")
             lines += ["    " + ln for ln in rec.error.strip().splitlines()[-6:]]
             shown_error = rec.error
@@ -191,7 +191,9 @@ def _run_json(rec: RunRecord) -> dict[str, Any]:
     """One run of a cell: how it ended, its log; for multi-rank runs its world size, what each rank
     restored, the signal it got and who ended its ranks (rows of ``reference`` and ``composite`` then
     carry the rank as a fifth item)."""
-    out: dict[str, Any] = {"outcome": rec.outcome, "exitcode": rec.exitcode, "seconds": round(rec.seconds, 3),
+    # The outcome's plain value: the cell's JSON rides on a pytest-xdist report, whose serialiser takes
+    # only exact built-in types (a str-Enum member is refused).
+    out: dict[str, Any] = {"outcome": rec.outcome.value, "exitcode": rec.exitcode, "seconds": round(rec.seconds, 3),
                            "log_file": rec.plan.log_path, "log_tail": log_tail(rec.plan.log_path, LOG_LINES_JSON)}
     if rec.plan.world_size > 1 or rec.plan.master_port:
         out["world_size"] = rec.plan.world_size
@@ -203,16 +205,14 @@ def _run_json(rec: RunRecord) -> dict[str, Any]:
     return out
 
 
-def rerun_command(cell_name: str, mode: str | None, seed: int | None, args: Sequence[str] = (),
-                  options: Sequence[str] = ()) -> str:
-    """The shell command that reruns exactly one cell: ``pytest [args] --resume-matrix [--resume-matrix-mode=full]
-    --resume-matrix-seed=SEED --resume-matrix-cell=NAME [options]`` (``quick``, the default mode, unsaid)."""
-    parts = ["pytest", *args, "--resume-matrix"]
-    if mode and mode != "quick":
-        parts.append(f"--resume-matrix-mode={mode}")
+def rerun_command(cell_name: str, seed: int | None) -> str:
+    """A rerun command for a cell whose JSON carries none (made by a script, not by the plugin, which
+    writes each cell's own from its options, ``pytest_resume_check.plugin.options.rerun_command``):
+    ``pytest --resume-matrix --resume-matrix-seed=SEED --resume-matrix-cell=NAME``."""
+    parts = ["pytest", OPT_MATRIX]
     if seed is not None:
-        parts.append(f"--resume-matrix-seed={seed}")
-    parts += [f"--resume-matrix-cell={cell_name}", *options]
+        parts.append(f"{OPT_SEED}={seed}")
+    parts.append(f"{OPT_CELL}={cell_name}")
     return " ".join(shlex.quote(str(p)) for p in parts)
 
 

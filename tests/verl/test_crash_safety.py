@@ -33,7 +33,14 @@ from agentlightning.verl.schedule import mixed_latency  # noqa: E402
 from agentlightning.verl.stock_trainer import StockCpuRayPPOTrainer  # noqa: E402
 from agentlightning.verl.testing import RecordingObserver, SimulatedKill  # noqa: E402
 from pytest_resume_check.child.recorder import Recorder  # noqa: E402
-from pytest_resume_check.records.faults import ERROR, INJECTED, POWER, RECORD, FaultPlan, apply_after_kill  # noqa: E402
+from pytest_resume_check.records.faults import (  # noqa: E402
+    INJECTED,
+    MODE_ERROR,
+    MODE_POWER,
+    MODE_RECORD,
+    FaultPlan,
+    apply_after_kill,
+)
 
 OPTIONS = {"latency_profile": mixed_latency}  # groups are in flight at both checkpoints
 TRACKER = layout.TRACKER_FILENAME
@@ -139,7 +146,7 @@ def _not_killed(text, extra):
     raise AssertionError(f"a recording without a kill planned was killed: {text}")
 
 
-RECORD_ONLY = FaultPlan(4, RECORD)
+RECORD_ONLY = FaultPlan(4, MODE_RECORD)
 
 
 def record_save(out, plan=RECORD_ONLY, on_kill=_not_killed, **options):
@@ -200,7 +207,7 @@ def crash_outcomes(tmp_path_factory):
                 apply_after_kill(str(power), extra)  # every file cut back to its fsynced bytes
             raise SimulatedKill(text)
 
-        _, first = record_save(out, FaultPlan(4, POWER, index), on_kill)
+        _, first = record_save(out, FaultPlan(4, MODE_POWER, index), on_kill)
         if kill.exists():
             outcomes.append((index, kill, power, first))
     return outcomes
@@ -227,7 +234,7 @@ def test_an_io_error_at_any_operation_fails_the_save_and_leaves_the_previous_che
     for index in range(len(ASYNC_SAVE_OPS)):
         out = tmp_path / f"{index}"
         with pytest.raises(OSError, match=re.escape(INJECTED)):
-            record_save(out, FaultPlan(4, ERROR, index, errno.ENOSPC, persistent))
+            record_save(out, FaultPlan(4, MODE_ERROR, index, errno.ENOSPC, persistent))
         # Only when the disk refuses everything after the tracker was replaced (its folder's fsync) can the
         # tracker not be put back; it then names step 4, which is complete.
         expected = 4 if persistent and index > TRACKER_REPLACE else 2

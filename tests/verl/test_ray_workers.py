@@ -28,7 +28,7 @@ from agentlightning.verl import resume_target as rt  # noqa: E402
 from pytest_resume_check.cells.matrix import Cell  # noqa: E402
 from pytest_resume_check.engine import Engine  # noqa: E402
 from pytest_resume_check.judge import verdict as vd  # noqa: E402
-from pytest_resume_check.records.results import KILLED  # noqa: E402
+from pytest_resume_check.records.results import Outcome  # noqa: E402
 from pytest_resume_check.run import KillSpec, RunContext  # noqa: E402
 from pytest_resume_check.targets import resume_target  # noqa: E402
 
@@ -105,7 +105,7 @@ def test_unfixed_trainer_on_ray_workers_loses_the_buffered_tail(engine):
 def test_a_killed_drivers_actors_are_ended_by_ray_and_each_rank_saved_its_own_file(engine, tmp_path):
     plan = engine.plan(noting_actors, ASYNC_CASE, tmp_path, 0, kill=KillSpec(1))
     record = engine.run(plan, noting_actors)
-    assert record.outcome == KILLED, record.error
+    assert record.outcome == Outcome.KILLED, record.error
     pids = [int(p) for p in (Path(plan.checkpoint_dir) / PIDS_FILE).read_text().split()]
     assert len(pids) == rt.RAY_WORKERS and os.getpid() not in pids and record.pid not in pids
     actor_folder = Path(plan.checkpoint_dir) / "global_step_1" / "actor"
