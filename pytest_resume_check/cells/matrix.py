@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_resume_check.records import faults
-from pytest_resume_check.records.kill_ids import cell_id, kill_id
+from pytest_resume_check.records.kill_ids import cell_id, cell_name, kill_id
 from pytest_resume_check.records.names import case_id
 from pytest_resume_check.records.plan import RESUME_AUTO, RESUME_PATH, SIGNAL_TERM, KillSpec
 from pytest_resume_check.targets import ERR_RAISED, ERR_STEPS_RETURNED, Target, TargetError, describe_error
@@ -73,6 +73,11 @@ class Cell:
     def id(self) -> str:
         """The cell's id within its target: ``shuffle-auto-ckpt3``."""
         return cell_id(self.case_id, self.resume_mode, self.kill_id)
+
+    @property
+    def name(self) -> str:
+        """The cell's name: ``target[shuffle-auto-ckpt3]``."""
+        return cell_name(self.target.name, self.case_id, self.resume_mode, self.kill_id)
 
 
 def kill_steps(steps: int, boundaries: Sequence[int], mode: str, rng: random.Random,

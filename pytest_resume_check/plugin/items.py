@@ -82,7 +82,7 @@ class ResumeMatrix(pytest.Collector):
             except Exception as exc:  # a target whose save cannot even be recorded
                 items.append(self._broken(f"{target.name}[record-save]", str(exc)))
         items += [ResumeCell.from_parent(self, cell=cell, matrix=self.matrix,
-                                         **self._named(f"{target.name}[{cell.id}]")) for cell in cells]
+                                         **self._named(cell.name)) for cell in cells]
         return items
 
     def _broken(self, name: str, message: str) -> pytest.Item:

@@ -30,7 +30,7 @@ def case_group(nodeid: str) -> str:
     if parts is None:
         return nodeid
     target, case, mode, _ = parts
-    return f"{NODE_PREFIX}{target}[{case}-{mode}"
+    return f"{NODE_PREFIX}{target} {case} {mode}"
 
 
 def case_and_mode_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -24,6 +24,7 @@ from pytest_resume_check.plugin.options import (
     Settings,
     rerun_command,
 )
+from pytest_resume_check.records.kill_ids import target_of
 
 #: The name the session is registered under.
 PLUGIN_NAME = "resume_check_matrix"
@@ -94,7 +95,7 @@ class MatrixSession:
     def targets(self) -> list[Any]:
         """The targets this session runs; naming a cell names its target, so a rerun line works also
         where that target is an installed package's."""
-        wanted = self.settings.targets or tuple(dict.fromkeys(n.partition("[")[0] for n in self._named_cells()))
+        wanted = self.settings.targets or tuple(dict.fromkeys(map(target_of, self._named_cells())))
         return discover(self.config, wanted)
 
     def rerun_command(self, name: str) -> str:

@@ -195,3 +195,9 @@ def split_cell_name(name: str) -> tuple[str, str, str, str] | None:
     """``(target, case id, resume mode, kill id)`` of a cell's name, None if ``name`` is none."""
     match = _CELL_NAME.match(name)
     return None if match is None else (match["target"], match["case"], match["mode"], match["kill"])
+
+
+def target_of(name: str) -> str:
+    """The target a cell's name names (what comes before its ``[`` when the rest is no cell id)."""
+    parts = split_cell_name(name)
+    return parts[0] if parts is not None else name.partition("[")[0]
