@@ -3,10 +3,10 @@ burners, side by side in one run, and compare every cell's JSON.
 
 The targets: the bundled ``ddp_loop`` (DDP, StatefulDistributedSampler, DCP; saves on SIGTERM) and the
 loop of issue 26 that once failed ``LOST 1 input on rank 1`` under load (consumed, all-reduce, step_end,
-save on rank 0, barrier; ``tests/trust_targets.py:two_rank_loop``). For each repetition, each target's
+save on rank 0, barrier; ``tests/support/trust_targets.py:two_rank_loop``). For each repetition, each target's
 matrix runs once without and once with ``--burners`` processes spinning (``python3 -c "while True:
 pass"``), with the same seed; a cell differs when its status, categories, headline or composite ledger
-differ. Prints the figures and exits 1 if any cell differs (``tests/test_trust_under_load.py`` runs it
+differ. Prints the figures and exits 1 if any cell differs (``tests/engine/test_trust_under_load.py`` runs it
 once in CI)::
 
     python benchmarks/load_verdicts.py --runs 3 --burners 2
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: A project whose conftest declares the loop of issue 26 (the trainer lives in the repository's tests/).
 ISSUE_LOOP_CONFTEST = textwrap.dedent(f"""
     import sys
-    sys.path.insert(0, {str(ROOT / "tests")!r})
+    sys.path.insert(0, {str(ROOT / "tests" / "support")!r})
     import trust_targets
     from pytest_resume_check import resume_target
 

@@ -3,8 +3,15 @@ when named (``--resume-matrix-target``); here ``pytest --resume-matrix`` runs th
 when its framework is not installed, and importing them costs nothing (no torch, no verl). The Ray
 target (seconds per run) is left out here: it runs when named, and in tests/verl/test_ray_workers.py."""
 
-from agentlightning.verl.resume_target import DEFAULT_TARGETS as AGENTLIGHTNING_TARGETS
-from pytest_resume_check.builtin.targets import TARGETS as BUILTIN_TARGETS
+import sys
+from pathlib import Path
+
+# The helper targets, trainers and programs the tests share live in tests/support, importable by name
+# from every wing (unit, engine, plugin, docs, verl); a fork-server or spawn child inherits this path.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+
+from agentlightning.verl.resume_target import DEFAULT_TARGETS as AGENTLIGHTNING_TARGETS  # noqa: E402
+from pytest_resume_check.builtin.targets import TARGETS as BUILTIN_TARGETS  # noqa: E402
 
 pytest_plugins = ["pytester"]
 

@@ -17,7 +17,7 @@ has just restored, and the dropout masks after a resume differ from the uninterr
 
 The planted-bug variants (:func:`train_loader_not_restored`, :func:`train_optimizer_not_prepared`) and the
 findings' raw configurations (:func:`train_loader_without_generator`, :func:`train_raw_naming`) are
-module-level target functions outside :data:`TARGETS`; tests/test_integration_accelerate.py runs them.
+module-level target functions outside :data:`TARGETS`; tests/engine/test_integration_accelerate.py runs them.
 
 torch and accelerate are imported inside the functions: loading this module costs nothing.
 """

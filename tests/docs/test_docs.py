@@ -24,7 +24,7 @@ from optional import requires
 from pytest_resume_check.judge import verdict as vd
 from pytest_resume_check.plugin import options as plugin_options
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 EXAMPLES = DOCS / "examples"
 PLANTED = EXAMPLES / "planted"
@@ -36,10 +36,10 @@ CHECKED_PAGES = ("index.md", "quickstart.md", "matrix.md", "reading-a-report.md"
                  "recipes/command.md", "recipes/lightning.md", "recipes/accelerate.md", "recipes/hf-trainer.md")
 #: Languages that are code and must be included from a tested file, never written inline.
 INCLUDED_LANGUAGES = {"python", "yaml", "ini", "toml", "shell"}
-COMMAND_TESTS = "test_command_targets.py"
-LIGHTNING_TESTS = "test_integration_lightning.py"
-HF_TESTS = "test_integration_hf_trainer.py"
-ACCELERATE_TESTS = "test_integration_accelerate.py"
+COMMAND_TESTS = "engine/test_command_targets.py"
+LIGHTNING_TESTS = "engine/test_integration_lightning.py"
+HF_TESTS = "engine/test_integration_hf_trainer.py"
+ACCELERATE_TESTS = "engine/test_integration_accelerate.py"
 #: Example files the pages include, each run by a test below.
 TESTED_EXAMPLES = {
     "planted/conftest.py": "test_report_page_quotes_real_verdicts_of_the_planted_example",
@@ -73,7 +73,7 @@ TESTED_EXAMPLES = {
     # A page may include a file of the package itself (mkdocs.yml's snippet base paths: docs/examples, .).
     "pytest_resume_check/builtin/train_script.py": f"{COMMAND_TESTS}::test_script_example_resumes_exactly",
     "pytest_resume_check/builtin/targets.py:ddp":
-        "test_distributed.py::test_the_bundled_matrix_has_every_distributed_kind",
+        "engine/test_distributed.py::test_the_bundled_matrix_has_every_distributed_kind",
 }
 #: Shell lines that install things: shown, not run here (.ci/run installs the same way).
 INSTALL = re.compile(r"^(python3 -m venv \S+|(\.venv/bin/)?pip install .+)$")

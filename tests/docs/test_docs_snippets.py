@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from optional import requires
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 EXAMPLES = DOCS / "examples"
 FENCE = re.compile(r"^ *```python\n(.*?)^ *```", re.M | re.S)
@@ -244,7 +244,7 @@ class Promise:
 
 def declares_the_known_bug(block: str, tmp_path: Path) -> None:
     """planted/conftest.py:known-bug: the declaration names "exactly these three cells of the full
-    matrix" per case (tests/test_docs.py runs them and sees them fail as declared)."""
+    matrix" per case (tests/docs/test_docs.py runs them and sees them fail as declared)."""
     import runpy
 
     from pytest_resume_check.cells import matrix

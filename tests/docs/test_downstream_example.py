@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 EXAMPLE = DOCS / "examples" / "downstream"
 GUIDE = DOCS / "writing-a-target.md"
 PROJECT_FILES = ("conftest.py", "trainer.py", "pytest.ini")

@@ -26,7 +26,7 @@ import pytest
 
 import agentlightning
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: Not part of the working tree a release is built from: VCS data, environments, build output, caches.
 NOT_SOURCE = (".git", ".ci-envs", ".venv", "site", "build", "dist", "__pycache__", "*.egg-info",
               ".pytest_cache", ".ruff_cache")
@@ -137,7 +137,7 @@ def test_building_warns_about_nothing_in_the_license_metadata(wheel, sdist):
 @needs_spdx_setuptools
 def test_sdist_carries_its_tests_and_the_docs_they_check(sdist, tree):
     names, _ = sdist
-    assert {"LICENSE", "pyproject.toml", "README.md", "mkdocs.yml", "tests/conftest.py", "tests/optional.py",
+    assert {"LICENSE", "pyproject.toml", "README.md", "mkdocs.yml", "tests/conftest.py", "tests/support/optional.py",
             "docs/examples/planted/conftest.py", "docs/examples/ci/resume-matrix.yml"} <= names
     for folder in ("tests", "docs"):
         files = {p.relative_to(tree).as_posix() for p in (tree / folder).rglob("*") if p.is_file()}

@@ -29,9 +29,9 @@ from pytest_resume_check.records.plan import CommandSpec
 from pytest_resume_check.run import KillSpec
 from pytest_resume_check.targets import TargetError, resume_target
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "docs" / "examples" / "recipes" / "command"
-PROGRAMS = Path(__file__).resolve().parent / "command_programs.py"
+PROGRAMS = Path(__file__).resolve().parents[1] / "support" / "command_programs.py"
 SHUFFLED = script_example.cases[1]
 STEPS = 12
 
@@ -176,7 +176,7 @@ def test_recipe_project_passes_and_a_planted_bash_bug_is_caught(pytester):
                                  "*step_2.ckpt: ids 0, 1, 2, 3 (epoch 0)*"])
 
 
-RANK_PROGRAM = Path(__file__).resolve().parent / "rank_program.py"
+RANK_PROGRAM = Path(__file__).resolve().parents[1] / "support" / "rank_program.py"
 
 
 def rank_program(*extra: str):

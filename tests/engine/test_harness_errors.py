@@ -138,7 +138,8 @@ def pytest_resume_check_cell_result(config, result):
 def test_a_crashed_xdist_worker_is_a_failing_cell_in_the_summary_and_the_json(pytester, monkeypatch):
     pytest.importorskip("xdist")
     pytester.makeconftest(CRASHING_CONFTEST)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    support = Path(__file__).resolve().parents[1] / "support"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(support), os.environ.get("PYTHONPATH", "")]))
     result = pytester.runpytest_subprocess("--resume-matrix", "-n", "2", "-p", "no:cacheprovider",
                                            "--resume-matrix-json=out.json", "--resume-matrix-seed=1")
     outcomes = result.parseoutcomes()

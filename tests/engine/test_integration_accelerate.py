@@ -32,7 +32,7 @@ from pytest_resume_check.judge import verdict as vd  # noqa: E402
 from pytest_resume_check.records import events as ev  # noqa: E402
 from pytest_resume_check.run import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, KillSpec, RunContext, RunPlan  # noqa: E402
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 RECIPE = EXAMPLES / "recipes" / "accelerate"
 FINDINGS = EXAMPLES / "findings"
 MATRIX_SUMMARY = "*resume matrix: 30 cells, 0 failing, 0 expected failures, seed *"

@@ -32,7 +32,7 @@ from pytest_resume_check.records import events as ev  # noqa: E402
 from pytest_resume_check.run import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, KillSpec, RunContext, RunPlan  # noqa: E402
 
 SHUFFLE, ACCUM, MLM = ex.CASES  # 6 steps (3 an epoch), 4 steps (2 an epoch, accumulation 2, 2 workers), 4 steps
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 RECIPE = DOCS / "examples" / "recipes" / "hf_trainer"
 RECIPE_PAGE = DOCS / "recipes" / "hf-trainer.md"
 RECIPE_FILES = ("conftest.py", "trainer.py", "pytest.ini")

@@ -35,7 +35,7 @@ from pytest_resume_check.records import events as ev  # noqa: E402
 from pytest_resume_check.run import KillSpec, RunContext, RunPlan  # noqa: E402
 from pytest_resume_check.targets import resume_target  # noqa: E402
 
-RECIPE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "recipes" / "lightning"
+RECIPE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "recipes" / "lightning"
 RECIPE_FILES = ("conftest.py", "trainer.py", "pytest.ini")
 MATRIX_SUMMARY = re.compile(r"resume matrix: (\d+) cells, (\d+) failing, (\d+) expected failures")
 

@@ -150,7 +150,7 @@ def test_two_rank_verdicts_are_the_same_idle_and_beside_cpu_burners(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("torchdata")
     pytest.importorskip("xdist")
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "load_verdicts.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "load_verdicts.py"
     done = subprocess.run([sys.executable, str(script), "--runs", "1", "--burners", "2"], capture_output=True,
                           text=True, timeout=1800)  # generous: about two minutes on 2 cores beside the suite
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

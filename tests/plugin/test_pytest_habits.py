@@ -20,7 +20,7 @@ from pytest_resume_check.process.runner import Runner
 from pytest_resume_check.report import summary
 from pytest_resume_check.targets import TargetError, resume_target
 
-TRAINER = Path(__file__).with_name("project_trainer.py")
+TRAINER = Path(__file__).resolve().parents[1] / "support" / "project_trainer.py"
 CASES = "[{'id': 'ok'}, {'id': 'bug', 'skip': True}]"
 
 

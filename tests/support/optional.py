@@ -11,8 +11,8 @@ read.
 Neither function imports the modules it asks about (``importlib.util.find_spec`` only finds them), so
 asking costs nothing and leaves ``sys.modules`` as it was: pytester snapshots ``sys.modules``, and
 torch's C extension does not survive being imported a second time. Tests import this module as
-``from optional import has, requires`` (pytest puts the tests folder on ``sys.path``: it holds the
-rootdir conftest and no ``__init__.py``).
+``from optional import has, requires`` (the rootdir conftest puts tests/support, where it lives, on
+``sys.path``).
 """
 
 from __future__ import annotations

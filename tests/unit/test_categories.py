@@ -11,7 +11,7 @@ from pytest_resume_check import categories
 from pytest_resume_check.judge import verdict
 from pytest_resume_check.report import summary
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "reading-a-report.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "reading-a-report.md"
 
 
 def test_the_docs_table_is_the_category_table():
