@@ -116,9 +116,16 @@ class Run:
     def state(self, step: int, components: Mapping[str, Any]) -> None:
         """Optional: the training state after ``step`` by component, as JSON values (numbers, strings,
         lists, dicts); digest big values yourself (e.g. ``hashlib.sha256(weights_bytes).hexdigest()``).
-        Compared with the uninterrupted run's at the same step."""
+        Compared with the uninterrupted run's at the same step; report it once more right after
+        restoring (``state(k, ...)`` after ``resumed(k)``) to have what the checkpoint restored compared."""
         if self.active:
             self._call("state", step=int(step), components={str(k): v for k, v in components.items()})
+
+    def final(self, components: Mapping[str, Any]) -> None:
+        """Optional: what the program delivers, once, at the end of training (the exported model's digest,
+        its metrics), as JSON values; the interrupted job's must equal the uninterrupted run's."""
+        if self.active:
+            self._call("final", components={str(k): v for k, v in components.items()})
 
     def state_digest(self, step: int, digest: str) -> None:
         """Optional: one digest of the program's whole state after ``step``, the state component

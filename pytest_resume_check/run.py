@@ -28,7 +28,9 @@ from pytest_resume_check.records.plan import (  # noqa: F401  (re-exported: targ
     RunPlan,
 )
 from pytest_resume_check.records.state import (
+    CAPTURED,
     DIGEST_COMPONENT,
+    captured_generators,
     combine,
     first_not_close,
     leaf_digests,
@@ -179,6 +181,8 @@ class RunContext:
             raise StepLimit(int(step))
         self._ended = max(self._ended, int(step))
         self._sink.send(ev.Event(ev.STEP_END, step=int(step)))
+        if self.plan.report_state and self.plan.capture_rng:
+            self._capture(int(step))
         kill = self.plan.kill
         if kill is not None and self._watching and kill.extra_steps > 0 and kill.kill_step == step:
             self._await_kill(kill.describe())
@@ -205,26 +209,38 @@ class RunContext:
     def state(self, step: int, components: Mapping[str, Any]) -> None:
         """Optional: report the trainer's state after ``step`` by component, e.g. ``{"model": model,
         "optimizer": optimizer, "scheduler": scheduler, "rng": torch.get_rng_state()}`` (tensors,
-        state dicts, objects with ``state_dict()``, numbers, nested dicts and lists).
+        state dicts, objects with ``state_dict()``, numbers, nested dicts and lists; :func:`state_of`
+        finds them on a trainer object).
 
-        After a resume, each step's state is compared with the uninterrupted run's at the same step:
-        the first difference fails the cell as ``STATE_DIVERGED``, naming the components and the first
-        differing key. A resumed run whose whole state equals the reference's stops there (the
-        reference supplies the rest). Digests are computed here, in the child, and only in runs whose
-        state is compared: a first run that will be killed pays nothing. Call it after ``step_end``
-        and after any checkpoint of that step; several calls in one step add components. In a multi-rank
-        run only rank 0's state is compared (replicas; other ranks' calls return at once).
+        Each step's state is compared with the uninterrupted run's at the same step, on every rank
+        against the same rank: the first difference fails the cell as ``STATE_DIVERGED``, naming the
+        components and the first differing key. Call it after ``step_end`` and after any checkpoint of
+        that step, and once more right after restoring: ``run.state(k, ...)`` after ``run.resumed(k)``
+        is compared with the reference's state at step k (what the checkpoint restored). Several calls in
+        one step add components. Digests are computed here, in the child, and only in runs whose state is
+        compared: a first run that will be killed pays nothing. A resumed run whose state equals the
+        reference's may stop there (the target's ``early_stop``; the reference supplies the rest).
         """
-        if not self.plan.report_state or self._rank != 0:
+        if not self.plan.report_state:
             return
         step = int(step)
         if self.plan.state_tolerance is not None:
-            self._state_values(step, components)
+            self._state_values(ev.STATE, step, components)
             return
-        leaves = {str(name): leaf_digests(value) for name, value in components.items()}
-        digests = {name: combine(values) for name, values in leaves.items()}
-        self._sink.send(ev.Event(ev.STATE, step=step, extra={ev.STATE_DIGESTS: digests, ev.STATE_LEAVES: leaves}))
+        digests = self._send_digests(ev.STATE, step, components)
         self._check_converged(step, digests)
+
+    def final(self, components: Mapping[str, Any]) -> None:
+        """Optional: report what the job delivers, once, at the end of training: the exported model, its
+        EMA weights, the metrics (components as for :meth:`state`). The interrupted job's final outputs
+        must equal the uninterrupted run's (exactly, or under the target's ``state_tolerance``); a target
+        that reports them is never stopped early, so its last run always gets here."""
+        if not self.plan.report_state:
+            return
+        if self.plan.state_tolerance is not None:
+            self._state_values(ev.FINAL, None, components)
+            return
+        self._send_digests(ev.FINAL, None, components)
 
     def state_digest(self, step: int, digest: str) -> None:
         """Optional: report one digest of the trainer's *whole* state after ``step`` (see
@@ -259,34 +275,59 @@ class RunContext:
         """Pass an event through as it is (a command target relays its program's file operations)."""
         self._sink.send(event)
 
-    def _check_converged(self, step: int, digests: Mapping[str, str]) -> None:
-        """Stop the run once every component reported in this step equals the reference's."""
+    def _send_digests(self, kind: str, step: int | None, components: Mapping[str, Any]) -> dict[str, str]:
+        """Digest ``components`` and send them as one ``kind`` event; returns the component digests."""
+        leaves = {str(name): leaf_digests(value) for name, value in components.items()}
+        digests = {name: combine(values) for name, values in leaves.items()}
+        self._sink.send(ev.Event(kind, step=step, extra={ev.STATE_DIGESTS: digests, ev.STATE_LEAVES: leaves}))
+        return digests
+
+    def _capture(self, step: int) -> None:
+        """Record the process-global generators after ``step`` as components of their own (the trainer
+        need not think of them). Under a tolerance they are compared exactly all the same."""
+        digests = self._send_digests(ev.STATE, step, captured_generators())
+        self._seen(step, digests)
+
+    def _seen(self, step: int, digests: Mapping[str, str]) -> None:
         if self._state_step != step:
             self._state_step, self._state_seen = step, {}
         self._state_seen.update(digests)
+
+    def _check_converged(self, step: int, digests: Mapping[str, str]) -> None:
+        """Stop the run once every component reported in this step equals the reference's, and so does
+        every captured generator the reference still draws from (the ones ``converge`` lists)."""
+        self._seen(step, digests)
         resumed = self._resumed_step
         want = self.plan.converge.get(step)
-        if want and resumed is not None and step > resumed and self._state_seen == dict(want):
+        if not want or resumed is None or step <= resumed:
+            return
+        seen = self._state_seen
+        reported = {name for name in seen if name not in CAPTURED}
+        if reported == {name for name in want if name not in CAPTURED} and all(
+                seen.get(name) == digest for name, digest in want.items()):
             self._sink.send(ev.Event(ev.CONVERGED, step=step))
             raise Converged(step)
 
-    def _state_values(self, step: int, components: Mapping[str, Any]) -> None:
+    def _state_values(self, kind: str, step: int | None, components: Mapping[str, Any]) -> None:
         """Tolerance mode: write the values (first reference run) or compare them with the reference's
-        here, in the child, and report which components are not close (no early stop)."""
+        here, in the child, and report which components are not close (no early stop). ``step`` None:
+        the final outputs."""
         values = {str(name): plain_values(value) for name, value in components.items()}
+        name = (f"step_{step}" if step is not None else "final") + (f"_rank{self._rank}" if self._rank else "") + ".pkl"
         if self.plan.state_values_dir:
-            path = Path(self.plan.state_values_dir) / f"step_{step}.pkl"
+            path = Path(self.plan.state_values_dir) / name
             saved = load_values(path) or {}
             save_values(path, {**saved, **values})
         compared: dict[str, str | None] = {}
         resumed = self._resumed_step
-        if self.plan.state_reference_dir and (not self.plan.is_resume or (resumed is not None and step > resumed)):
-            reference = load_values(Path(self.plan.state_reference_dir) / f"step_{step}.pkl")
+        comparable = step is None or not self.plan.is_resume or (resumed is not None and step >= resumed)
+        if self.plan.state_reference_dir and comparable:
+            reference = load_values(Path(self.plan.state_reference_dir) / name)
             if reference is not None:
                 rtol, atol = self.plan.state_tolerance or (0.0, 0.0)
-                compared = {name: first_not_close(ours, reference.get(name, {}), rtol, atol)
-                            for name, ours in values.items()}
-        self._sink.send(ev.Event(ev.STATE, step=step, extra={ev.STATE_COMPARED: compared}))
+                compared = {component: first_not_close(ours, reference.get(component, {}), rtol, atol)
+                            for component, ours in values.items()}
+        self._sink.send(ev.Event(kind, step=step, extra={ev.STATE_COMPARED: compared}))
 
     def _await_kill(self, why: str, extra: dict[str, Any] | None = None) -> None:
         extra = {**(extra or {}), "pid": os.getpid()}

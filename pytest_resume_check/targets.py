@@ -26,7 +26,7 @@ from typing import Any
 
 from pytest_resume_check.records.errors import TargetError
 from pytest_resume_check.records.names import ISOLATION_FORKSERVER, ISOLATIONS, case_id
-from pytest_resume_check.records.plan import CommandSpec
+from pytest_resume_check.records.plan import EARLY_STOP_EPOCH, EARLY_STOPS, CommandSpec
 from pytest_resume_check.run import RESUME_AUTO, RESUME_MODES, RESUME_PATH, RunContext
 
 ENTRY_POINT_GROUP = "pytest_resume_check.targets"
@@ -44,6 +44,9 @@ ERR_CASE_TWICE = ("target {name!r}: cases {first} and {second} both get the id {
                   "reference and one folder. Give them distinct 'id' keys")
 ERR_STEPS = ("target {name!r}: steps={steps!r} is not a number of steps; give the steps of an uninterrupted run "
              "(an int of at least 1, e.g. steps=12) or a function of the case that returns them")
+ERR_EARLY_STOP = ("target {name!r}: early_stop={value!r} is not one of " + ", ".join(map(repr, EARLY_STOPS)) +
+                  "; 'epoch' (the default) stops a resumed run whose state equals the reference's only at the end "
+                  "of an epoch, 'any' at any step (its reported state is complete), 'never' runs it to the end")
 ERR_CASES = "target {name!r}: reading its cases raised {error}; fix the cases= given to resume_target"
 #: A function the target declared raised while the matrix was built (one failing item for the target).
 ERR_RAISED = "target {name!r}: {function}(case {case_id!r}) raised {error}; fix the function given as {function}="
@@ -162,6 +165,15 @@ class Target:
     #: Grace periods (seconds) of preemption cells: SIGTERM to every rank, SIGKILL that long after. Only
     #: for trainers that save on SIGTERM.
     preemption: tuple[float, ...] = ()
+    #: Record the process-global generators (Python ``random``, numpy's global generator, torch's CPU and
+    #: CUDA generators) at every step end as state components of their own (see ``RunContext.step_end``).
+    #: Off for a trainer that reseeds them on purpose between steps in a way a resume cannot repeat.
+    capture_rng: bool = True
+    #: The reported state does not depend on the world size (replicated, not sharded): compare it in
+    #: elastic cells too, every rank of the resumed run against rank 0 of the reference.
+    elastic_state: bool = False
+    #: Where a resumed run may stop early once its state equals the reference's (see EARLY_STOPS).
+    early_stop: str = EARLY_STOP_EPOCH
 
     @property
     def ref(self) -> tuple[str, str, str]:
@@ -197,6 +209,9 @@ def resume_target(
     world_size: int = 1,
     elastic: Iterable[int] = (),
     preemption: Iterable[float] = (),
+    capture_rng: bool = True,
+    elastic_state: bool = False,
+    early_stop: str = EARLY_STOP_EPOCH,
 ) -> Any:
     """Declare a target; usable as ``@resume_target(steps=...)`` or ``resume_target(fn, steps=...)``."""
 
@@ -220,6 +235,9 @@ def resume_target(
             world_size=world_size,
             elastic=elastic,
             preemption=preemption,
+            capture_rng=capture_rng,
+            elastic_state=elastic_state,
+            early_stop=early_stop,
         )
 
     return build(fn) if fn is not None else build
@@ -274,9 +292,26 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         hang_timeout=_hang_timeout(name, kw.get("hang_timeout")),
         command=kw.get("command"),
         services=_services(name, kw.get("services", ())),
+        capture_rng=_flag(name, "capture_rng", kw.get("capture_rng", True)),
+        elastic_state=_flag(name, "elastic_state", kw.get("elastic_state", False)),
+        early_stop=_early_stop(name, kw.get("early_stop", EARLY_STOP_EPOCH)),
         **_distributed(name, kw.get("world_size", 1), kw.get("elastic", ()), kw.get("preemption", ()),
                        kw.get("crash_save")),
     )
+
+
+def _flag(name: str, option: str, value: Any) -> bool:
+    """A yes/no option: True or False, nothing else (``"no"`` would read as yes)."""
+    if not isinstance(value, bool):
+        raise TargetError(f"target {name!r}: {option}={value!r} must be True or False")
+    return value
+
+
+def _early_stop(name: str, value: Any) -> str:
+    """``early_stop``: one of EARLY_STOPS."""
+    if value not in EARLY_STOPS:
+        raise TargetError(ERR_EARLY_STOP.format(name=name, value=value))
+    return str(value)
 
 
 #: The most ranks a run may have: they all run on this machine, each a process with its own rendezvous

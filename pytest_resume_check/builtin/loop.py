@@ -188,6 +188,18 @@ def train(run: RunContext, bug: str | None = None) -> None:
         # Last: starting the loader's iterator above drew its base seed from the global generator.
         torch.set_rng_state(saved["rng"])
 
+    def report_state(at: int) -> None:
+        """Everything that decides the rest of the run, by component."""
+        run.state(at, {
+            "model": model, "optimizer": optimizer, "scheduler": scheduler, "rng": torch.get_rng_state(),
+            "loader": {"position": position, "generators": [g.get_state() for g in hidden],
+                       "epoch": epoch, "batches": batches_in_epoch},
+            "buffer": buffer, "step": at,
+        })
+
+    if folder is not None:
+        report_state(step)  # what the checkpoint restored, compared with the reference's state at that step
+
     last = total_steps(run.case)
     while step < last:
         while len(buffer) < p["take"] and epoch < p["epochs"]:
@@ -240,13 +252,7 @@ def train(run: RunContext, bug: str | None = None) -> None:
             })
             if path is not None:
                 run.checkpoint_published(step, path)
-        # Everything that decides the rest of the run, by component.
-        run.state(step, {
-            "model": model, "optimizer": optimizer, "scheduler": scheduler, "rng": torch.get_rng_state(),
-            "loader": {"position": position, "generators": [g.get_state() for g in hidden],
-                       "epoch": epoch, "batches": batches_in_epoch},
-            "buffer": buffer, "step": step,
-        })
+        report_state(step)
 
 
 def warm_up() -> None:

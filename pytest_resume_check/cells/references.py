@@ -11,9 +11,11 @@ from typing import Any
 from pytest_resume_check.judge.verdict import judge_reference
 from pytest_resume_check.process.layout import REPEAT_OUT, STATE_VALUES, Layout
 from pytest_resume_check.process.runner import Runner
+from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.names import case_id
-from pytest_resume_check.records.plan import RESUME_DISABLED
+from pytest_resume_check.records.plan import EARLY_STOP_ANY, EARLY_STOP_EPOCH, EARLY_STOP_NEVER, RESUME_DISABLED
 from pytest_resume_check.records.results import Finding, Outcome, RunRecord
+from pytest_resume_check.records.state import CAPTURED, drawn_after
 from pytest_resume_check.targets import Target
 
 
@@ -26,11 +28,34 @@ class Reference:
     #: Tolerance mode: the folder of the reference's state values, which resumed runs compare with.
     values_dir: str | None = None
 
+    #: The target's ``early_stop`` (records.plan.EARLY_STOPS).
+    early_stop: str = EARLY_STOP_EPOCH
+
     @cached_property
     def converge(self) -> dict[int, dict[str, str]]:
-        """The reference's component digests by step, where a resumed run may stop early (empty if the
-        target reports no state, or compares it under a tolerance: close is not equal, so no early stop)."""
-        return {step: dict(state.digests) for step, state in self.record.states.items() if state.digests}
+        """The reference's component digests at each step where a resumed run may stop early: under the
+        target's ``early_stop``, at the steps that end an epoch (``epoch``) or at every step (``any``).
+        A captured generator is among them only if the reference still draws from it after that step.
+        Empty (no early stop) when the target reports no state, compares it under a tolerance (close is
+        not equal), reports final outputs (the last run must get to them) or says ``never``."""
+        record = self.record
+        states = {step: dict(state.digests) for step, state in record.states.items() if state.digests}
+        if self.early_stop == EARLY_STOP_NEVER or record.finals or any(s.compared for s in record.states.values()):
+            return {}
+        reported = {step for step, state in states.items() if any(name not in CAPTURED for name in state)}
+        steps = reported if self.early_stop == EARLY_STOP_ANY else reported & epoch_ends(record)
+        return {step: {name: digest for name, digest in states[step].items()
+                       if name not in CAPTURED or drawn_after(states, name, step)} for step in sorted(steps)}
+
+
+def epoch_ends(record: RunRecord) -> set[int]:
+    """Steps after which the run's next step takes inputs of a later epoch only (the loader started a new
+    epoch), from its consumed inputs."""
+    epochs: dict[int, list[int]] = {}
+    for e in record.events:
+        if e.kind == ev.CONSUMED and e.step is not None and e.epoch is not None:
+            epochs.setdefault(e.step, []).append(e.epoch)
+    return {step for step in epochs if step + 1 in epochs and min(epochs[step + 1]) > max(epochs[step])}
 
 
 class References:
@@ -67,4 +92,4 @@ class References:
                                     report_state=True, state_reference_dir=values_dir)
             second = self.runner.run(plan, target)
         findings = judge_reference(first, second, int(target.steps(case)), target.contract)
-        return Reference(first, findings, values_dir)
+        return Reference(first, findings, values_dir, target.early_stop)

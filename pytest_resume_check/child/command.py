@@ -227,6 +227,11 @@ def _dispatch(run: RunContext, request: Mapping[str, Any]) -> Any:
         if not isinstance(components, dict):
             raise TypeError("state components must be a JSON object")
         run.state(int(step), components)
+    elif call == "final":
+        components = request["components"]
+        if not isinstance(components, dict):
+            raise TypeError("final components must be a JSON object")
+        run.final(components)
     elif call == "log":
         run.log(str(request["text"]))
     elif call == "file_op":

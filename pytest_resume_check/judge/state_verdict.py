@@ -6,11 +6,14 @@ it was given): a fresh start or an older checkpoint is ``STALE_RESUME``, with th
 lost; a step beyond any step the runs before it reached is ``PROTOCOL``. In a crash cell the first resume is judged
 by the crash-consistency rule instead (the newest checkpoint whose save completed before the fault).
 
-*Which state.* After each resume, the state the run reports (``run.state``) is compared step by step
-with the reference's at the same step; the first difference is ``STATE_DIVERGED``, naming the
-components that differ (with their first differing key), those that agree, and the later steps from
-which the agreeing ones differ too. The two reference runs are compared the same way: a difference
-there is ``NONDETERMINISTIC``.
+*Which state.* After each resume, the state the run reports (``run.state``) is compared with the
+reference's at the same step, on every rank against the same rank: at the restored step (what the
+checkpoint gave back, when the run reports it right after restoring) and at every later step. The
+earliest difference is ``STATE_DIVERGED``, naming the components that differ there (the cause, with
+their first differing key), those that agree, and the later steps from which the agreeing ones differ
+too (the consequences). The process-global generators the harness captures at step ends count only
+while the reference still draws from them. What the job delivers (``run.final``) is compared at the end.
+The two reference runs are compared the same way: a difference there is ``NONDETERMINISTIC``.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from pytest_resume_check.categories import NONDETERMINISTIC, PROTOCOL, STALE_RESUME, STATE_DIVERGED
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.plan import RESUME_DISABLED, SIGNAL_TERM
-from pytest_resume_check.records.results import Finding, RunRecord, StepState
-from pytest_resume_check.records.state import first_differing_key
+from pytest_resume_check.records.results import Finding, Outcome, RunRecord, StepState
+from pytest_resume_check.records.state import CAPTURED, drawn_after, first_differing_key
 
 MSG_STALE = ("STALE_RESUME: run {run} resumed from {got} but {want} was the newest checkpoint whose save "
              "completed before the crash ({why}); the work saved since is trained again")
@@ -30,7 +33,11 @@ MSG_STALE_PUBLISHED = ("STALE_RESUME: run {run} {got} but {want} was published b
                        "of training lost")
 MSG_UNPUBLISHED = ("PROTOCOL: run {run} reported resuming from step {step}, but no run before it got past step "
                    "{reached}; report the step of the checkpoint actually loaded")
-MSG_STATE_DIVERGED = "STATE_DIVERGED at step {step} ({when} {label}): {what}"
+MSG_STATE_DIVERGED = "STATE_DIVERGED at {step} ({when} {label}): {what}"
+MSG_FINAL_DIVERGED = "STATE_DIVERGED in the final outputs{where} (after {label}): {what}"
+MSG_FINAL_NONDETERMINISTIC = (
+    "NONDETERMINISTIC reference: two uninterrupted runs deliver different final outputs: {what}; seed every "
+    "random source from run.seed, or declare state_tolerance=(rtol, atol) on the target")
 MSG_STATE_NONDETERMINISTIC = (
     "NONDETERMINISTIC reference: two uninterrupted runs differ in their state from step {step}: {what}; seed "
     "every random source from run.seed (torch, numpy, random, loader workers), or declare "
@@ -143,76 +150,177 @@ def _preempted(before: RunRecord, rec: RunRecord, index: int) -> Finding | None:
         lost=lost, s="" if lost == 1 else "s"), step=got)
 
 
-def judge_state(reference: RunRecord, runs: Sequence[RunRecord], labels: Sequence[str]) -> Finding | None:
-    """``STATE_DIVERGED`` at the first step after a resume whose state differs from the reference's."""
-    expected = reference.states
-    if not expected:
+def judge_state(reference: RunRecord, runs: Sequence[RunRecord], labels: Sequence[str],
+                elastic: bool = False) -> Finding | None:
+    """``STATE_DIVERGED`` at the earliest compared step of a resumed run, on any rank, whose state differs
+    from the reference's: the restored step (when the run reported its state right after restoring) and
+    every later step, each rank against the same rank of the reference (``elastic``: every rank against
+    rank 0, without the captured generators, for a state that does not depend on the world size)."""
+    expected_by_rank = reference.states_by_rank
+    if not expected_by_rank:
         return None
     for index, rec in enumerate(runs[1:]):
         resumed = rec.resumed_step or 0
-        states = rec.states
-        steps = sorted(s for s in states if s > resumed and s in expected)
-        first: int | None = None
-        differ: dict[str, str] = {}
-        agree: list[str] = []
-        later: dict[str, int] = {}
-        for step in steps:
-            diff = differences(expected[step], states[step])
-            if first is None and diff:
-                first, differ = step, diff
-                agree = [c for c in _names(expected[step], states[step]) if c not in diff]
-            elif first is not None:
-                for component in diff:
-                    if component not in differ:
-                        later.setdefault(component, step)
+        first: tuple[int, int, dict[str, str], list[str], dict[str, int]] | None = None
+        for rank, states in rec.states_by_rank.items():
+            expected = expected_by_rank.get(0 if elastic else rank)
+            if not expected:
+                continue
+            found = _first_divergence(expected, states, resumed, elastic, _partial_steps(rec, resumed))
+            if found is not None and (first is None or found[0] < first[0]):
+                first = (found[0], rank, *found[1:])
         if first is not None:
-            when = "first step after" if first == resumed + 1 else f"{first - resumed} steps after"
+            step, rank, differ, agree, later = first
+            if step == resumed:
+                when = "the restored step of"
+            elif step == resumed + 1:
+                when = "first step after"
+            else:
+                when = f"{step - resumed} steps after"
             label = labels[index] if index < len(labels) else "the resume"
+            where = f"step {step}" + (f" on rank {rank}" if _ranks(rec) > 1 else "")
             return Finding(STATE_DIVERGED, MSG_STATE_DIVERGED.format(
-                step=first, when=when, label=label, what=describe(differ, agree, later)), step=first)
+                step=where, when=when, label=label, what=describe(differ, agree, later)), step=step)
+    return None
+
+
+def judge_final(reference: RunRecord, runs: Sequence[RunRecord], labels: Sequence[str]) -> Finding | None:
+    """``STATE_DIVERGED`` when what the interrupted job delivered at the end (``run.final``) differs from
+    what the uninterrupted run delivered, on any rank (None when the reference reports no final outputs)."""
+    expected = reference.finals
+    if not expected or len(runs) < 2:
+        return None
+    last = runs[-1]
+    label = labels[-1] if labels else "the resume"
+    finals = last.finals
+    for rank, want in expected.items():
+        got = finals.get(rank, StepState())
+        differ = differences(want, got)
+        if differ:
+            agree = [c for c in _names(want, got) if c not in differ]
+            where = f" on rank {rank}" if len(expected) > 1 else ""
+            return Finding(STATE_DIVERGED, MSG_FINAL_DIVERGED.format(
+                where=where, label=label, what=describe(differ, agree, {})), step=last.last_step or None)
     return None
 
 
 def judge_reference_state(first: RunRecord, second: RunRecord) -> Finding | None:
-    """``NONDETERMINISTIC`` at the first step where the two reference runs' states differ."""
-    a, b = first.states, second.states
-    for step in sorted(set(a) & set(b)):
-        diff = differences(a[step], b[step])
+    """``NONDETERMINISTIC`` at the first step where the two reference runs' states differ, on any rank (a
+    captured generator only if the run draws from it), or where their final outputs do."""
+    a_by_rank, b_by_rank = first.states_by_rank, second.states_by_rank
+    found: tuple[int, int, dict[str, str], list[str]] | None = None
+    for rank, a in a_by_rank.items():
+        b = b_by_rank.get(rank, {})
+        digests = _digests(a)
+        for step in sorted(set(a) & set(b)):
+            diff = {name: key for name, key in differences(a[step], b[step]).items()
+                    if name not in CAPTURED or drawn_after(digests, name, 0)}
+            if diff:
+                if found is None or step < found[0]:
+                    agree = [c for c in _names(a[step], b[step]) if c not in diff and c not in CAPTURED]
+                    found = (step, rank, diff, agree)
+                break
+    if found is not None:
+        step, rank, diff, agree = found
+        where = f"{step}" + (f" on rank {rank}" if len(a_by_rank) > 1 else "")
+        return Finding(NONDETERMINISTIC, MSG_STATE_NONDETERMINISTIC.format(
+            step=where, what=describe(diff, agree, {})), step=step)
+    for rank, want in first.finals.items():
+        diff = differences(want, second.finals.get(rank, StepState()))
         if diff:
-            agree = [c for c in _names(a[step], b[step]) if c not in diff]
-            return Finding(NONDETERMINISTIC, MSG_STATE_NONDETERMINISTIC.format(
-                step=step, what=describe(diff, agree, {})), step=step)
+            agree = [c for c in _names(want, want) if c not in diff]
+            return Finding(NONDETERMINISTIC, MSG_FINAL_NONDETERMINISTIC.format(what=describe(diff, agree, {})))
     return None
+
+
+def _partial_steps(rec: RunRecord, resumed: int) -> set[int]:
+    """Steps where a run may have reported only part of its state: the restored step (what the resume
+    code reports), and the step a killed run was killed in (the kill may come before the trainer's call)."""
+    return {resumed, rec.last_step} if rec.outcome == Outcome.KILLED else {resumed}
+
+
+def _first_divergence(expected: Mapping[int, StepState], states: Mapping[int, StepState], resumed: int,
+                      elastic: bool, partial: set[int]) -> tuple[int, dict[str, str], list[str], dict[str, int]] | None:
+    """The earliest step from ``resumed`` on whose compared components differ: (step, differing
+    components with their first differing key, agreeing ones, later steps from which the agreeing ones
+    differ too). At a ``partial`` step only the components the run reported there are compared; at the
+    restored step no captured generator either (the harness records those at step ends). A captured
+    generator is compared only if the reference still draws from it after the restored step."""
+    digests = _digests(expected)
+    first: tuple[int, dict[str, str], list[str]] | None = None
+    later: dict[str, int] = {}
+    for step in sorted(s for s in states if s >= resumed and s in expected):
+        want, got = expected[step], states[step]
+        diff = differences(want, got)
+        for name in list(diff):
+            captured = name in CAPTURED
+            if (captured and (elastic or step == resumed or not drawn_after(digests, name, resumed))) or (
+                    step in partial and not _reported(got, name)):
+                del diff[name]
+        if first is None and diff:
+            names = [c for c in _names(want, got) if c not in CAPTURED or c in diff]
+            first = (step, diff, [c for c in names if c not in diff and (step not in partial or _reported(got, c))])
+        elif first is not None:
+            for component in diff:
+                if component not in first[1]:
+                    later.setdefault(component, step)
+    return None if first is None else (*first, later)
+
+
+def _reported(state: StepState, name: str) -> bool:
+    return name in state.digests or name in state.compared
+
+
+def _digests(states: Mapping[int, StepState]) -> dict[int, dict[str, str]]:
+    return {step: state.digests for step, state in states.items()}
+
+
+def _ranks(rec: RunRecord) -> int:
+    return len(rec.states_by_rank)
 
 
 def differences(expected: StepState, actual: StepState) -> dict[str, str]:
     """Components of ``actual`` that differ from ``expected``, each with its first differing key
-    (``""`` when the component is one opaque digest)."""
-    if actual.compared:  # tolerance mode: the child compared the values with the reference's
-        return {name: key for name, key in actual.compared.items() if key is not None}
-    out = {}
+    (``""`` when the component is one opaque digest). Under a tolerance the child compared the values;
+    the captured generators are digests in either mode."""
+    out = {name: key for name, key in actual.compared.items() if key is not None}
     for name in _names(expected, actual):
+        if name in actual.compared or name in out:
+            continue
         if name not in actual.digests or name not in expected.digests:
-            out[name] = NOT_REPORTED
+            if not (actual.compared and name in expected.compared):
+                out[name] = NOT_REPORTED
         elif actual.digests[name] != expected.digests[name]:
             out[name] = first_differing_key(actual.leaves.get(name, {}), expected.leaves.get(name, {})) or ""
     return out
 
 
 def describe(differ: Mapping[str, str], agree: Sequence[str], later: Mapping[str, int]) -> str:
-    """``optimizer differs (state.0.exp_avg), model and rng agree; model differs from step 6``."""
-    parts = [f"{name} differs ({key})" if key else f"{name} differs" for name, key in differ.items()]
+    """``optimizer differs (state.0.exp_avg), model and rng agree; model differs from step 6``: the
+    components that differ first (the cause), then, as consequences, the steps from which others differ.
+    A generator the harness captured says so."""
+    parts = [_differs(name, key) for name, key in differ.items()]
     text = ", ".join(parts)
     if agree:
         text += f", {_and(agree)} agree{'s' if len(agree) == 1 else ''}"
     if later:
-        text += "; " + ", ".join(f"{name} differs from step {step}" for name, step in later.items())
+        text += "; " + ", ".join(f"{_name(name)} differs from step {step}" for name, step in later.items())
     return text
 
 
+def _differs(name: str, key: str) -> str:
+    if name in CAPTURED:
+        return f"{name} differs (captured by the harness)"
+    return f"{name} differs ({key})" if key else f"{name} differs"
+
+
+def _name(name: str) -> str:
+    return f"{name} (captured by the harness)" if name in CAPTURED else name
+
+
 def _names(a: StepState, b: StepState) -> list[str]:
-    names = list(a.digests or a.compared)
-    names += [n for n in (b.digests or b.compared) if n not in names]
+    names = [*a.digests, *(n for n in a.compared if n not in a.digests)]
+    names += [n for n in (*b.digests, *b.compared) if n not in names]
     return names
 
 

@@ -17,8 +17,9 @@ steps marked *final* ends the judging; the other steps add theirs and go on.
    missing (``LOST``), taken more often (``DUPLICATED``), the same inputs with other epoch labels
    (``EPOCH``) and, for ordered contracts, in another order (``REORDERED``); a resumed run that never
    said where it resumed is ``PROTOCOL`` (final);
-8. state: the training state after a resume differs from the reference's (``STATE_DIVERGED``), unless
-   only from where the inputs already differ (not judged after a resume at another world size).
+8. state: the training state after a resume differs from the reference's at the restored step or a
+   later one, on any rank, or the job's final outputs differ (``STATE_DIVERGED``), unless only from where
+   the inputs already differ (after a resume at another world size only with ``elastic_state``).
 
 :func:`judge_reference` judges the reference runs themselves, and :func:`entry_marks` marks each ledger
 entry as :func:`compare` matches it.
@@ -56,6 +57,7 @@ from pytest_resume_check.judge.state_verdict import (  # noqa: F401  (MSG_* re-e
     MSG_STATE_DIVERGED,
     MSG_STATE_NONDETERMINISTIC,
     MSG_UNPUBLISHED,
+    judge_final,
     judge_ranks_agree,
     judge_reference_state,
     judge_restored,
@@ -292,17 +294,23 @@ def _rank_findings(ref: Ledger, comp: Ledger, ordered: bool, kind: str, labels: 
 
 
 def _state(judging: _Judging) -> bool:
-    """``STATE_DIVERGED``: the training state after a resume differs from the reference's. Not judged at
-    another world size (other batches: the state cannot equal the reference's); a state that differs only
-    from where the inputs did is their consequence, not a second finding."""
-    if judging.elastic:
+    """``STATE_DIVERGED``: the training state after a resume differs from the reference's (the restored
+    step included, every rank), or the job's final outputs do. At another world size only a target whose
+    state does not depend on it is judged (``elastic_state``; other batches otherwise, so the state cannot
+    equal the reference's). A state that differs only from where the inputs did is their consequence, not
+    a second finding, and so are final outputs of a job whose inputs differ."""
+    elastic = judging.elastic
+    if elastic and not judging.reference.plan.elastic_state:
         return False
-    state = judge_state(judging.reference, judging.runs, judging.verdict.resume_labels)
+    labels = judging.verdict.resume_labels
     findings = judging.verdict.findings
     inputs_differ = [f.step for f in findings if f.category in LEDGER_CATEGORIES and f.step is not None]
-    if state is None or (inputs_differ and state.step is not None and state.step >= min(inputs_differ)):
+    state = judge_state(judging.reference, judging.runs, labels, elastic=elastic)
+    if state is not None and not (inputs_differ and state.step is not None and state.step >= min(inputs_differ)):
+        return judging.add(state)
+    if state is not None or inputs_differ or elastic:
         return False
-    return judging.add(state)
+    return judging.add(judge_final(judging.reference, judging.runs, labels))
 
 
 #: The steps of :func:`judge`, in order. Each adds its findings to the verdict and returns True when the

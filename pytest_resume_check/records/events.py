@@ -25,6 +25,7 @@ DONE = "done"
 STATE = "state"  # extra: the trainer's state after a step by component (see RunContext.state)
 PAUSED = "paused"  # the child waits for the supervisor to snapshot its checkpoint directory
 CONVERGED = "converged"  # the resumed run's state equals the reference's at this step; it stopped
+FINAL = "final"  # extra as a state event's: what the job delivers at the end of training (RunContext.final)
 #: text: a reporting rule the run broke (a call out of order, bytes on the channel that are no event); the
 #: cell is judged ``PROTOCOL``. The wire value keeps the category's word.
 VIOLATION = "protocol"
@@ -40,7 +41,7 @@ STATE_LEAVES = "leaves"
 STATE_COMPARED = "compared"
 
 KINDS = frozenset({CONSUMED, TRAINED, STEP_END, CHECKPOINT, RESUMED, KILL_READY, LOG, ERROR, DONE, STATE,
-                   PAUSED, CONVERGED, FILE_OP, VIOLATION, RANKS, SIGNALLED})
+                   PAUSED, CONVERGED, FINAL, FILE_OP, VIOLATION, RANKS, SIGNALLED})
 
 
 @dataclass(frozen=True)

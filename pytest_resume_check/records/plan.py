@@ -96,6 +96,16 @@ class KillSpec:
         )
 
 
+#: Where a resumed run whose state equals the reference's may stop early (``early_stop`` of a target):
+#: only at a step that ends an epoch (the default: what a loader keeps only within an epoch, its workers'
+#: generators and prefetched batches, is rebuilt at the next from state that is compared), at any step
+#: (the target's reported state is complete), or never (every resumed run trains to the end).
+EARLY_STOP_EPOCH = "epoch"
+EARLY_STOP_ANY = "any"
+EARLY_STOP_NEVER = "never"
+EARLY_STOPS = (EARLY_STOP_EPOCH, EARLY_STOP_ANY, EARLY_STOP_NEVER)
+
+
 @dataclass(frozen=True)
 class CommandSpec:
     """How a command target starts its program (see :mod:`pytest_resume_check.child.command`)."""
@@ -127,6 +137,10 @@ class RunPlan:
     report_state: bool = False
     #: (rtol, atol): compare state values under this tolerance instead of digests.
     state_tolerance: tuple[float, float] | None = None
+    #: Record the process-global generators at every step end (runs whose state is compared).
+    capture_rng: bool = True
+    #: The target's state does not depend on the world size: judged in elastic cells too.
+    elastic_state: bool = False
     #: Tolerance mode: where this run writes its state values per step (the first reference run) and
     #: where the reference's values are that this run compares with.
     state_values_dir: str | None = None

@@ -62,6 +62,13 @@ class StepState:
     compared: dict[str, str | None] = field(default_factory=dict)
 
 
+def _merge(state: StepState, event: ev.Event) -> None:
+    """Add a state event's components to ``state``."""
+    state.digests.update(event.extra.get(ev.STATE_DIGESTS, {}))
+    state.leaves.update(event.extra.get(ev.STATE_LEAVES, {}))
+    state.compared.update(event.extra.get(ev.STATE_COMPARED, {}))
+
+
 @dataclass
 class RunRecord:
     """Everything observed of one child run."""
@@ -127,15 +134,27 @@ class RunRecord:
 
     @property
     def states(self) -> dict[int, StepState]:
-        """The state the run reported after each step, components of several calls merged."""
-        out: dict[int, StepState] = {}
+        """The state rank 0 (the only process of a one-process run) reported after each step, components of
+        several calls merged."""
+        return self.states_by_rank.get(0, {})
+
+    @property
+    def states_by_rank(self) -> dict[int, dict[int, StepState]]:
+        """The state each rank reported after each step: rank -> step -> state."""
+        out: dict[int, dict[int, StepState]] = {}
         for e in self.events:
             if e.kind == ev.STATE and e.step is not None:
-                state = out.setdefault(e.step, StepState())
-                state.digests.update(e.extra.get(ev.STATE_DIGESTS, {}))
-                state.leaves.update(e.extra.get(ev.STATE_LEAVES, {}))
-                state.compared.update(e.extra.get(ev.STATE_COMPARED, {}))
-        return out
+                _merge(out.setdefault(e.rank or 0, {}).setdefault(e.step, StepState()), e)
+        return dict(sorted(out.items()))
+
+    @property
+    def finals(self) -> dict[int, StepState]:
+        """What each rank reported as the job's final outputs (``run.final``), by rank."""
+        out: dict[int, StepState] = {}
+        for e in self.events:
+            if e.kind == ev.FINAL:
+                _merge(out.setdefault(e.rank or 0, StepState()), e)
+        return dict(sorted(out.items()))
 
     @property
     def converged_step(self) -> int | None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import math
 import pickle
+import random
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,39 @@ from typing import Any
 DIGEST_CHARS = 32
 #: The component a target's own ``run.state_digest(step, digest)`` is reported as.
 DIGEST_COMPONENT = "state_digest"
+
+
+#: The process-global generators the harness records itself at every step end, each a component of its
+#: own (:func:`captured_generators`); a headline says they were captured by the harness.
+CAPTURED_PYTHON = "python random"
+CAPTURED_NUMPY = "numpy global RNG"
+CAPTURED_TORCH = "torch CPU RNG"
+CAPTURED_CUDA = "torch CUDA RNG"
+CAPTURED = frozenset({CAPTURED_PYTHON, CAPTURED_NUMPY, CAPTURED_TORCH, CAPTURED_CUDA})
+
+
+def captured_generators() -> dict[str, Any]:
+    """The state of every process-global generator this process has: Python's ``random``, numpy's global
+    generator and torch's CPU generator when those libraries are imported (never imported here), and the
+    CUDA generators when CUDA is initialised. Each is a few leaves (one bytes leaf for Python's)."""
+    out: dict[str, Any] = {CAPTURED_PYTHON: repr(random.getstate()).encode()}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and hasattr(numpy, "random"):
+        out[CAPTURED_NUMPY] = numpy.random.get_state(legacy=False)
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_rng_state"):
+        out[CAPTURED_TORCH] = torch.get_rng_state()
+        cuda = getattr(torch, "cuda", None)
+        if cuda is not None and cuda.is_initialized():
+            out[CAPTURED_CUDA] = cuda.get_rng_state_all()
+    return out
+
+
+def drawn_after(states: Mapping[int, Mapping[str, str]], name: str, step: int) -> bool:
+    """Whether a run still drew from captured generator ``name`` after ``step``: its digest (``states``:
+    digests by component, by step) takes more than one value over the steps from ``step`` on. One that
+    nobody draws from cannot change the training, whatever state it is in."""
+    return len({d[name] for s, d in states.items() if s >= step and name in d}) > 1
 
 
 def flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:

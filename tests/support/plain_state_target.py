@@ -30,6 +30,8 @@ def train(run: RunContext) -> None:
             w += 1e-3
     run.resumed(start, folder)
     noise = random.Random(os.getpid()).uniform(-1e-9, 1e-9) if run.case.get("jitter") else 0.0
+    if folder is not None:  # what the checkpoint restored, compared with the reference's state at that step
+        run.state(start, {"model": {"w": w + noise}, "progress": {"step": start}})
     for step in range(start + 1, STEPS + 1):
         run.consumed([step], step=step, epoch=0)
         w = 0.9 * w + step
