@@ -3,19 +3,28 @@ from the wrong checkpoint is STALE_RESUME with the steps of training lost, a pie
 of the checkpoint is STATE_DIVERGED naming that piece, in exactly the cells where the bug can bite,
 and the correct trainer passes every cell.
 
-An oracle independent of the digests checks the state verdicts: the final weights of the interrupted
-job equal the uninterrupted run's exactly when the cell passes - as long as an update is left after
-the resume that reads the wrong state (a scheduler forgotten just before the last update is wrong state
-that the final weights cannot show; see the last test).
+An oracle independent of the digests checks the state verdicts: the final weights (model and EMA) of
+the interrupted job equal the uninterrupted run's exactly when the cell passes - as long as an update
+is left after the resume that reads the wrong state. Where none is, the state is the stronger oracle:
+a scheduler forgotten just before the last update, anything lost at the last step, a loss scale that
+restarts between windows (powers of two: the updates stay exact) are wrong state the final weights
+cannot show (see the last test).
 
-Where each bug bites (default case: 8 steps of one micro-batch, the optimizer steps at 2, 4, 6, 8; a
-resume from checkpoint k is first compared after step k + 1):
+Where each bug bites (default case: 8 steps of one micro-batch, the optimizer steps at 2, 4, 6, 8). A
+resume from checkpoint k reports what it restored (``run.state(k, ...)`` right after ``run.resumed``),
+which is compared with the reference's state after step k: a piece of state left out of the checkpoint
+is seen there, at the restored step, as the only component that differs (the rest follows from it at
+later steps), the last step included - nothing needs to be trained after it:
 
-* ``no_scheduler``, ``no_optimizer``: once the optimizer has stepped (k >= 2) and before the end.
-* ``no_rng``: after every checkpoint before the end (the dropout masks of step k + 1 differ).
-* ``lost_accum``: after a checkpoint in the middle of an accumulation window (odd k).
+* ``no_scheduler``, ``no_optimizer``: once the optimizer has stepped (k >= 2): before, a fresh one is
+  the saved one.
+* ``no_rng``: at every checkpoint (the model's initialisation and k steps of dropout moved the global
+  generator); from step k + 1 the generator the harness captures (``torch CPU RNG``) differs too.
+* ``lost_accum``: at a checkpoint in the middle of an accumulation window (odd k).
 * ``never_resumes``: in auto mode, after every published checkpoint; ``older_checkpoint``: in auto
   mode, once two checkpoint folders are kept. Path mode names the folder, so neither bites there.
+
+In a job killed twice, the first resume that bites decides the verdict.
 """
 
 from __future__ import annotations
@@ -47,8 +56,13 @@ DEFAULT = {}
 ACCUM3 = {"id": "accum3", "n": 6, "take": 1, "epochs": 1, "accum": 3}
 
 STATE_BUGS = (trainer.no_scheduler, trainer.no_optimizer, trainer.no_rng, trainer.lost_accum)
+#: The state bugs the final weights (final.pt: model and EMA) show whenever an update is left after the
+#: resume: all but no_scaler (see WEIGHTS_BLIND). test_state_completeness.py judges every cell of the
+#: full matrix of the newer ones.
+ORACLE_BUGS = (*STATE_BUGS, trainer.no_ema, trainer.save_before_step, trainer.numpy_noise, trainer.ema_final_only)
 TARGETS = {fn.__name__: resume_target(fn, name=fn.__name__, steps=trainer.total_steps, preload=PRELOAD)
-           for fn in (trainer.correct, trainer.never_resumes, trainer.older_checkpoint, *STATE_BUGS)}
+           for fn in (trainer.correct, trainer.never_resumes, trainer.older_checkpoint, *ORACLE_BUGS,
+                      trainer.no_scaler)}
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +121,8 @@ def run_sweep(engine, fn, case, extras=()):
 
 STALE = re.compile(r"STALE_RESUME: run (\d+) (?:started fresh \(resumed step 0\)|resumed from step_\d+ \(step (\d+)\)) "
                    r"but step_(\d+) was published before the kill: (\d+) steps? of training lost$")
-DIVERGED = re.compile(r"STATE_DIVERGED at step (\d+) \(first step after resume from step_(\d+)\): ([^;]*)")
+DIVERGED = re.compile(r"STATE_DIVERGED at step (\d+) \((?:the restored step of|first step after|\d+ steps after) "
+                      r"resume from step_(\d+)\): ([^;]*)")
 
 
 def stale(run, got, want):
@@ -129,40 +144,40 @@ def outcome(result):
         run, got, want, lost = int(m[1]), int(m[2] or 0), int(m[3]), int(m[4])
         return stale(run, got, want) if lost == want - got else verdict.headline
     m = DIVERGED.match(verdict.headline)
-    if verdict.categories == [vd.STATE_DIVERGED] and m:
-        return diverged(int(m[1]), int(m[2]), re.findall(r"(\w+) differs", m[3]))
+    if verdict.categories == [vd.STATE_DIVERGED] and m:  # the components that differ first (the cause)
+        return diverged(int(m[1]), int(m[2]), [part.split(" differs")[0] for part in m[3].split(", ")
+                                                 if " differs" in part])
     return f"{verdict.categories}: {verdict.headline}"
 
 
 # -- where each state bug bites --------------------------------------------------------------------
 
 def bites(bug, case, k):
-    """The components that differ after step k + 1 when ``bug`` resumes from checkpoint k (None: they
-    all agree). A window completed at k + 1 moves model and optimizer and empties the gradients."""
+    """The components that differ at the restored step when ``bug`` resumes from checkpoint k (None:
+    they all agree there, and so at every later step: nothing else is wrong)."""
     p = trainer.params(case)
     last, accum = trainer.total_steps(case), p["accum"]
-    if not 0 < k < last:
-        return None  # a fresh start restores nothing; after the last step nothing is compared
-    completes = (k + 1) % accum == 0 or k + 1 == last
-    stepped = k // accum >= 1  # the optimizer has stepped: its state and the schedule have moved
-    if bug == trainer.NO_SCHEDULER and stepped:  # the optimizer's restored rate is used once more
-        return {"scheduler", "optimizer"} if completes else {"scheduler"}
+    if k == 0:
+        return None  # a fresh start restores nothing: it is the reference's start
+    stepped = k >= accum  # the optimizer has stepped: its state and the schedule have moved
+    if bug == trainer.NO_SCHEDULER and stepped:
+        return {"scheduler"}
     if bug == trainer.NO_OPTIMIZER and stepped:
-        return {"model", "optimizer"} if completes else {"optimizer"}
-    if bug == trainer.NO_RNG:  # other dropout masks, other gradients
-        return {"rng", "model", "optimizer"} if completes else {"rng", "grad_accum"}
-    if bug == trainer.LOST_ACCUM and k % accum:  # the window's first gradients are missing
-        return {"model", "optimizer"} if completes else {"grad_accum"}
+        return {"optimizer"}
+    if bug == trainer.NO_RNG:  # the fresh generator has drawn the initial weights only
+        return {"rng"}
+    if bug == trainer.LOST_ACCUM and k % accum and k < last:  # the window's first gradients are missing
+        return {"grad_accum"}
     return None
 
 
 def expected_state(bug, case, kills):
-    """The first resume (in run order) where the bug bites decides the verdict."""
+    """The first resume (in run order) where the bug bites decides the verdict, at its restored step."""
     for kill in kills:
         k = kill.checkpoint_step
         differ = bites(bug, case, k)
         if differ:
-            return diverged(k + 1, k, differ)
+            return diverged(k, k, differ)
     return PASSED
 
 
@@ -215,17 +230,27 @@ def test_a_trainer_that_takes_the_older_kept_checkpoint_is_a_stale_resume_once_t
 
 # -- which state -----------------------------------------------------------------------------------
 
-#: One headline per state bug, word for word up to the later steps: the first differing key is named.
+#: One headline per state bug, word for word: the first differing key is named, then the consequences.
+#: no_scheduler: step 6 updates with the restored rate, then the fresh schedule sets a wrong one, which
+#: step 8's update uses. no_optimizer: step 6 updates with a fresh Adam; step 7's gradients are of other
+#: weights. no_rng: step 5 draws other dropout masks (the harness's capture of the generator shows it
+#: from there). lost_accum: step 4 closes a window that lacks step 3's gradients.
 HEADLINES = {
-    "no_scheduler": ("auto-ckpt4", "STATE_DIVERGED at step 5 (first step after resume from step_4): scheduler differs "
-                                   "(_last_lr.0), model, optimizer, rng, grad_accum and data agree; "),
-    "no_optimizer": ("auto-ckpt4", "STATE_DIVERGED at step 5 (first step after resume from step_4): optimizer differs "
-                                   "(param_groups.0.lr), model, scheduler, rng, grad_accum and data agree; "),
-    "no_rng": ("auto-ckpt4", "STATE_DIVERGED at step 5 (first step after resume from step_4): rng differs, grad_accum "
-                             "differs (0), model, optimizer, scheduler and data agree; "),
-    "lost_accum": ("auto-ckpt3", "STATE_DIVERGED at step 4 (first step after resume from step_3): model differs "
-                                 "(0.bias), optimizer differs (state.0.exp_avg), scheduler, rng, grad_accum and data "
-                                 "agree; "),
+    "no_scheduler": ("auto-ckpt4", "STATE_DIVERGED at step 4 (the restored step of resume from step_4): scheduler "
+                                   "differs (_last_lr.0), model, optimizer, rng, grad_accum, data, ema and scaler "
+                                   "agree; optimizer differs from step 6, model differs from step 8, ema differs from "
+                                   "step 8"),
+    "no_optimizer": ("auto-ckpt4", "STATE_DIVERGED at step 4 (the restored step of resume from step_4): optimizer "
+                                   "differs (param_groups.0.lr), model, scheduler, rng, grad_accum, data, ema and "
+                                   "scaler agree; model differs from step 6, ema differs from step 6, grad_accum "
+                                   "differs from step 7"),
+    "no_rng": ("auto-ckpt4", "STATE_DIVERGED at step 4 (the restored step of resume from step_4): rng differs, model, "
+                             "optimizer, scheduler, grad_accum, data, ema and scaler agree; torch CPU RNG (captured by "
+                             "the harness) differs from step 5, grad_accum differs from step 5, model differs from "
+                             "step 6, optimizer differs from step 6, ema differs from step 6"),
+    "lost_accum": ("auto-ckpt3", "STATE_DIVERGED at step 3 (the restored step of resume from step_3): grad_accum "
+                                 "differs (0), model, optimizer, scheduler, rng, data, ema and scaler agree; model "
+                                 "differs from step 4, optimizer differs from step 4, ema differs from step 4"),
 }
 
 
@@ -236,34 +261,39 @@ def test_a_piece_of_state_left_out_of_the_checkpoint_diverges_exactly_where_it_c
     assert {i: outcome(r) for i, r in results.items()} == {
         i: expected_state(fn.__name__, DEFAULT, kills[i]) for i in results}
     cell_id, headline = HEADLINES[fn.__name__]
-    assert results[cell_id].verdict.headline.startswith(headline)
+    assert results[cell_id].verdict.headline == headline
 
 
-def test_gradients_lost_in_an_open_window_are_named_grad_accum_until_the_window_closes(engine):
+def test_gradients_lost_in_an_open_window_are_named_grad_accum_at_the_restored_step(engine):
     results = run_sweep(engine, trainer.lost_accum, ACCUM3)
     assert {i: outcome(r) for i, r in results.items()} == {
-        "auto-ckpt1": diverged(2, 1, {"grad_accum"}),  # step 2 adds to a window missing step 1
-        "auto-ckpt2": diverged(3, 2, {"model", "optimizer"}),  # step 3 closes it: the update differs
+        "auto-ckpt1": diverged(1, 1, {"grad_accum"}),  # the window holds step 1's gradients
+        "auto-ckpt2": diverged(2, 2, {"grad_accum"}),  # and steps 1 and 2's
         "auto-ckpt3": PASSED,  # a window boundary: nothing accumulated to lose
-        "auto-ckpt4": diverged(5, 4, {"grad_accum"}),
-        "auto-ckpt5": diverged(6, 5, {"model", "optimizer"}),
+        "auto-ckpt4": diverged(4, 4, {"grad_accum"}),
+        "auto-ckpt5": diverged(5, 5, {"grad_accum"}),
         "auto-ckpt6": PASSED,
     }
-    assert results["auto-ckpt1"].verdict.headline.startswith(
-        "STATE_DIVERGED at step 2 (first step after resume from step_1): grad_accum differs (0), model, "
-        "optimizer, scheduler, rng and data agree; ")
+    # The weights follow when the window closes (step 3), not before.
+    assert results["auto-ckpt1"].verdict.headline == (
+        "STATE_DIVERGED at step 1 (the restored step of resume from step_1): grad_accum differs (0), model, "
+        "optimizer, scheduler, rng, data, ema and scaler agree; model differs from step 3, optimizer differs from "
+        "step 3, ema differs from step 3")
 
 
 # -- the oracle: final weights ---------------------------------------------------------------------
 
-#: Cells where each state bug passes (ckpt1: before the first update, or ckpt8: nothing left to run)
-#: and where it fails (ckpt3: every bug; the double kill: lost_accum only at its second resume).
-ORACLE_CELLS = [("auto-ckpt1", (KillSpec(1),)), ("auto-ckpt3", (KillSpec(3),)), ("auto-ckpt8", (KillSpec(8),)),
+#: Cells with an update left after every resume: a restart from scratch (every bug passes), ckpt1
+#: (before the first update: no_rng, lost_accum and numpy_noise fail), ckpt3 (every bug fails but
+#: save_before_step: step 3 does not update) and a double kill (every bug fails; lost_accum and
+#: ema_final_only only at the second resume).
+ORACLE_CELLS = [("auto-ckpt0+2", (KillSpec(0, 2),)), ("auto-ckpt1", (KillSpec(1),)), ("auto-ckpt3", (KillSpec(3),)),
                 ("auto-ckpt2_ckpt5", (KillSpec(2), KillSpec(5)))]
 
 
 def final_weights_equal(result):
-    """Whether the last run's final.pt equals the reference's, tensor for tensor, bit for bit."""
+    """Whether the last run's final.pt (model and EMA weights) equals the reference's, tensor for tensor,
+    bit for bit."""
     import torch
 
     last = result.runs[-1]
@@ -274,7 +304,7 @@ def final_weights_equal(result):
     return all(torch.equal(ours[key], ref[key]) for key in ref)
 
 
-@pytest.mark.parametrize("fn", STATE_BUGS, ids=lambda fn: fn.__name__)
+@pytest.mark.parametrize("fn", ORACLE_BUGS, ids=lambda fn: fn.__name__)
 def test_state_diverges_exactly_when_the_final_weights_differ_from_the_uninterrupted_run(oracle, fn):
     seen = []
     for cell_id, kills in ORACLE_CELLS:
@@ -300,13 +330,36 @@ def test_a_stale_resume_redoes_the_lost_work_so_the_final_weights_still_match(or
         assert final_weights_equal(result)
 
 
-def test_a_scheduler_forgotten_too_late_to_change_the_weights_still_diverges_in_state(oracle):
+#: (bug, checkpoint, the component named first, whether the final weights show it): wrong state that
+#: no later update reads, or reads without effect. The weights are a weaker oracle than the state; in
+#: these cells the state verdict is right and the weights cannot tell - but a longer run would train
+#: with that state.
+WEIGHTS_BLIND = [
     # Resumed from step 6 or 7, the fresh schedule sets a wrong rate only after the last update that
-    # reads one (step 8 uses the optimizer's restored rate): the final weights match, yet the saved
-    # scheduler and learning rate are wrong, and a longer run would train with them. The weights are a
-    # weaker oracle than the state; here the state verdict is right and the weights cannot tell.
-    for k in (6, 7):
-        result = oracle.run_cell(make_cell(trainer.no_scheduler, DEFAULT, f"auto-ckpt{k}", (KillSpec(k),)))
-        assert outcome(result) == expected_state("no_scheduler", DEFAULT, (KillSpec(k),))
-        assert "scheduler differs" in result.verdict.headline
-        assert final_weights_equal(result)
+    # reads one (step 8 uses the optimizer's restored rate); resumed from step 8, nothing is left to run.
+    (trainer.no_scheduler, 6, "scheduler", False),
+    (trainer.no_scheduler, 7, "scheduler", False),
+    (trainer.no_scheduler, 8, "scheduler", False),
+    (trainer.no_optimizer, 8, "optimizer", False),
+    (trainer.no_rng, 8, "rng", False),
+    # The scale is a power of two: a window scaled and unscaled by one scale gives the exact update,
+    # whichever scale it is. Step 3's window began with the scale a fresh scaler has (only its growth
+    # tracker differs); step 4 ends a window. From step 5, the window began with twice the fresh scale:
+    # the update that finishes it with the fresh one differs - the weights show that one.
+    (trainer.no_scaler, 3, "scaler", False),
+    (trainer.no_scaler, 4, "scaler", False),
+    (trainer.no_scaler, 8, "scaler", False),
+    (trainer.no_scaler, 5, "scaler", True),
+]
+
+
+@pytest.mark.parametrize(("fn", "k", "component", "weights_show_it"), WEIGHTS_BLIND,
+                         ids=[f"{fn.__name__}-ckpt{k}" for fn, k, _, _ in WEIGHTS_BLIND])
+def test_state_diverges_where_the_final_weights_cannot_show_it(oracle, fn, k, component, weights_show_it):
+    result = oracle.run_cell(make_cell(fn, DEFAULT, f"auto-ckpt{k}", (KillSpec(k),)))
+    assert result.verdict.categories == [vd.STATE_DIVERGED], result.verdict.headline
+    assert result.verdict.headline.startswith(
+        f"STATE_DIVERGED at step {k} (the restored step of resume from step_{k}): {component} differs")
+    if fn in STATE_BUGS:
+        assert outcome(result) == expected_state(fn.__name__, DEFAULT, (KillSpec(k),))
+    assert final_weights_equal(result) != weights_show_it
