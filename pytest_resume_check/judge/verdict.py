@@ -18,8 +18,9 @@ steps marked *final* ends the judging; the other steps add theirs and go on.
    (``EPOCH``) and, for ordered contracts, in another order (``REORDERED``); a resumed run that never
    said where it resumed is ``PROTOCOL`` (final);
 8. state: the training state after a resume differs from the reference's at the restored step or a
-   later one, on any rank, or the job's final outputs differ (``STATE_DIVERGED``), unless only from where
-   the inputs already differ (after a resume at another world size only with ``elastic_state``).
+   later one, on any rank, or the job's final outputs differ (``STATE_DIVERGED``), unless only from the
+   step the resume whose inputs differ restored (after a resume at another world size only with
+   ``elastic_state``).
 
 :func:`judge_reference` judges the reference runs themselves, and :func:`entry_marks` marks each ledger
 entry as :func:`compare` matches it.
@@ -298,7 +299,9 @@ def _state(judging: _Judging) -> bool:
     step included, every rank), or the job's final outputs do. At another world size only a target whose
     state does not depend on it is judged (``elastic_state``; other batches otherwise, so the state cannot
     equal the reference's). A state that differs only from where the inputs did is their consequence, not
-    a second finding, and so are final outputs of a job whose inputs differ."""
+    a second finding (from the step the resume whose inputs differ restored: a buffer dropped from the
+    checkpoint shows in the restored state and in the ledger, and the ledger says which inputs), and so are
+    final outputs of a job whose inputs differ."""
     elastic = judging.elastic
     if elastic and not judging.reference.plan.elastic_state:
         return False
@@ -306,11 +309,19 @@ def _state(judging: _Judging) -> bool:
     findings = judging.verdict.findings
     inputs_differ = [f.step for f in findings if f.category in LEDGER_CATEGORIES and f.step is not None]
     state = judge_state(judging.reference, judging.runs, labels, elastic=elastic)
-    if state is not None and not (inputs_differ and state.step is not None and state.step >= min(inputs_differ)):
+    if state is not None and not (inputs_differ and state.step is not None
+                                  and state.step >= _restored_before(judging, min(inputs_differ))):
         return judging.add(state)
     if state is not None or inputs_differ or elastic:
         return False
     return judging.add(judge_final(judging.reference, judging.runs, labels))
+
+
+def _restored_before(judging: _Judging, step: int) -> int:
+    """The step the last resume before ``step`` restored (0 if none did): from there on, a state that
+    differs belongs to the resume whose inputs differ, as their cause or their consequence."""
+    restored = [r.resumed_step or 0 for r in judging.runs[1:]]
+    return max((at for at in restored if at < step), default=0)
 
 
 #: The steps of :func:`judge`, in order. Each adds its findings to the verdict and returns True when the

@@ -81,11 +81,9 @@ def test_epoch_counter_reset_on_resume_is_reported_as_epoch(engine):
 
 def test_shared_shuffle_generator_changes_the_next_epoch_order(engine):
     result = judge(engine, loop.loop_shared_generator, SHUFFLE_TAKE2, KillSpec(1))
-    # The generator's state differs right after the resume; the inputs show it at the next epoch.
-    assert result.verdict.categories == [vd.REORDERED, vd.STATE_DIVERGED]
-    state = next(f for f in result.verdict.findings if f.category == vd.STATE_DIVERGED)
-    assert state.headline.startswith("STATE_DIVERGED at step 2 (first step after resume from step_1): "
-                                     "loader differs (generators.0)")
+    # The generator's state differs from the restored step on; the inputs show it at the next epoch, and
+    # the input verdict speaks for that resume (its state is the cause the ledger already names the effect of).
+    assert result.verdict.categories == [vd.REORDERED]
 
 
 def test_resume_that_raises_is_a_resume_error(engine):
