@@ -6,9 +6,10 @@ two ranks; ``bug=`` plants one of the mistakes distributed trainers make (see :d
 What the correct loop does, and what the harness checks it for (docs/distributed.md):
 
 - The checkpoint of step N is a folder ``step_N``: the model and optimizer through DCP (every rank takes
-  part), then ``data.json`` (epoch, inputs of the epoch taken by all ranks together, step, world size)
-  from rank 0, then - after a barrier - ``latest`` names the folder. Written files are fsynced before
-  their rename.
+  part), each rank's torch generator (``rng_rank<r>.pt``: the loader draws its base seed from it when an
+  epoch's iterator starts), then ``data.json`` (epoch, inputs of the epoch taken by all ranks together,
+  step, world size) from rank 0, then - after a barrier - ``latest`` names the folder. Written files are
+  fsynced before their rename.
 - The position is saved as a *global* count, so a resume at another world size (elastic) continues
   with the inputs no rank took yet: each new rank skips ``count / world size`` of its own shard of the
   same epoch's permutation (which needs the count to divide; it does at the matrix's elastic points).
@@ -37,6 +38,8 @@ BATCH = 1
 FEATURES = 4
 LATEST = "latest"
 DATA_FILE = "data.json"
+#: Each rank's torch generator state, ``rng_rank<r>.pt``.
+RNG_FILE = "rng_rank{rank}.pt"
 
 #: Planted bugs: name -> what the trainer does wrong.
 BUGS = {
@@ -103,6 +106,7 @@ class _Loop:
         self.sampler: Any = None
         self.preempted = False
         self.pending: Any = None  # the async save in flight (the async_unawaited bug)
+        self.rng: Any = None  # the torch generator's state a resume restores (set when the loop starts)
         # Async saves get a group of their own, as torch advises: the background write's collectives must
         # not meet the training step's on one group. The planted bug is only the unawaited future.
         self.save_group = _new_group() if bug == "async_unawaited" else None
@@ -142,7 +146,15 @@ class _Loop:
                     raise ValueError(f"the checkpoint's position ({self.taken} inputs of epoch {self.epoch}) does "
                                      f"not divide among {self.world} ranks; resume at a world size that divides it")
                 self.sampler.load_state_dict({"yielded": self.taken // self.world})
-            for ids, x in DataLoader(dataset, batch_size=BATCH, sampler=self.sampler):
+            batches = DataLoader(dataset, batch_size=BATCH, sampler=self.sampler)
+            if self.rng is not None and not self.taken:
+                self._restore_rng()
+            # Starting an iterator draws the loader's base seed from the torch generator. In the middle of
+            # an epoch the uninterrupted run drew it at the epoch's start, which the saved state holds.
+            loader_iter = iter(batches)
+            if self.rng is not None:
+                self._restore_rng()
+            for ids, x in loader_iter:
                 self.step += 1
                 self.run.consumed(ids.tolist(), step=self.step, epoch=self.epoch)
                 loss = self.model(x).pow(2).mean()
@@ -159,6 +171,12 @@ class _Loop:
                     return
             self.epoch, self.taken = self.epoch + 1, 0
 
+    def _restore_rng(self) -> None:
+        import torch
+
+        torch.set_rng_state(self.rng)
+        self.rng = None
+
     def _agree(self, flag: bool) -> bool:
         """Whether any rank was asked to stop (all ranks stop after the same step)."""
         import torch
@@ -170,6 +188,7 @@ class _Loop:
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def _save(self) -> None:
+        import torch
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -186,8 +205,9 @@ class _Loop:
                                           process_group=self.save_group)
         else:
             dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder))
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_durably(folder / RNG_FILE.format(rank=self.rank), _pickled(torch.get_rng_state()))
         if self.rank == 0:
-            folder.mkdir(parents=True, exist_ok=True)
             data = {"epoch": self.epoch, "taken": self.taken, "step": self.step, "world_size": self.world}
             _write_durably(folder / DATA_FILE, json.dumps(data).encode())
             if self.bug == "sampler_rank0":
@@ -227,6 +247,9 @@ class _Loop:
         data = json.loads((folder / DATA_FILE).read_text())
         self.epoch, self.taken, self.step = int(data["epoch"]), int(data["taken"]), int(data["step"])
         self.saved_world = int(data["world_size"])
+        rng = folder / RNG_FILE.format(rank=self.rank)
+        if rng.exists():  # a rank that joined at a larger world size keeps its seeded generator
+            self.rng = torch.load(rng, weights_only=True)
         if self.bug == "sampler_rank0":
             self.sampler = torch.load(folder / "sampler.pt", weights_only=False)
             self.sampler.load_state_dict({"yielded": self.sampler.yielded})
