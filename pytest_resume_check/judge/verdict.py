@@ -77,6 +77,9 @@ if TYPE_CHECKING:
 #: Headline templates; tests import these rather than repeating the words.
 MSG_LOST = "LOST {n} input{s} after {where}: ids {ids} ({epochs})"
 MSG_DUPLICATED = "DUPLICATED {n} input{s} after {where}: ids {ids} ({epochs})"
+#: A LOST or DUPLICATED headline's part for each further resume whose run took (or lost) inputs, after
+#: ``; `` (a double kill: ``DUPLICATED 2 inputs after A: ids 4, 5 (epoch 0); 1 input after B: ids 9 (epoch 0)``).
+MSG_MORE_AFTER = "{n} input{s} after {where}: ids {ids} ({epochs})"
 MSG_EPOCH = "EPOCH labels differ for {n} input{s} after {where}: ids {ids} ({detail})"
 MSG_REORDERED = "REORDERED: same inputs, other order after {where}, from position {pos}: {detail}"
 MSG_RESUME_ERROR = "RESUME_ERROR: run {run} raised while resuming: {error}"
@@ -356,13 +359,13 @@ def compare(ref: Ledger, comp: Ledger, ordered: bool, kind: str = "consumed",
     pos = _first_difference(ref_keys, comp_keys)
     findings = []
     lost = [ref[i] for i in missing]
-    if lost:
-        findings.append(_id_finding(LOST, MSG_LOST, lost, _where_step(lost[0].step, labels, resumed_from),
-                                    kind, pos))
+    if lost:  # each entry blamed on the last resume before its step
+        findings.append(_id_finding(LOST, MSG_LOST, _by_resume(
+            lost, lambda e: _resume_of_step(e.step, labels, resumed_from), labels), kind, pos))
     duplicated = [comp[j] for j in extra]
-    if duplicated:
-        findings.append(_id_finding(DUPLICATED, MSG_DUPLICATED, duplicated, _where_run(duplicated[0].run, labels),
-                                    kind, pos))
+    if duplicated:  # each entry blamed on the resume that started the run which took it again
+        findings.append(_id_finding(DUPLICATED, MSG_DUPLICATED, _by_resume(
+            duplicated, lambda e: _resume_of_run(e.run, labels), labels), kind, pos))
     if pairs:
         ids = list(dict.fromkeys(ref[i].id for i, _ in pairs))
         detail = ", ".join(f"{ref[i].id}: epoch {comp[j].epoch} instead of {ref[i].epoch}" for i, j in pairs[:3])
@@ -529,18 +532,35 @@ def _where_run(run: int, labels: Sequence[str]) -> str:
     """The label of the resume that started run ``run`` (0 is the first run: its first resume)."""
     if not labels:
         return "the run"
-    return labels[min(max(run, 1), len(labels)) - 1]
+    return labels[_resume_of_run(run, labels)]
 
 
-def _where_step(step: int, labels: Sequence[str], resumed_from: Sequence[int]) -> str:
-    """The label of the last resume before ``step`` (the first one if none is before it)."""
-    if not labels:
-        return "the run"
-    chosen = labels[0]
-    for label, at in zip(labels, resumed_from):
+def _resume_of_run(run: int, labels: Sequence[str]) -> int:
+    """Which resume (an index into ``labels``) started run ``run`` (0 is the first run: its first resume)."""
+    return max(min(max(run, 1), len(labels)) - 1, 0)
+
+
+def _resume_of_step(step: int, labels: Sequence[str], resumed_from: Sequence[int]) -> int:
+    """Which resume (an index into ``labels``) is the last one before ``step`` (the first if none is)."""
+    chosen = 0
+    for index, at in enumerate(resumed_from[:len(labels)]):
         if at < step:
-            chosen = label
+            chosen = index
     return chosen
+
+
+def _by_resume(entries: Sequence[Entry], resume_of: Callable[[Entry], int],
+               labels: Sequence[str]) -> list[tuple[str, list[Entry]]]:
+    """``entries`` grouped by the resume ``resume_of`` blames each on, in the order of the resumes, each
+    group with the resume's label (with ``(run N)`` where two of the groups' resumes have the same label)."""
+    if not labels:
+        return [("the run", list(entries))]
+    groups: dict[int, list[Entry]] = {}
+    for entry in entries:
+        groups.setdefault(resume_of(entry), []).append(entry)
+    named = [labels[i] for i in sorted(groups)]
+    return [(labels[i] + (f" (run {i + 2})" if named.count(labels[i]) > 1 else ""), groups[i])
+            for i in sorted(groups)]
 
 
 def _on_rank(finding: Finding, rank: int) -> Finding:
@@ -560,14 +580,23 @@ def _ranks_text(entries: Sequence[Entry]) -> str:
     return f" on rank {ranks[0]}" if len(ranks) == 1 else " on ranks " + ", ".join(map(str, ranks))
 
 
-def _id_finding(category: str, template: str, entries: list[Entry], where: str, kind: str,
+def _id_finding(category: str, template: str, groups: Sequence[tuple[str, list[Entry]]], kind: str,
                 pos: int | None) -> Finding:
-    epochs = sorted({e.epoch for e in entries})
-    epoch_text = f"epoch {epochs[0]}" if len(epochs) == 1 else "epochs " + ", ".join(map(str, epochs))
-    ids = list(dict.fromkeys(e.id for e in entries))  # each id once, in order of appearance
-    headline = template.format(n=len(ids), s=_s(len(ids)), where=where, ids=_id_list(ids), epochs=epoch_text)
-    headline = headline.replace(" after ", _ranks_text(entries) + " after ", 1)
-    if len(entries) > len(ids):
+    """A LOST or DUPLICATED finding of ``groups`` (the label of a resume, the entries blamed on it): the
+    first group in ``template``, each further one as :data:`MSG_MORE_AFTER` after ``; ``."""
+    parts, listed = [], 0
+    for index, (where, group) in enumerate(groups):
+        epochs = sorted({e.epoch for e in group})
+        epoch_text = f"epoch {epochs[0]}" if len(epochs) == 1 else "epochs " + ", ".join(map(str, epochs))
+        group_ids = list(dict.fromkeys(e.id for e in group))  # each id once, in order of appearance
+        part = (template if index == 0 else MSG_MORE_AFTER).format(
+            n=len(group_ids), s=_s(len(group_ids)), where=where, ids=_id_list(group_ids), epochs=epoch_text)
+        parts.append(part.replace(" after ", _ranks_text(group) + " after ", 1))
+        listed += len(group_ids)
+    entries = [e for _, group in groups for e in group]
+    ids = list(dict.fromkeys(e.id for e in entries))
+    headline = "; ".join(parts)
+    if len(entries) > listed:
         headline += f"; {len(entries)} occurrences in all"
     if kind != "consumed":
         headline += f" [{kind} ledger]"
