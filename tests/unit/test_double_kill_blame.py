@@ -1,19 +1,15 @@
 """Double kills blame each resume for its own damage: in a cell killed twice (run 1 killed, run 2 resumes
 and is killed, run 3 resumes), inputs the second resume took again or never took name the second resume,
-also when the first resume did damage of its own. Ledgers and run records built here, then two real
-double-kill cells through the engine (a torch-free trainer, and the planted torchdata one)."""
+also when the first resume did damage of its own. Ledgers and run records built here; real double-kill
+cells in tests/engine/test_double_kill_cells.py."""
 
 from __future__ import annotations
 
-import pytest
-from optional import requires
-
-from pytest_resume_check.cells.matrix import Cell
 from pytest_resume_check.judge import verdict as vd
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.plan import KillSpec, RunPlan
 from pytest_resume_check.records.results import Outcome, RunRecord
-from pytest_resume_check.targets import Contract, resume_target
+from pytest_resume_check.targets import Contract
 
 STEPS = 8
 FIRST, SECOND = "resume from step_2", "resume from step_5"
@@ -109,43 +105,3 @@ def test_one_resume_keeps_the_headline_it_always_had():
     assert [f.headline for f in findings] == [
         "LOST 1 input after resume from step 1: ids 3 (epoch 0)",
         "DUPLICATED 1 input after resume from step 1: ids 1 (epoch 0); 2 occurrences in all"]
-
-
-# -- real runs: a double-kill cell through the engine -------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    from pytest_resume_check.engine import Engine
-
-    eng = Engine(tmp_path_factory.mktemp("double-kill"), seed=5, hang_timeout=60)
-    yield eng
-    eng.close()
-
-
-def test_a_real_double_kill_where_both_resumes_take_inputs_again_names_each(engine):
-    import step_logger_target as logger
-
-    target = resume_target(logger.train, name="step_logger", steps=logger.STEPS)
-    result = engine.run_cell(Cell(target, {"id": "replay12", "replay": [1, 2]}, "auto",
-                                  (KillSpec(2), KillSpec(5)), logger.STEPS))
-    assert result.verdict.resumed_from == [2, 5]
-    assert result.verdict.categories == [vd.DUPLICATED]
-    assert result.verdict.headline == ("DUPLICATED 1 input after resume from step_2: ids 2 (epoch 0); "
-                                       "1 input after resume from step_5: ids 5 (epoch 0)")
-
-
-@requires("torch", "torchdata")
-def test_the_planted_trainer_whose_second_resume_replays_its_epoch_blames_the_second_resume(engine):
-    """torchdata 0.11 (``loop_loader_state_at_save``, docs/examples/planted): the checkpoint the first resumed
-    run writes right after resuming from an odd step reads as the start of the epoch, so the second
-    resume replays epoch 0; the first resume took nothing twice."""
-    from pytest_resume_check.builtin import loop
-
-    target = resume_target(loop.loop_loader_state_at_save, name="torchdata_sampler", steps=loop.total_steps,
-                           boundaries=loop.epoch_boundaries, preload=loop.PRELOAD)
-    case = {"id": "b4-take2", "n": 8, "batch": 4, "take": 2}
-    result = engine.run_cell(Cell(target, case, "auto", (KillSpec(1), KillSpec(2, 1)), loop.total_steps(case)))
-    assert result.verdict.resumed_from == [1, 2]
-    assert [f.headline for f in result.verdict.findings if f.category in (vd.LOST, vd.DUPLICATED)] == [
-        "LOST 4 inputs after resume from step_2: ids 4, 5, 6, 7 (epoch 1)",
-        "DUPLICATED 4 inputs after resume from step_2: ids 0, 1, 2, 3 (epoch 0)"]
