@@ -37,7 +37,8 @@ HELP_MODE = ("which kill points: 'quick' (default, a boundary-aware sample) or '
              f"{OPT_MATRIX}")
 HELP_SEED = "seed for shuffles and kill-point sampling: an integer, or 'last' to reuse the previous seed"
 HELP_TARGET = "only run this target (repeatable)"
-HELP_CELL = "run only this matrix cell, e.g. 'builtin_loop[b4-take2-e2-shuffle-auto-ckpt3]'"
+HELP_CELL = ("run only this matrix cell, e.g. 'builtin_loop[b4-take2-e2-shuffle-auto-ckpt3]' (repeatable: "
+             "each cell named runs)")
 HELP_HANG = (f"seconds without an event before a run counts as HUNG and is killed (default {DEFAULT_HANG_TIMEOUT:g}; "
              "0 or inf: no limit, longer limits are cut to about 23 days)")
 HELP_JSON = "write every cell's verdict and ledgers to this JSON file"
@@ -75,7 +76,8 @@ class Settings:
     mode: str | None
     seed: int
     targets: tuple[str, ...]
-    cell: str | None
+    #: The cells named by ``--resume-matrix-cell`` (each time it was given), in the order given.
+    cells: tuple[str, ...]
     hang_timeout: float
     json_path: str | None
     isolation: str | None
@@ -101,7 +103,7 @@ def add_options(parser: pytest.Parser) -> None:
                         default=None, help=argparse.SUPPRESS)
     group.addoption(OPT_SEED, default=None, dest="resume_matrix_seed", help=HELP_SEED)
     group.addoption(OPT_TARGET, action="append", default=[], dest="resume_matrix_target", help=HELP_TARGET)
-    group.addoption(OPT_CELL, default=None, dest="resume_matrix_cell", help=HELP_CELL)
+    group.addoption(OPT_CELL, action="append", default=[], dest="resume_matrix_cell", help=HELP_CELL)
     group.addoption(OPT_HANG, default=None, dest="resume_matrix_hang_timeout", help=HELP_HANG)
     group.addoption(OPT_JSON, default=None, dest="resume_matrix_json", help=HELP_JSON)
     group.addoption(OPT_HTML, default=None, dest="resume_matrix_html", help=HELP_HTML)
@@ -129,7 +131,7 @@ def read_settings(config: pytest.Config) -> Settings:
         mode=mode,
         seed=_seed(config),
         targets=tuple(_setting(config, "resume_matrix_target") or ()),
-        cell=config.getoption("resume_matrix_cell"),
+        cells=tuple(config.getoption("resume_matrix_cell") or ()),
         hang_timeout=hang,
         json_path=_setting(config, "resume_matrix_json"),
         html_path=_setting(config, "resume_matrix_html"),

@@ -103,9 +103,8 @@ class MatrixSession:
         return rerun_command(self.config, name)
 
     def _named_cells(self) -> list[str]:
-        """Cell names given by ``--resume-matrix-cell`` or as pasted node ids."""
-        names = [self.settings.cell] if self.settings.cell else []
-        return names + [n[len(NODE_PREFIX):] for n in self.settings.node_ids]
+        """Cell names given by ``--resume-matrix-cell`` (each time it was given) or as pasted node ids."""
+        return [*self.settings.cells, *(n[len(NODE_PREFIX):] for n in self.settings.node_ids)]
 
     # -- collection ----------------------------------------------------------------------------------
 
@@ -133,9 +132,9 @@ class MatrixSession:
         s = self.settings
         by_name = {c.name: c for c in cells}
         missing = [n for n in names if n not in by_name]
-        if missing:
-            raise pytest.UsageError(ERR_NO_CELL.format(opt=OPT_CELL if s.cell else "node id", value=missing[0],
-                                                       mode=s.mode, seed=s.seed))
+        if missing:  # the first unknown name, with the option that gave it
+            raise pytest.UsageError(ERR_NO_CELL.format(opt=OPT_CELL if missing[0] in s.cells else "node id",
+                                                       value=missing[0], mode=s.mode, seed=s.seed))
         chosen = [by_name[n] for n in dict.fromkeys(names)]
         others = [] if s.node_ids else list(items)
         self.config.hook.pytest_deselected(items=others + [c for c in cells if c not in chosen])
