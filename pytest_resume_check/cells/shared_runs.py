@@ -3,14 +3,17 @@ differ only in the step, so one first run serves them all.
 
 That run checkpoints at every kill step of the group and pauses after each while the harness copies
 the checkpoint directory (exactly what a kill at that moment would leave on disk). Each cell then
-starts from its copy, with the first run's events up to its checkpoint as its own first run.
+starts from its copy, with the first run's events up to its checkpoint as its own first run, and its
+log up to there: the log's length at the pause, when a kill would have come (the run goes on writing
+past it, to the group's later kill points, which never happened in this cell's job).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pytest_resume_check.cells.matrix import Cell
@@ -23,12 +26,13 @@ from pytest_resume_check.records.results import Outcome, RunRecord
 
 @dataclass
 class _Prefix:
-    """The shared first run of a group: its record, its folder (with snapshot copies) and the
-    checkpoint directory it wrote to."""
+    """The shared first run of a group: its record, its folder (with snapshot copies), the checkpoint
+    directory it wrote to and, by snapshot step, how many bytes its log held at that pause."""
 
     record: RunRecord
     workdir: Path
     live: Path
+    log_sizes: dict[int, int] = field(default_factory=dict)
 
 
 class SharedFirstRuns:
@@ -80,8 +84,8 @@ class SharedFirstRuns:
                 published = event.path
         kill = cell.kills[0]
         events.append(ev.Event(ev.KILL_READY, text=kill.describe()))
-        log = Layout.log(workdir, 0)  # the shared run's output so far, kept with the cell it served
-        shutil.copyfile(Layout.log(prefix.workdir, 0), log)
+        log = Layout.log(workdir, 0)  # the shared run's output up to this cell's kill, kept with the cell
+        _copy_head(Layout.log(prefix.workdir, 0), log, prefix.log_sizes.get(step))
         plan = replace(prefix.record.plan, checkpoint_dir=str(out), log_path=str(log),
                        kill=kill, checkpoint_steps=frozenset((*cell.prior_checkpoints, step)), pause_steps=frozenset())
         record = RunRecord(plan, events, Outcome.KILLED, prefix.record.exitcode, None, 0.0, prefix.record.hang_timeout,
@@ -100,9 +104,32 @@ class SharedFirstRuns:
                                 resume_mode=RESUME_AUTO, kill=KillSpec(steps[-1]), checkpoint_steps=steps,
                                 pause_steps=steps)
         live = Path(plan.checkpoint_dir)
+        log_sizes: dict[int, int] = {}
 
         def snapshot(step: int) -> None:  # the run's processes are stopped meanwhile (supervisor)
+            log_sizes[step] = _size(Path(plan.log_path))  # what a kill here would have left in the log
             shutil.copytree(live, Layout.snapshot(workdir, step), symlinks=True)
 
         record = self.runner.run(plan, cell.target, on_pause=snapshot)
-        return _Prefix(record, workdir, live) if record.outcome == Outcome.KILLED else None
+        return _Prefix(record, workdir, live, log_sizes) if record.outcome == Outcome.KILLED else None
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:  # no output yet
+        return 0
+
+
+def _copy_head(source: Path, dest: Path, size: int | None) -> None:
+    """Copy the first ``size`` bytes of ``source`` to ``dest`` (all of it for None)."""
+    if size is None:
+        shutil.copyfile(source, dest)
+        return
+    with open(source, "rb") as src, open(dest, "wb") as out:
+        while size > 0:
+            chunk = src.read(min(size, 1 << 20))
+            if not chunk:
+                break
+            out.write(chunk)
+            size -= len(chunk)
