@@ -5,6 +5,7 @@ Public API (imported lazily, so ``import pytest_resume_check`` stays cheap)::
     resume_target, Target, Contract       declare what to run          (targets)
     RunContext, KillSpec                  what a target sees            (run)
     WithIds, ids_of                       attach and read input ids     (ids)
+    state_of                              find a trainer's state        (records.state_walk)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ _EXPORTS = {
     "KillSpec": "pytest_resume_check.run",
     "WithIds": "pytest_resume_check.ids",
     "ids_of": "pytest_resume_check.ids",
+    "state_of": "pytest_resume_check.records.state_walk",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -19,7 +19,7 @@ import pytest_resume_check
 
 #: Names of the package's top level (imported lazily by ``pytest_resume_check.__getattr__``).
 TOP_LEVEL = ("resume_target", "Target", "Contract", "RunContext", "KillSpec", "ids_of", "WithIds",
-             "EXACTLY_ONCE", "EXACTLY_ONCE_ORDERED")
+             "EXACTLY_ONCE", "EXACTLY_ONCE_ORDERED", "state_of")
 
 #: ``module: names`` users import from it.
 PUBLIC = {
