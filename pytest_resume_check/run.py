@@ -180,9 +180,11 @@ class RunContext:
                             f"{int(step)} (a trainer that never stops)")
             raise StepLimit(int(step))
         self._ended = max(self._ended, int(step))
-        self._sink.send(ev.Event(ev.STEP_END, step=int(step)))
         if self.plan.report_state and self.plan.capture_rng:
+            # Before the step's end: an all-ranks kill waits for every rank's step_end, so what comes
+            # before it is on the channel when SIGKILL lands, whatever the timing (records.results).
             self._capture(int(step))
+        self._sink.send(ev.Event(ev.STEP_END, step=int(step)))
         kill = self.plan.kill
         if kill is not None and self._watching and kill.extra_steps > 0 and kill.kill_step == step:
             self._await_kill(kill.describe())

@@ -16,7 +16,7 @@ from pytest_resume_check.categories import STATE_DIVERGED, VERDICT_CATEGORIES
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.faults import DiskDamage
 from pytest_resume_check.records.ledger import Ledger
-from pytest_resume_check.records.plan import RunPlan
+from pytest_resume_check.records.plan import SIGNAL_TERM, RunPlan
 
 if TYPE_CHECKING:
     from pytest_resume_check.cells.matrix import Cell
@@ -140,12 +140,40 @@ class RunRecord:
 
     @property
     def states_by_rank(self) -> dict[int, dict[int, StepState]]:
-        """The state each rank reported after each step: rank -> step -> state."""
+        """The state each rank reported after each step: rank -> step -> state.
+
+        Of a killed run, what it reported for its kill step (and later) counts only as far as the kill's
+        timing does not decide it: on a rank the kill waited for (the one at the kill point, the ranks an
+        all-ranks kill waited for, every rank of a preempted run), what the rank sent before its
+        ``step_end`` of that step; nothing of the other ranks. A rank the kill did not wait for, or a
+        report after the step's end, may or may not have reached the channel before the SIGKILL."""
+        cut = self._state_cut()
+        ended: set[int] = set()
         out: dict[int, dict[int, StepState]] = {}
         for e in self.events:
-            if e.kind == ev.STATE and e.step is not None:
-                _merge(out.setdefault(e.rank or 0, {}).setdefault(e.step, StepState()), e)
+            rank = e.rank or 0
+            if cut is not None and e.kind == ev.STEP_END and (e.step or 0) >= cut[0]:
+                ended.add(rank)
+            if e.kind != ev.STATE or e.step is None:
+                continue
+            if cut is not None and e.step >= cut[0] and (rank in ended or (cut[1] is not None and rank not in cut[1])):
+                continue
+            _merge(out.setdefault(rank, {}).setdefault(e.step, StepState()), e)
         return dict(sorted(out.items()))
+
+    def _state_cut(self) -> tuple[int, set[int] | None] | None:
+        """A killed run's kill step and the ranks whose reports of it are complete up to their end of that
+        step (None: every rank); None for a run that was not killed."""
+        kill = self.plan.kill
+        if self.outcome != Outcome.KILLED or kill is None:
+            return None
+        if kill.signal == SIGNAL_TERM:
+            return kill.kill_step, None  # every rank gets SIGTERM and goes on to its step's end
+        if kill.rank is not None and self.plan.world_size > 1:
+            return kill.kill_step, {kill.rank}
+        signalled = self.signalled
+        past = signalled.extra.get("ranks_past", ()) if signalled is not None else ()
+        return kill.kill_step, {0, *(int(r) for r in past)}
 
     @property
     def finals(self) -> dict[int, StepState]:
