@@ -50,6 +50,7 @@ TESTED_EXAMPLES = {
     "reports/html_from_json.py": "test_html_from_json_example_writes_the_report",
     "findings/torchdata_shared_generator.py": "test_torchdata_finding_script_shows_two_orders",
     "findings/torchdata_sampler_state_after_load.py": "test_torchdata_sampler_finding_script_shows_the_replay",
+    "findings/torchdata_worker_rng_after_resume.py": "test_torchdata_worker_rng_finding_script_shows_other_noise",
     # Recipes: their projects run in the integration's own test file (file::test).
     "recipes/command/conftest.py:glue": f"{COMMAND_TESTS}::test_recipe_project_passes_and_a_planted_bash_bug_is_caught",
     "recipes/command/conftest.py:bash": f"{COMMAND_TESTS}::test_recipe_project_passes_and_a_planted_bash_bug_is_caught",
@@ -368,6 +369,15 @@ def test_torchdata_sampler_finding_script_shows_the_replay():
                           timeout=120)
     assert done.stdout.splitlines() == text_block_after("findings.md", f"python {script}")
     assert done.returncode == 1, "the twice-resumed loader continues right: torchdata fixed it; update docs/findings.md"
+
+
+@needs_torch
+def test_torchdata_worker_rng_finding_script_shows_other_noise():
+    script = "docs/examples/findings/torchdata_worker_rng_after_resume.py"
+    done = subprocess.run([sys.executable, "-W", "ignore", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.splitlines() == text_block_after("findings.md", f"python {script}")
+    assert done.returncode == 1, "the resumed workers draw the same noise: torchdata fixed it; update docs/findings.md"
 
 
 @requires("torch", "torchdata", "lightning")
