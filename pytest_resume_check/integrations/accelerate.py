@@ -28,12 +28,16 @@ them back):
   half-way) is never resumed from.
 - ``load_state``: loads the folder given, or with no folder (automatic naming) the newest *published*
   checkpoint rather than Accelerate's highest-numbered folder, which may be half-written. Then reports
-  ``run.resumed(step, folder)`` with the step the marker records. With automatic checkpoint naming it
-  also sets ``accelerator.project_configuration.iteration`` past the highest ``checkpoint_<n>`` folder:
-  Accelerate 1.15 leaves it at 0 after a load, so the next ``save_state`` fails with "checkpoint_0 (0)
-  already exists", or, with ``total_limit``, deletes an older checkpoint and writes the new one as
-  ``checkpoint_0``, which the next ``load_state()`` passes over for an older, higher-numbered one
-  (huggingface/accelerate#1601, #3306; docs/examples/findings/accelerate_checkpoint_naming.py).
+  ``run.resumed(step, folder)`` with the step the marker records and, right after Accelerate returns,
+  the state it restored (``run.state`` at that step, see :meth:`ResumeCheck.restored_state`). With
+  automatic checkpoint naming it also sets ``accelerator.project_configuration.iteration`` past the
+  highest ``checkpoint_<n>`` folder: Accelerate 1.15 leaves it at 0 after a load, so the next
+  ``save_state`` fails with "checkpoint_0 (0) already exists", or, with ``total_limit``, deletes an older
+  checkpoint and writes the new one as ``checkpoint_0``, which the next ``load_state()`` passes over for
+  an older, higher-numbered one (huggingface/accelerate#1601, #3306;
+  docs/examples/findings/accelerate_checkpoint_naming.py).
+- Leaving the ``with`` block normally (the end of training) reports the prepared models, unwrapped, as
+  what the job delivers (``run.final``); ``report_final=False`` turns that off.
 
 Epochs are counted by the loaders: the epoch advances after a loader's last batch of a pass (an empty
 pass, such as a resumed loader that was already at its end, does not count).
@@ -68,6 +72,10 @@ from pytest_resume_check.run import RESUME_AUTO, RESUME_PATH, RunContext
 MARKER = "resume_check.json"
 MARKER_FORMAT = 1
 KEY_FORMAT, KEY_STEP, KEY_EPOCH, KEY_BATCHES, KEY_WRITTEN = "format", "step", "epoch", "batches", "written_ns"
+#: Optional marker key: 1 when the folder was saved as its step ended, before the trainer's code ran on, so
+#: it holds the state reported for that step (an epoch-end save of a step already ended holds what the
+#: trainer did since); markers without it read as 0.
+KEY_AT_STEP_END = "at_step_end"
 #: Accelerate's folder under ``project_dir`` with automatic checkpoint naming, and its folder names.
 AUTO_FOLDER = "checkpoints"
 AUTO_NAME = re.compile(r"checkpoint_(\d+)")
@@ -78,6 +86,8 @@ DEFAULT_FOLDER = "step_{step}"
 #: ``save_state`` saves, and the data position (stateful loaders' state, epoch, batches of the epoch,
 #: Accelerate's accumulation counter).
 STATE_COMPONENTS = ("model", "optimizer", "scheduler", "registered", "rng", "data")
+#: The component the final outputs report (the models), and the one left out at a restored step.
+STATE_MODEL, STATE_DATA = "model", "data"
 WRAPPED = ("prepare", "skip_first_batches", "save_state", "load_state")
 
 ERR_PREPARED = ("ResumeCheck: accelerator.prepare(...) already returned {count} data loader(s), which it cannot "
@@ -107,7 +117,14 @@ class ResumeCheck:
     ``folder``: where the checkpoints the harness asks for are saved when automatic checkpoint naming is
     off, relative to ``run.checkpoint_dir`` (``{step}`` is replaced). ``continue_naming``: set
     ``project_configuration.iteration`` past the existing ``checkpoint_<n>`` folders after a load (pass
-    False if the trainer sets it itself).
+    False if the trainer sets it itself). ``report_final``: report the prepared models (unwrapped) as what
+    the job delivers when the ``with`` block is left normally (``run.final``), so a resumed job that ends
+    with another model than an uninterrupted one fails; a target that reports final outputs is never
+    stopped early, so its last run trains to the end.
+
+    What is reported when: after a resume, right after ``load_state`` returns, the restored state
+    (:meth:`restored_state`) at the restored step; after each optimizer step its state
+    (:data:`STATE_COMPONENTS`); at the end the final models.
 
     Use it as a context manager around the training: leaving the block normally ends the last step and
     puts the accelerator's methods back.
@@ -115,7 +132,7 @@ class ResumeCheck:
 
     def __init__(self, run: RunContext, accelerator: Accelerator, *,
                  ids: str | Callable[[Any], Iterable[Any]] = DEFAULT_ID_KEY, folder: str = DEFAULT_FOLDER,
-                 continue_naming: bool = True):
+                 continue_naming: bool = True, report_final: bool = True):
         if not (isinstance(ids, str) or callable(ids)):
             raise TypeError(ERR_IDS_TYPE.format(kind=type(ids).__name__))
         if any(name in vars(accelerator) for name in WRAPPED):
@@ -128,6 +145,7 @@ class ResumeCheck:
         self._ids = ids
         self._folder = folder
         self._continue_naming = continue_naming
+        self._report_final = report_final
         config = accelerator.project_configuration
         self._auto_naming = bool(config.automatic_checkpoint_naming)
         if self._auto_naming and not _inside(Path(config.project_dir or "."), run.checkpoint_dir):
@@ -139,6 +157,9 @@ class ResumeCheck:
         self._owed: int | None = None  # a step the harness wants a checkpoint of, not yet saved
         self._published: set[int] = set()
         self._resumed = False
+        # The state of the last ended step is what the objects hold: true from the step's end until the
+        # trainer's code runs on (a batch taken, a pass over the loader ended, a save_state of it returned).
+        self._at_step_end = False
         self._originals = {name: getattr(accelerator, name) for name in WRAPPED}
         accelerator.prepare = self._prepare
         accelerator.skip_first_batches = self._skip_first_batches
@@ -184,10 +205,29 @@ class ResumeCheck:
                 vars(self._accelerator).pop(name, None)
 
     def finish(self) -> None:
-        """End the last step (if its gradients were synchronised) and report a fresh start if the loop
-        never took a batch. Leaving the ``with`` block calls it."""
+        """End the last step (if its gradients were synchronised), report a fresh start if the loop
+        never took a batch, and report the final models (``report_final``). Leaving the ``with`` block
+        normally calls it."""
         self._report_fresh_start()
         self._end_step()
+        if self._report_final:
+            acc = self._accelerator
+            self._run.final({STATE_MODEL: [acc.unwrap_model(model) for model in _tracked(acc, "_models")]})
+
+    def restored_state(self) -> dict[str, Any]:
+        """The state reported at the restored step, right after ``load_state``: every component of
+        :data:`STATE_COMPONENTS` except ``data`` when a stateful loader is prepared. Accelerate's prepared
+        loader answers ``state_dict()`` with a copy it takes each time it yields a batch, and its
+        ``load_state_dict`` passes the state to the loader inside without updating that copy: until the
+        first resumed batch it reads the position it had before the load (the start, in a new process),
+        not the restored one (accelerate 1.16 ``DataLoaderAdapter``; huggingface/accelerate#4244, open).
+        The position is compared from the first step after the resume on, where the batches taken show it.
+        (A ``save_state`` in that window writes that stale position: resumed from it, the loader starts the
+        epoch over.)"""
+        state = self._state()
+        if any(getattr(dl, "use_stateful_dataloader", False) for dl in _tracked(self._accelerator, "_dataloaders")):
+            del state[STATE_DATA]
+        return state
 
     # -- wrapped methods -----------------------------------------------------------------------
     def _prepare(self, *args: Any, **kwargs: Any) -> Any:
@@ -207,6 +247,7 @@ class ResumeCheck:
         location = self._originals["save_state"](output_dir, *args, **kwargs)
         folder = Path(location if location is not None else output_dir)  # type: ignore[arg-type]
         self._publish(folder)
+        self._at_step_end = False  # the trainer's code runs on (our own save: _end_step reports right after)
         return location
 
     def _load_state(self, input_dir: str | os.PathLike[str] | None = None, *args: Any, **kwargs: Any) -> Any:
@@ -220,10 +261,16 @@ class ResumeCheck:
         result = self._originals["load_state"](str(folder), *args, **kwargs)
         self._step, self._epoch, self._batches = marker[KEY_STEP], marker[KEY_EPOCH], marker[KEY_BATCHES]
         self._pending = False
+        self._at_step_end = False
         if self._auto_naming and self._continue_naming:
             self._accelerator.project_configuration.iteration = next_checkpoint_number(self._auto_root())
         self._resumed = True
         self._run.resumed(self._step, folder)
+        if self._step and marker[KEY_AT_STEP_END]:
+            # A folder saved later (the trainer's epoch-end save of a step that had ended) holds what the
+            # trainer did since, an epoch-end scheduler step say: not the state of the step. Its first
+            # step after the resume is compared all the same.
+            self._run.state(self._step, self.restored_state())
         return result
 
     # -- the loop ------------------------------------------------------------------------------
@@ -246,6 +293,7 @@ class ResumeCheck:
             advanced = self._take(batch, last=bool(getattr(loader, "end_of_dataloader", False)))
             yield batch
         self._end_step(pass_end=True)  # a checkpoint wanted now may be the trainer's epoch-end one
+        self._at_step_end = False  # the trainer's code after its pass runs next
         if taken and not advanced:  # a loader that does not say which batch is its last
             self._epoch, self._batches = self._epoch + 1, 0
 
@@ -253,6 +301,7 @@ class ResumeCheck:
         self._report_fresh_start()
         self._run.consumed(self._ids_of(batch), step=self._step + 1, epoch=self._epoch)
         self._pending = True
+        self._at_step_end = False
         self._batches += 1
         if last:
             self._epoch, self._batches = self._epoch + 1, 0
@@ -268,6 +317,7 @@ class ResumeCheck:
             self._pending = False
             self._step += 1
             closed = self._step
+            self._at_step_end = True
             self._run.step_end(closed)
             if self._run.should_checkpoint(closed):
                 self._owed = closed
@@ -317,7 +367,8 @@ class ResumeCheck:
     def _publish(self, folder: Path) -> None:
         sync_tree(folder, skip=MARKER)
         write_marker(folder, {KEY_FORMAT: MARKER_FORMAT, KEY_STEP: self._step, KEY_EPOCH: self._epoch,
-                              KEY_BATCHES: self._batches, KEY_WRITTEN: time.time_ns()})
+                              KEY_BATCHES: self._batches, KEY_WRITTEN: time.time_ns(),
+                              KEY_AT_STEP_END: int(self._at_step_end)})
         if self._step not in self._published:  # a second save of one step (in-loop, then epoch-end) is
             self._published.add(self._step)  # published on disk, but the harness counts a step once
             self._run.checkpoint_published(self._step, folder)
@@ -407,7 +458,9 @@ def read_marker(folder: Path) -> dict[str, int]:
         data = json.loads(path.read_text())
         if data.get(KEY_FORMAT) != MARKER_FORMAT:
             raise ValueError(f"format {data.get(KEY_FORMAT)!r}, this version reads {MARKER_FORMAT}")
-        return {key: int(data[key]) for key in (KEY_STEP, KEY_EPOCH, KEY_BATCHES, KEY_WRITTEN)}
+        marker = {key: int(data[key]) for key in (KEY_STEP, KEY_EPOCH, KEY_BATCHES, KEY_WRITTEN)}
+        marker[KEY_AT_STEP_END] = int(data.get(KEY_AT_STEP_END, 0))
+        return marker
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(ERR_BAD_MARKER.format(path=path, problem=exc)) from exc
 

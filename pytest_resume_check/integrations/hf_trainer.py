@@ -26,7 +26,12 @@ Where each report comes from in the Trainer's loop (transformers 5.x ``Trainer._
   optimizer, scheduler, RNG state and ``trainer_state.json`` written, old checkpoints rotated out). The files
   are fsynced first, because the Trainer writes them in place and never syncs.
 * ``state``: after each optimizer step (after the step's save, if it has one): model, optimizer, LR
-  scheduler, the Python, NumPy and torch RNGs, and the trainer state that a checkpoint restores.
+  scheduler, the Python, NumPy and torch RNGs, and the trainer state that a checkpoint restores. After a
+  resume, also at the restored step in ``on_train_begin``, which the Trainer calls once it has loaded the
+  model, the optimizer, the LR scheduler and ``trainer_state.json``: those components, without the RNGs
+  (see :meth:`ResumeCheck.restored_state`).
+* ``final``: the model the Trainer trained, in ``on_train_end`` (after ``load_best_model_at_end`` loaded
+  the best one, if asked), as what the job delivers (``report_final=False`` turns it off).
 
 Importing this module imports ``transformers`` and defines things; nothing runs until a callback is used.
 """
@@ -54,6 +59,8 @@ from pytest_resume_check.run import RESUME_DISABLED, RESUME_PATH, RunContext
 TRAINER_STATE_FILE = "trainer_state.json"
 #: A checkpoint folder of the Trainer: ``checkpoint-<global step>``.
 CHECKPOINT_FOLDER = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+#: State components besides the Trainer's objects (``model``, ``optimizer``, ``lr_scheduler``).
+STATE_MODEL, STATE_RNG, STATE_TRAINER = "model", "rng", "trainer_state"
 #: The fields of ``TrainerState`` that a checkpoint restores and that decide the rest of the run.
 #: Not ``total_flos`` or ``log_history``: the Trainer adds to them only when it saves or logs, so they
 #: depend on the save schedule, which differs between an interrupted run and the uninterrupted one.
@@ -139,10 +146,15 @@ class ResumeCheck(TrainerCallback):
     (``{"sampler": my_sampler}``): whatever the run depends on that is not the Trainer's.
 
     ``durable``: fsync a checkpoint's files before publishing it (default True; the Trainer does not).
+
+    ``report_final``: report the trained model in ``on_train_end`` as what the job delivers (``run.final``,
+    default True), so a resumed job that ends with another model than an uninterrupted one fails. A target
+    that reports final outputs is never stopped early: its last run trains to the end.
     """
 
     def __init__(self, run: RunContext, ids: str | Callable[[Mapping[str, Any]], Iterable[Any]] = DEFAULT_ID_KEY,
-                 *, extra_state: Callable[[], Mapping[str, Any]] | None = None, durable: bool = True):
+                 *, extra_state: Callable[[], Mapping[str, Any]] | None = None, durable: bool = True,
+                 report_final: bool = True):
         if not all(hasattr(run, name) for name in ("consumed", "step_end", "resume_mode")):
             raise TypeError(ERR_RUN.format(type=type(run).__name__))
         if not (isinstance(ids, str) or callable(ids)):
@@ -151,6 +163,7 @@ class ResumeCheck(TrainerCallback):
         self.ids = ids
         self.extra_state = extra_state
         self.durable = durable
+        self.report_final = report_final
         self._resume = checkpoint_to_resume(run)
         self._state: TrainerState | None = None
         self._objects: dict[str, Any] = {}
@@ -167,7 +180,7 @@ class ResumeCheck(TrainerCallback):
     # -- Trainer events ----------------------------------------------------------------------------
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
-        """Check the arguments, report the restored step, and start watching the model's inputs."""
+        """Check the arguments, report the restored step and state, and start watching the model's inputs."""
         if _output_dir(args).resolve() != self.run.checkpoint_dir.resolve():
             raise ValueError(ERR_OUTPUT_DIR.format(output_dir=args.output_dir, checkpoint_dir=self.run.checkpoint_dir))
         if isinstance(self.ids, str) and args.remove_unused_columns:
@@ -176,6 +189,8 @@ class ResumeCheck(TrainerCallback):
         self._objects = {name: kwargs.get(name) for name in ("model", "optimizer", "lr_scheduler")}
         step = int(state.global_step)
         self.run.resumed(step, self._restored_folder(args, step))
+        if step:
+            self.run.state(step, self.restored_state())
         per_epoch = _updates_per_epoch(kwargs.get("train_dataloader"), args.gradient_accumulation_steps)
         self._first_epoch = step // per_epoch if per_epoch else int(state.epoch or 0)
         self._epoch = None
@@ -225,11 +240,23 @@ class ResumeCheck(TrainerCallback):
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
-        """Stop watching the model (it is left as it was before ``train()``)."""
+        """Report the trained model as the final output, and stop watching the model (it is left as it
+        was before ``train()``)."""
         self._flush_state()
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        model = kwargs.get("model")
+        if self.report_final and model is not None:
+            self.run.final({STATE_MODEL: model})
+
+    def restored_state(self) -> dict[str, Any]:
+        """The state reported at the restored step, in ``on_train_begin``: what the Trainer restored by
+        then (model, optimizer, LR scheduler, trainer state). Not the RNGs: the Trainer restores them only
+        in the first epoch it runs, at its start after a resume at an epoch boundary, or, inside an epoch,
+        after it collated the first batches (docs/findings.md); they are compared from the first step after
+        the resume on. Nor ``extra_state``, which the user's code restores at a time of its own."""
+        return self._trainer_components()
 
     # -- internals ---------------------------------------------------------------------------------
     def _restored_folder(self, args: TrainingArguments, step: int) -> Path | None:
@@ -274,16 +301,18 @@ class ResumeCheck(TrainerCallback):
             self._report_state(step)
 
     def _report_state(self, step: int) -> None:
-        state = self._state
-        components: dict[str, Any] = {
-            name: value for name, value in self._objects.items() if value is not None
-        }
-        components["rng"] = rng_state()
-        if state is not None:
-            components["trainer_state"] = {f: getattr(state, f) for f in TRAINER_STATE_FIELDS}
+        components = self._trainer_components()
+        components[STATE_RNG] = rng_state()
         if self.extra_state is not None:
             components.update(self.extra_state())
         self.run.state(step, components)
+
+    def _trainer_components(self) -> dict[str, Any]:
+        """Model, optimizer, LR scheduler (as the Trainer handed them to the callbacks) and trainer state."""
+        components: dict[str, Any] = {name: value for name, value in self._objects.items() if value is not None}
+        if self._state is not None:
+            components[STATE_TRAINER] = {f: getattr(self._state, f) for f in TRAINER_STATE_FIELDS}
+        return components
 
 
 def _output_dir(args: TrainingArguments) -> Path:

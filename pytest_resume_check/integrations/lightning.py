@@ -11,8 +11,14 @@ and a function that reads the input ids of a batch, it reports what the harness 
 * a checkpoint when the harness asks for one, written with Lightning's own ``trainer.save_checkpoint``
   to a temporary name, synced, and renamed to ``step_N.ckpt``; published only once it is in place;
 * the step Lightning actually restored (``trainer.global_step`` when training starts) and the file;
+* after a resume, the state Lightning restored, in ``on_train_start``: Lightning calls it once the
+  checkpoint's module, optimizers, LR schedulers and loops are restored and the loader's position is
+  loaded, before the first batch (the fit loop only when it reads as the checkpoint left it, see
+  :meth:`ResumeCheck.restored_state`);
 * the training state after each step: the LightningModule, the optimizers, the LR schedulers and the
-  fit loop (its progress counters and the state of stateful data loaders).
+  fit loop (its progress counters and the state of stateful data loaders);
+* what the fit delivers, the LightningModule, as the final outputs (``run.final``) when the fit ends
+  (``on_fit_end``).
 
 :class:`EpochEndResumeFix` is a separate callback for the user's own trainer (with or without the
 harness): it works around a Lightning 2.6 bug by which a fit resumed from a checkpoint written at the
@@ -89,15 +95,19 @@ class ResumeCheck(Callback):
             inputs in order: a tensor, array or list, e.g. ``lambda batch: batch["input_id"]``.
         keep_last: keep only the newest ``keep_last`` checkpoints in ``run.checkpoint_dir``
             (``step_N.ckpt``), deleting older ones after each save; ``None`` keeps all.
-        report_state: report the training state after each step (``run.state``), so a resume that
-            forgets part of it fails as ``STATE_DIVERGED``. Turn it off only for very large models.
+        report_state: report the training state after each step and right after a resume
+            (``run.state``), so a resume that forgets part of it fails as ``STATE_DIVERGED``. Turn it off
+            only for very large models.
+        report_final: report the trained LightningModule when the fit ends (``run.final``), so a
+            resumed fit that delivers another model than an uninterrupted one fails. A target that
+            reports final outputs is never stopped early: its last run trains to the end.
 
     Steps are optimizer steps as Lightning counts them (``trainer.global_step``), one per optimizer
     step of automatic optimization.
     """
 
     def __init__(self, run: RunContext, ids: Callable[[Any], Iterable[Any]], *, keep_last: int | None = None,
-                 report_state: bool = True):
+                 report_state: bool = True, report_final: bool = True):
         if not callable(ids):
             raise TypeError(ERR_IDS_NOT_CALLABLE.format(got=ids))
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
@@ -106,6 +116,7 @@ class ResumeCheck(Callback):
         self.ids = ids
         self.keep_last = keep_last
         self.report_state = report_state
+        self.report_final = report_final
         self._step_at_batch_start: int | None = None
         self._resume_reported = False
 
@@ -128,12 +139,15 @@ class ResumeCheck(Callback):
 
     # -- Lightning hooks --------------------------------------------------------------------------
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Report the restored step, before any batch."""
+        """Report the restored step and, after a resume, the restored state, before any batch."""
         self._report_resumed(trainer)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """A fit resumed at its very end trains nothing and never calls ``on_train_start``."""
+        """Report what the fit delivers. A fit whose checkpoint already reached ``max_steps`` trains
+        nothing and never calls ``on_train_start``: its restored step is reported here."""
         self._report_resumed(trainer)
+        if self.report_final:
+            self.run.final({STATE_MODEL: trainer.lightning_module})
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         """The batch is taken for training: it feeds the next optimizer step."""
@@ -180,6 +194,22 @@ class ResumeCheck(Callback):
             STATE_FIT_LOOP: trainer.fit_loop.state_dict(),
         }
 
+    def restored_state(self, trainer: Trainer) -> dict[str, Any]:
+        """The state a resumed fit reports at the restored step: :meth:`training_state`, without the fit
+        loop unless the checkpoint was written after a batch inside an epoch (``on_train_batch_end``, where
+        this callback saves). There the loop reads, before the first resumed batch, exactly as after that
+        step of an uninterrupted fit (Lightning completes the batch's counters only when the epoch loop
+        starts). After an epoch's last batch it does not: ``_FitLoop.reset`` counts the finished epoch as
+        processed and completed before ``on_train_start``, which an uninterrupted fit does only after
+        ``on_train_batch_end`` of that batch; and a checkpoint written at another point of the loop (an
+        epoch's start or end) is adjusted other ways. Those differences are by design, and the loop is
+        compared from the first step after the resume on."""
+        state = self.training_state(trainer)
+        epoch_loop = trainer.fit_loop.epoch_loop
+        if not (epoch_loop.restarted_on_train_batch_end and not epoch_loop.batch_progress.is_last_batch):
+            del state[STATE_FIT_LOOP]
+        return state
+
     # -- helpers ----------------------------------------------------------------------------------
     def _report_resumed(self, trainer: Trainer) -> None:
         if self._resume_reported:
@@ -187,6 +217,8 @@ class ResumeCheck(Callback):
         self._resume_reported = True
         path = trainer.ckpt_path  # what Lightning restored (None when it started fresh)
         self.run.resumed(trainer.global_step, str(path) if path else None)
+        if path and self.report_state:
+            self.run.state(trainer.global_step, self.restored_state(trainer))
 
     def _batch_ids(self, batch: Any) -> list[Any]:
         try:

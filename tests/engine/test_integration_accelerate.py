@@ -1,7 +1,9 @@
 """The Accelerate integration: ResumeCheck's own behaviour in one process (steps on optimizer steps,
-publication only of complete folders, the resumed step, the checkpoint numbering), the bundled example's
-cells run for real (forked, SIGKILLed, resumed), each planted bug and each finding failing for its reason,
-and the recipe project's matrix passing when run as a user runs it.
+publication only of complete folders, the resumed step, the restored state right after ``load_state``, the
+final models, the checkpoint numbering), the bundled example's cells run for real (forked, SIGKILLed,
+resumed), each planted bug and each finding failing for its reason (an optimizer or scheduler that ignores
+the state ``load_state`` gives it at the restored step, an average kept outside the checkpoint in the final
+outputs), and the recipe project's matrix passing when run as a user runs it.
 """
 
 from __future__ import annotations
@@ -21,16 +23,18 @@ pytest.importorskip("accelerate")
 import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 from accelerate.state import AcceleratorState, GradientState  # noqa: E402
-from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration  # noqa: E402
+from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed  # noqa: E402
 
 from pytest_resume_check.builtin import accelerate_example as ex  # noqa: E402
 from pytest_resume_check.cells.matrix import Cell  # noqa: E402
 from pytest_resume_check.engine import Engine  # noqa: E402
 from pytest_resume_check.integrations import accelerate as integration  # noqa: E402
-from pytest_resume_check.integrations.accelerate import MARKER, ResumeCheck  # noqa: E402
+from pytest_resume_check.integrations.accelerate import KEY_AT_STEP_END, MARKER, ResumeCheck  # noqa: E402
 from pytest_resume_check.judge import verdict as vd  # noqa: E402
 from pytest_resume_check.records import events as ev  # noqa: E402
+from pytest_resume_check.records.state import CAPTURED  # noqa: E402
 from pytest_resume_check.run import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, KillSpec, RunContext, RunPlan  # noqa: E402
+from pytest_resume_check.targets import resume_target  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 RECIPE = EXAMPLES / "recipes" / "accelerate"
@@ -68,11 +72,12 @@ def fresh_accelerate_state():
     GradientState._reset_state()
 
 
-def context(tmp_path: Path, mode: str = RESUME_DISABLED, checkpoints=(), resume_path=None) -> tuple[RunContext,
-                                                                                                   Recorder]:
+def context(tmp_path: Path, mode: str = RESUME_DISABLED, checkpoints=(), resume_path=None,
+            report_state=False) -> tuple[RunContext, Recorder]:
     recorder = Recorder()
     plan = RunPlan("t", ("", "", ""), {}, 0, str(tmp_path / "ckpt"), str(tmp_path / "run.log"), resume_mode=mode,
-                   resume_path=resume_path and str(resume_path), checkpoint_steps=frozenset(checkpoints))
+                   resume_path=resume_path and str(resume_path), checkpoint_steps=frozenset(checkpoints),
+                   is_resume=mode != RESUME_DISABLED, report_state=report_state)
     (tmp_path / "ckpt").mkdir(parents=True, exist_ok=True)
     return RunContext(plan, recorder), recorder
 
@@ -197,6 +202,79 @@ def test_explicit_path_mode_loads_exactly_the_given_folder_and_refuses_an_unpubl
         integration.read_marker(first)
 
 
+def reported(rec: Recorder) -> list[tuple[int, dict[str, str]]]:
+    """The state ResumeCheck reported, as (step, {component: digest}), without the generators the harness
+    captures at step ends."""
+    found = [(e.step, e.extra[ev.STATE_DIGESTS]) for e in rec.of(ev.STATE)]
+    return [(step, digests) for step, digests in found if not set(digests) <= CAPTURED]
+
+
+def test_the_restored_state_is_reported_right_after_load_state(tmp_path):
+    run, first = context(tmp_path, checkpoints=(2,), report_state=True)
+    acc = accelerator(run)
+    with ResumeCheck(run, acc) as check:
+        loop(acc, check, batches=4, stop_after=2)
+    folder = run.checkpoint_dir / "checkpoints" / "checkpoint_0"
+    assert integration.read_marker(folder)[KEY_AT_STEP_END] == 1  # saved as step 2 ended
+
+    resumed, rec = context(tmp_path / "r", mode=RESUME_PATH, resume_path=folder, report_state=True)
+    acc = accelerator(resumed)
+    with ResumeCheck(resumed, acc) as check:
+        loop(acc, check, batches=4, load=True)
+    after = rec.events[rec.events.index(rec.of(ev.RESUMED)[0]) + 1]
+    assert (after.kind, after.step) == (ev.STATE, 2)  # before any batch
+    step, restored = reported(rec)[0]
+    # Not "data": right after load_state Accelerate's stateful loader still answers with its old position.
+    assert (step, sorted(restored)) == (2, ["model", "optimizer", "registered", "rng", "scheduler"])
+    want = dict(reported(first))[2]
+    assert {name: want[name] for name in restored} == restored
+    assert reported(first)[0][0] == 1  # a fresh start reports no restored state
+
+
+def test_a_folder_saved_after_its_step_moved_on_reports_no_restored_state(tmp_path):
+    # The harness's checkpoint of step 3 is saved as the step ends; the trainer's own save after the pass
+    # (an epoch-end save) holds what its code did since, so the restored step is not compared from it.
+    run, _ = context(tmp_path, checkpoints=(3,), report_state=True)
+    acc = accelerator(run)
+    with ResumeCheck(run, acc) as check:
+        loop(acc, check, batches=3)
+        acc.save_state()
+    in_step, after_pass = (run.checkpoint_dir / "checkpoints" / f"checkpoint_{n}" for n in (0, 1))
+    assert [integration.read_marker(f)[KEY_AT_STEP_END] for f in (in_step, after_pass)] == [1, 0]
+
+    for folder, restored_steps in ((after_pass, []), (in_step, [3])):
+        resumed, rec = context(tmp_path / folder.name, mode=RESUME_PATH, resume_path=folder, report_state=True)
+        acc = accelerator(resumed)
+        with ResumeCheck(resumed, acc) as check:
+            loop(acc, check, batches=3, load=True)
+        assert [e.step for e in rec.of(ev.RESUMED)] == [3]
+        assert [step for step, _ in reported(rec) if step == 3] == restored_steps
+
+
+def test_leaving_the_block_reports_the_models_as_the_final_output(tmp_path):
+    run, rec = context(tmp_path, report_state=True)
+    acc = accelerator(run)
+    with ResumeCheck(run, acc) as check:
+        loop(acc, check, batches=2)
+    finals = rec.of(ev.FINAL)
+    assert [sorted(e.extra[ev.STATE_DIGESTS]) for e in finals] == [["model"]]
+    assert rec.events[-1] is finals[0]
+
+    run, rec = context(tmp_path / "off", report_state=True)
+    acc = accelerator(run)
+    with ResumeCheck(run, acc, report_final=False) as check:
+        loop(acc, check, batches=2)
+    assert rec.of(ev.FINAL) == [] and reported(rec)
+
+    run, rec = context(tmp_path / "raised", report_state=True)
+    acc = accelerator(run)
+    with pytest.raises(ZeroDivisionError):
+        with ResumeCheck(run, acc) as check:
+            loop(acc, check, batches=2)
+            print(1 / 0)
+    assert rec.of(ev.FINAL) == []  # training did not end: nothing was delivered
+
+
 def test_mistakes_get_one_error_naming_the_fix(tmp_path):
     run, _ = context(tmp_path)
     acc = accelerator(run)
@@ -260,6 +338,94 @@ def test_correct_example_passes(engine, case, kills, mode):
     result = judge(engine, ex.train, case, *kills, resume_mode=mode)
     assert result.passed, result.verdict.headline
     assert result.verdict.resumed_from == [k.checkpoint_step for k in kills]
+
+
+# -- planted in this module: a loop whose state load_state does not restore, or whose output it misses ---
+
+PLANTED_STEPS = 6  # 12 inputs in batches of 2, one epoch
+
+
+class StubbornAdamW(torch.optim.AdamW):
+    """Planted: an optimizer whose ``load_state_dict`` keeps the state it has, as a hand-written one may."""
+
+    def load_state_dict(self, state_dict):
+        pass
+
+
+class StubbornLambdaLR(torch.optim.lr_scheduler.LambdaLR):
+    """Planted: an LR scheduler whose ``load_state_dict`` keeps the state it has."""
+
+    def load_state_dict(self, state_dict):
+        pass
+
+
+def train_planted(run):
+    """A plain Accelerate loop: a stateful loader, AdamW and a LambdaLR, prepared inside ``ResumeCheck``, a
+    resume with ``load_state``. ``run.case["plant"]``: ``optimizer`` or ``scheduler`` ignores the state
+    ``load_state`` gives it; ``average`` delivers the average of the weights after each step, which the
+    checkpoint does not hold; absent: correct."""
+    plant = run.case.get("plant")
+    set_seed(run.seed)  # Python's, NumPy's and torch's generators: ResumeCheck reports all three
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
+                      project_config=ProjectConfiguration(project_dir=str(run.checkpoint_dir),
+                                                          automatic_checkpoint_naming=True))
+    model = torch.nn.Linear(2, 1)
+    optimizer = (StubbornAdamW if plant == "optimizer" else torch.optim.AdamW)(model.parameters(), lr=0.1)
+    scheduler_class = StubbornLambdaLR if plant == "scheduler" else torch.optim.lr_scheduler.LambdaLR
+    scheduler = scheduler_class(optimizer, lambda step: 1 / (1 + step))
+    data = [{"x": torch.full((2,), float(i)), "input_id": i} for i in range(2 * PLANTED_STEPS)]
+    total, count = [torch.zeros_like(p) for p in model.parameters()], 0
+    with ResumeCheck(run, acc) as check:
+        # The loader's own generator: without it, it draws its seed from the RNG load_state restored.
+        loader = torch.utils.data.DataLoader(data, batch_size=2, generator=torch.Generator().manual_seed(run.seed))
+        model, optimizer, scheduler, loader = acc.prepare(model, optimizer, scheduler, loader)
+        if check.resume_from is not None:
+            acc.load_state(check.resume_from)
+        # One epoch: resumed at its end, nothing is left (the stateful loader would start another epoch).
+        for batch in loader if check.step < PLANTED_STEPS else ():
+            with acc.accumulate(model):
+                acc.backward(model(batch["x"]).sum())
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            total, count = [t + p.detach() for t, p in zip(total, model.parameters())], count + 1
+        if plant == "average" and count:
+            with torch.no_grad():
+                for p, t in zip(model.parameters(), total):
+                    p.copy_(t / count)
+
+
+PLANTED = resume_target(train_planted, name="accelerate_planted", steps=PLANTED_STEPS, preload=ex.PRELOAD)
+
+
+def judge_planted(engine, plant, *kills):
+    case = {"id": plant or "correct", "plant": plant}
+    return engine.run_cell(Cell(PLANTED, case, "auto", tuple(kills), PLANTED_STEPS))
+
+
+@pytest.mark.parametrize("plant", ["optimizer", "scheduler"])
+@pytest.mark.parametrize("kill", [3, PLANTED_STEPS], ids=["mid-epoch", "last-step"])
+def test_state_load_state_does_not_restore_fails_at_the_restored_step(engine, plant, kill):
+    # Judged before the first resumed batch: a resume at the last step, which trains nothing, too.
+    result = judge_planted(engine, plant, KillSpec(kill))
+    assert result.verdict.categories == [vd.STATE_DIVERGED]
+    # The model was restored: it agrees (first in the list of those that agree).
+    assert re.match(rf"STATE_DIVERGED at step {kill} \(the restored step of resume from checkpoint_\d+\): "
+                    rf"{plant} differs \([\w.]+\), model, ", result.verdict.headline), result.verdict.headline
+
+
+@pytest.mark.parametrize("kill", [3, PLANTED_STEPS], ids=["mid-epoch", "last-step"])
+def test_the_planted_loop_without_a_plant_passes(engine, kill):
+    result = judge_planted(engine, None, KillSpec(kill))
+    assert result.passed, result.verdict.headline
+
+
+def test_an_average_kept_outside_the_checkpoint_fails_in_the_final_outputs(engine):
+    # Every step's state agrees (the average never feeds back into training): only the delivered model differs.
+    result = judge_planted(engine, "average", KillSpec(3))
+    assert result.verdict.categories == [vd.STATE_DIVERGED]
+    assert re.fullmatch(r"STATE_DIVERGED in the final outputs \(after resume from checkpoint_\d+\): model differs "
+                        r"\(0\.\w+\)", result.verdict.headline), result.verdict.headline
 
 
 def test_loader_not_restored_replays_the_epoch(engine):

@@ -1,7 +1,9 @@
 """The Hugging Face Trainer integration (``pytest_resume_check.integrations.hf_trainer``) reports what the
-Trainer really does: the bundled example passes its cells, its planted bugs fail for the right reason,
-the Trainer's mid-epoch RNG finding fails as declared, and the callback's own behaviour (optimizer steps
-under gradient accumulation, publishing only complete checkpoints, the restored step, clear errors) holds.
+Trainer really does: the bundled example passes its cells, its planted bugs fail for the right reason (a
+lost optimizer or scheduler state at the restored step, an average kept outside the checkpoint in the
+final outputs), the Trainer's mid-epoch RNG finding fails as declared, and the callback's own behaviour
+(optimizer steps under gradient accumulation, publishing only complete checkpoints, the restored step and
+state, the final model, clear errors) holds.
 
 Cells run the real thing: children forked from the preloaded server, SIGKILL, real Trainer checkpoints.
 The unit tests run the example's Trainer in this process with a run context that records its events.
@@ -20,7 +22,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from transformers import Trainer, TrainingArguments  # noqa: E402
+import torch  # noqa: E402
+from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed  # noqa: E402
 
 from pytest_resume_check.builtin import hf_trainer_example as ex  # noqa: E402
 from pytest_resume_check.cells.matrix import Cell  # noqa: E402
@@ -80,14 +83,105 @@ def test_ignoring_the_data_skip_replays_the_epoch_and_never_reaches_its_end(engi
     assert judge(engine, ex.correct, SHUFFLE, KillSpec(2)).passed  # the same cell, correct
 
 
-def test_resuming_from_a_weights_only_checkpoint_is_state_diverged(engine):
+@pytest.mark.parametrize("kill", [2, 6], ids=["mid-epoch", "last-step"])
+def test_resuming_from_a_weights_only_checkpoint_fails_at_the_restored_step(engine, kill):
     # save_only_model=True: no optimizer.pt, scheduler.pt or rng_state.pth, and the Trainer resumes anyway.
-    result = judge(engine, ex.hf_trainer_save_only_model, SHUFFLE, KillSpec(2))
+    # Judged in on_train_begin, before the first resumed batch: a resume at the last step too.
+    result = judge(engine, ex.hf_trainer_save_only_model, SHUFFLE, KillSpec(kill))
     assert result.verdict.categories == [vd.STATE_DIVERGED]
-    headline = result.verdict.headline
-    assert headline.startswith("STATE_DIVERGED at step 3 (first step after resume from checkpoint-2): ")
-    assert "optimizer differs" in headline and "lr_scheduler differs" in headline
+    assert result.verdict.headline.startswith(
+        f"STATE_DIVERGED at step {kill} (the restored step of resume from checkpoint-{kill}): optimizer differs "
+        "(param_groups.0.lr), lr_scheduler differs (_last_lr.0), model and trainer_state agree")
     assert result.verdict.composite.ids == result.verdict.reference.ids  # the inputs were right
+
+
+# -- planted in this module: a scheduler that ignores its checkpoint, an output only the end shows ----
+
+PLAIN = {"id": "plain"}  # 12 examples in batches of 4: 3 steps an epoch, 2 epochs
+
+
+class ForgetfulLambdaLR(torch.optim.lr_scheduler.LambdaLR):
+    """Planted: a hand-written LR scheduler whose ``load_state_dict`` keeps the state it has."""
+
+    def load_state_dict(self, state_dict):
+        pass
+
+
+class UnsavedAverage(TrainerCallback):
+    """Planted: averages the weights after each step in memory (not in the checkpoint) and loads the average
+    into the model when training ends. Training never reads it: only the delivered model shows that a
+    resumed job averaged fewer steps."""
+
+    def __init__(self):
+        self.total, self.count = None, 0
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        weights = [p.detach().clone() for p in model.parameters()]
+        self.total = weights if self.total is None else [t + w for t, w in zip(self.total, weights)]
+        self.count += 1
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        if self.count:
+            with torch.no_grad():
+                for p, total in zip(model.parameters(), self.total):
+                    p.copy_(total / self.count)
+
+
+def train_with(run, *, scheduler=None, callbacks=()):
+    """The example's fine-tuning (no Trainer saves of its own), with an optimizer and a ``scheduler(optimizer)``
+    of the test's making, and ``callbacks`` called before ResumeCheck."""
+    p = ex.params(run.case)
+    check = ResumeCheck(run)
+    set_seed(run.seed)
+    model, dataset, collator = ex.model_and_data(p)
+    optimizers = (None, None)
+    if scheduler is not None:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+        optimizers = (optimizer, scheduler(optimizer))
+    args = TrainingArguments(output_dir=str(run.checkpoint_dir), use_cpu=True, seed=run.seed,
+                             per_device_train_batch_size=p["batch"], num_train_epochs=p["epochs"], learning_rate=5e-3,
+                             save_strategy="no", remove_unused_columns=False, logging_strategy="no", report_to=[],
+                             disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=collator,
+                      callbacks=[*callbacks, check], optimizers=optimizers)
+    trainer.train(resume_from_checkpoint=check.resume_from_checkpoint)
+
+
+def decay(step):
+    return 1 / (1 + step)
+
+
+def train_own_scheduler(run):
+    """The control: the user's own LambdaLR, which the Trainer saves and restores."""
+    train_with(run, scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, decay))
+
+
+def train_forgetful_scheduler(run):
+    """Planted: the user's LR scheduler ignores the state the Trainer loads into it."""
+    train_with(run, scheduler=lambda optimizer: ForgetfulLambdaLR(optimizer, decay))
+
+
+def train_unsaved_average(run):
+    """Planted: the delivered model is an average the checkpoint does not hold."""
+    train_with(run, callbacks=[UnsavedAverage()])
+
+
+@pytest.mark.parametrize("kill", [2, 6], ids=["mid-epoch", "last-step"])
+def test_a_scheduler_that_ignores_its_checkpoint_fails_at_the_restored_step(engine, kill):
+    result = judge(engine, train_forgetful_scheduler, PLAIN, KillSpec(kill))
+    assert result.verdict.categories == [vd.STATE_DIVERGED]
+    assert result.verdict.headline.startswith(
+        f"STATE_DIVERGED at step {kill} (the restored step of resume from checkpoint-{kill}): lr_scheduler differs "
+        "(_last_lr.0), model, optimizer and trainer_state agree"), result.verdict.headline
+    assert judge(engine, train_own_scheduler, PLAIN, KillSpec(kill)).passed  # the same cell, a scheduler that loads
+
+
+def test_an_average_kept_outside_the_checkpoint_fails_in_the_final_outputs(engine):
+    # Every step's state agrees (the average never feeds back into training): only the delivered model differs.
+    result = judge(engine, train_unsaved_average, PLAIN, KillSpec(2))
+    assert result.verdict.categories == [vd.STATE_DIVERGED]
+    assert re.fullmatch(r"STATE_DIVERGED in the final outputs \(after resume from checkpoint-2\): model differs "
+                        r"\([\w.]+\)", result.verdict.headline), result.verdict.headline
 
 
 def test_mid_epoch_resume_with_a_masking_collator_diverges_as_declared(engine):
@@ -179,6 +273,33 @@ def test_the_trainers_own_saves_are_published_and_rotation_keeps_the_latest(tmp_
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["checkpoint-3", "checkpoint-4"]
 
 
+def reported(recorder):
+    """The state the callback reported, as (step, {component: digest}), without the generators the harness
+    captures at step ends."""
+    found = [(e.step, e.extra[ev.STATE_DIGESTS]) for e in recorder.of(ev.STATE)]
+    return [(step, digests) for step, digests in found if not set(digests) <= CAPTURED]
+
+
+def test_the_restored_state_and_the_final_model_are_reported(tmp_path):
+    case = {"id": "c", "n": 8, "batch": 2, "epochs": 1}  # 4 steps
+    first, reference = context(tmp_path, case, checkpoints={2}, report_state=True)
+    ex.train(first)
+    assert reported(reference)[0][0] == 1  # a fresh start reports no restored state
+    second, recorder = context(tmp_path, case, resume_mode=RESUME_AUTO, report_state=True)
+    ex.train(second)
+    after = recorder.events[recorder.events.index(recorder.of(ev.RESUMED)[0]) + 1]
+    assert (after.kind, after.step) == (ev.STATE, 2)  # in on_train_begin, before the first batch
+    step, restored = reported(recorder)[0]
+    # Not the RNGs: the Trainer restores them later, in the first epoch it runs.
+    assert sorted(restored) == ["lr_scheduler", "model", "optimizer", "trainer_state"]
+    want = dict(reported(reference))[2]
+    assert {name: want[name] for name in restored} == restored
+    for events in (reference, recorder):
+        finals = events.of(ev.FINAL)
+        assert [sorted(e.extra[ev.STATE_DIGESTS]) for e in finals] == [["model"]]
+        assert events.events.index(finals[0]) > events.events.index(events.of(ev.STEP_END)[-1])
+
+
 def tiny_trainer(run, check, **overrides):
     model, dataset, collator = ex.model_and_data(ex.params({"n": 4, "batch": 2}))
     options = {"output_dir": str(run.checkpoint_dir), "use_cpu": True, "report_to": [], "disable_tqdm": True,
@@ -186,6 +307,12 @@ def tiny_trainer(run, check, **overrides):
                "num_train_epochs": 1, "remove_unused_columns": False, **overrides}
     return Trainer(model=model, args=TrainingArguments(**options), train_dataset=dataset, data_collator=collator,
                    callbacks=[check])
+
+
+def test_report_final_false_reports_no_final_model(tmp_path):
+    run, recorder = context(tmp_path, {}, report_state=True)
+    tiny_trainer(run, ResumeCheck(run, report_final=False)).train()
+    assert recorder.of(ev.FINAL) == [] and reported(recorder)
 
 
 def test_dropped_id_column_names_the_argument_to_change(tmp_path):

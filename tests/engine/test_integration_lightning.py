@@ -1,10 +1,12 @@
 """The PyTorch Lightning integration works as documented.
 
 The ``ResumeCheck`` callback reports a real ``Trainer.fit`` (steps on optimizer steps, checkpoints in
-place before they are published, the step Lightning restored); the bundled example passes a
-representative set of matrix cells run for real (forked children, SIGKILL, checkpoints on disk); each
-planted bug fails for the right reason; Lightning's epoch-end resume bug is caught and the opt-in
-``EpochEndResumeFix`` removes it; and the recipe project passes ``pytest --resume-matrix``.
+place before they are published, the step Lightning restored, the state it restored, the module the fit
+delivers); the bundled example passes a representative set of matrix cells run for real (forked
+children, SIGKILL, checkpoints on disk); each planted bug fails for the right reason, a lost optimizer or
+scheduler state at the restored step and an average kept outside the checkpoint in the final outputs;
+Lightning's epoch-end resume bug is caught and the opt-in ``EpochEndResumeFix`` removes it; and the recipe
+project passes ``pytest --resume-matrix``.
 """
 
 from __future__ import annotations
@@ -27,14 +29,20 @@ from pytest_resume_check.cells.matrix import QUICK, Cell, cells  # noqa: E402
 from pytest_resume_check.engine import Engine  # noqa: E402
 from pytest_resume_check.integrations.lightning import (  # noqa: E402
     CHECKPOINT_PATTERN,
+    STATE_FIT_LOOP,
+    STATE_LR_SCHEDULERS,
+    STATE_MODEL,
+    STATE_OPTIMIZERS,
     EpochEndResumeFix,
     ResumeCheck,
 )
 from pytest_resume_check.judge import verdict as vd  # noqa: E402
 from pytest_resume_check.records import events as ev  # noqa: E402
+from pytest_resume_check.records.state import CAPTURED  # noqa: E402
 from pytest_resume_check.run import KillSpec, RunContext, RunPlan  # noqa: E402
 from pytest_resume_check.targets import resume_target  # noqa: E402
 
+STATE_COMPONENTS = (STATE_MODEL, STATE_OPTIMIZERS, STATE_LR_SCHEDULERS, STATE_FIT_LOOP)
 RECIPE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "recipes" / "lightning"
 RECIPE_FILES = ("conftest.py", "trainer.py", "pytest.ini")
 MATRIX_SUMMARY = re.compile(r"resume matrix: (\d+) cells, (\d+) failing, (\d+) expected failures")
@@ -118,12 +126,87 @@ def test_plain_dataloader_restarts_the_epoch_after_a_resume(engine):
     assert judge(engine, ex.fit_example, E2, KillSpec(3)).passed  # the same cell, correct trainer
 
 
-def test_optimizer_state_dropped_on_load_is_state_diverged(engine):
-    result = judge(engine, ex.fit_fresh_optimizer, E2, KillSpec(3))
+# -- planted in this module: state a checkpoint loses, and an output only the end shows -------------
+
+class ForgetfulScheduler(ex.regressor_class()):
+    """Planted: the module drops the LR schedulers' saved state when a checkpoint is loaded, so Lightning
+    restores the optimizers but leaves the schedulers as they were built."""
+
+    def on_load_checkpoint(self, checkpoint):
+        checkpoint["lr_schedulers"] = []
+
+
+class UnsavedAverage(ex.regressor_class()):
+    """Planted: an average of the weights after each step, kept in plain attributes (not in the state dict,
+    so not in the checkpoint) and loaded into the module when training ends. Training never reads it: only
+    the delivered module shows that a resumed fit averaged fewer steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.total, self.count = None, 0
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        weights = [p.detach().clone() for p in self.parameters()]
+        self.total = weights if self.total is None else [t + w for t, w in zip(self.total, weights)]
+        self.count += 1
+
+    def on_train_end(self):
+        if self.count:
+            with torch.no_grad():
+                for p, total in zip(self.parameters(), self.total):
+                    p.copy_(total / self.count)
+
+
+def fit_module(run, module_class):
+    """The example's fit with another LightningModule class."""
+    p = ex.params(run.case)
+    L.seed_everything(run.seed, verbose=False)
+    check = ResumeCheck(run, ids=lambda batch: batch[ex.ID_KEY])
+    trainer = ex.make_trainer(p, [check])
+    trainer.fit(module_class(), train_dataloaders=ex.make_loader(p), ckpt_path=check.ckpt_path())
+
+
+def fit_forgetful_scheduler(run):
+    """Planted: the LR schedulers' state is dropped when the checkpoint is loaded."""
+    fit_module(run, ForgetfulScheduler)
+
+
+def fit_unsaved_average(run):
+    """Planted: the delivered module is an average the checkpoint does not hold."""
+    fit_module(run, UnsavedAverage)
+
+
+@pytest.mark.parametrize("kill", [3, 10], ids=["mid-epoch", "last-step"])
+def test_optimizer_state_dropped_on_load_fails_at_the_restored_step(engine, kill):
+    # Before the first resumed batch: even a resume at the last step, which trains nothing, is judged.
+    result = judge(engine, ex.fit_fresh_optimizer, E2, KillSpec(kill))
     assert result.verdict.categories == [vd.STATE_DIVERGED]
     assert result.verdict.headline.startswith(
-        "STATE_DIVERGED at step 4 (first step after resume from step_3.ckpt): model differs (net.0.bias), "
-        "optimizers differs (0.param_groups.0.lr)")
+        f"STATE_DIVERGED at step {kill} (the restored step of resume from step_{kill}.ckpt): optimizers differs "
+        "(0.param_groups.0.lr), model")
+
+
+@pytest.mark.parametrize("kill", [3, 10], ids=["mid-epoch", "last-step"])
+def test_scheduler_state_dropped_on_load_fails_at_the_restored_step(engine, kill):
+    result = judge(engine, fit_forgetful_scheduler, E2, KillSpec(kill))
+    assert result.verdict.categories == [vd.STATE_DIVERGED]
+    assert result.verdict.headline.startswith(
+        f"STATE_DIVERGED at step {kill} (the restored step of resume from step_{kill}.ckpt): lr_schedulers differs ")
+    assert "optimizers" in result.verdict.headline.split(" agree")[0].split("differs")[-1]  # they were restored
+    assert judge(engine, fit_module_correct, E2, KillSpec(kill)).passed  # the same cell, the example's module
+
+
+def fit_module_correct(run):
+    """The example's module through :func:`fit_module` (the control of the planted variants)."""
+    fit_module(run, ex.regressor_class())
+
+
+def test_an_average_kept_outside_the_checkpoint_fails_in_the_final_outputs(engine):
+    # Every step's state agrees (the average never feeds back into training): only the delivered module differs.
+    result = judge(engine, fit_unsaved_average, E2, KillSpec(3))
+    assert result.verdict.categories == [vd.STATE_DIVERGED]
+    assert result.verdict.headline == ("STATE_DIVERGED in the final outputs (after resume from step_3.ckpt): model "
+                                       "differs (net.0.bias)")
 
 
 # -- the callback's own behaviour, in process --------------------------------------------------------
@@ -145,11 +228,13 @@ class Recorder:
 
 
 def fit_in_process(folder, case, *, resume_mode="disabled", resume_path=None, checkpoint_steps=(), sink=None,
-                   callbacks=(), **options):
-    """One fit of the example's trainer in this process, with a ResumeCheck reporting to ``sink``."""
+                   callbacks=(), report_state=False, **options):
+    """One fit of the example's trainer in this process, with a ResumeCheck reporting to ``sink``
+    (``report_state``: as in a run whose state is compared)."""
     sink = sink or Recorder()
     plan = RunPlan("unit", ("", "", ""), case, 7, str(folder), str(folder / "run.log"), resume_mode=resume_mode,
-                   resume_path=resume_path and str(resume_path), checkpoint_steps=frozenset(checkpoint_steps))
+                   resume_path=resume_path and str(resume_path), checkpoint_steps=frozenset(checkpoint_steps),
+                   is_resume=resume_mode != "disabled", report_state=report_state)
     run = RunContext(plan, sink)
     p = ex.params(case)
     torch.manual_seed(7)
@@ -210,6 +295,43 @@ def test_a_fit_resumed_at_its_end_still_reports_the_restored_step(tmp_path):
     done, _ = fit_in_process(tmp_path, {}, resume_mode="auto")  # restores step 10: nothing left to train
     assert [e.step for e in done.of(ev.RESUMED)] == [10]
     assert done.of(ev.CONSUMED) == []
+
+
+def reported(sink):
+    """The state events the callback sent (not the generators the harness captures at step ends), as
+    (step, {component: digest})."""
+    found = [(e.step, e.extra[ev.STATE_DIGESTS]) for e in sink.of(ev.STATE)]
+    return [(step, digests) for step, digests in found if not set(digests) <= CAPTURED]
+
+
+@pytest.mark.parametrize(("kill", "components"), [
+    (3, sorted(STATE_COMPONENTS)),
+    # After an epoch's last batch Lightning counts the epoch as done before the first resumed batch, and
+    # an uninterrupted fit only after that batch's on_train_batch_end: the loop is left out there.
+    (5, sorted(set(STATE_COMPONENTS) - {STATE_FIT_LOOP})),
+], ids=["mid-epoch", "epoch-end"])
+def test_a_resumed_fit_reports_the_restored_state_before_its_first_batch(tmp_path, kill, components):
+    reference, _ = fit_in_process(tmp_path, {}, checkpoint_steps={kill}, report_state=True)
+    resumed, _ = fit_in_process(tmp_path / "r", {}, resume_mode="path", resume_path=tmp_path / f"step_{kill}.ckpt",
+                                report_state=True, callbacks=[EpochEndResumeFix()])
+    first = next(e for e in resumed.events if e.kind in (ev.STATE, ev.CONSUMED))
+    assert (first.kind, first.step) == (ev.STATE, kill)
+    step, restored = reported(resumed)[0]
+    assert sorted(restored) == components
+    want = dict(reported(reference))[kill]
+    assert {name: want[name] for name in restored} == restored  # what an uninterrupted fit had after the step
+    assert reported(reference)[0][0] == 1  # a fresh start reports no restored state
+
+
+def test_the_fit_reports_the_module_it_delivers_as_its_final_output(tmp_path):
+    sink, _ = fit_in_process(tmp_path, {}, report_state=True)
+    finals = sink.of(ev.FINAL)
+    assert [sorted(e.extra[ev.STATE_DIGESTS]) for e in finals] == [["model"]]
+    assert sink.events.index(finals[0]) > sink.events.index(sink.of(ev.STEP_END)[-1])
+
+    quiet, _ = fit_in_process(tmp_path / "quiet", {}, report_state=True, report_final=False)
+    assert quiet.of(ev.FINAL) == []
+    assert quiet.of(ev.STATE)  # the state is reported all the same
 
 
 def context(tmp_path, resume_mode="auto", resume_path=None):
