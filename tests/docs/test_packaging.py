@@ -7,6 +7,12 @@ with another distribution (item 18).
 The builds run without network and without build isolation, from a copy of the working tree in a
 temporary folder, so the checkout gets no build/ or egg-info. They need setuptools>=77 (the first
 that reads ``license = "MIT"``) in this environment and skip without it. Nothing here imports torch.
+
+The wheel alone is enough (issue 29: nobody outside a clone could install the plugin): installed into a
+new virtual environment beside pytest, it runs a matrix in a project folder outside the checkout. That
+test takes pytest (the version running it) from the package index pip is set up with, and skips when
+there is none; the wheel itself installs from disk. The pages that say how to install name the wheel
+file the build makes and extras it has, and show the index install only as one for once it is published.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from project_trainer import write_project
 
 import agentlightning
 
@@ -144,6 +151,123 @@ def test_sdist_carries_its_tests_and_the_docs_they_check(sdist, tree):
         assert files <= names, f"{folder}/ files missing from the sdist: {sorted(files - names)}"
     assert any(n.startswith("tests/verl/test_") for n in names)
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+
+
+# -- the wheel alone, in a project of its own (issue 29) ----------------------------------------------------
+
+#: The project's own target (tests/support/project_trainer.py, torch-free) and one cell of a target the wheel
+#: registers through its entry point: the training script, run as a program of the new environment.
+PROJECT_TARGET = "wheel_loop"
+INSTALLED_CELLS = "script_example and e2-shuffle-auto-ckpt6"
+SUMMARY = re.compile(r"resume matrix: (\d+) cells, 0 failing")
+
+
+def new_venv(path: Path) -> Path:
+    """A virtual environment of this Python without its site-packages (so nothing of the checkout's
+    install is seen); its interpreter. Skips where ``venv`` cannot make one (no ensurepip)."""
+    done = subprocess.run([sys.executable, "-m", "venv", str(path)], capture_output=True, text=True, timeout=300)
+    if done.returncode:
+        pytest.skip(f"python -m venv cannot make an environment here: {done.stderr.strip()[-500:]}")
+    return path / "bin" / "python"
+
+
+def outside_env(venv: Path) -> dict[str, str]:
+    """This process's environment as a shell with ``venv`` activated sees it: nothing that would put the
+    checkout on sys.path (PYTHONPATH) or hand pytest options or xdist state to the inner session."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("PYTEST_")}
+    return {**env, "VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTHONWARNINGS": "ignore"}
+
+
+@needs_spdx_setuptools
+def test_the_wheel_alone_runs_a_matrix_in_a_project_outside_the_checkout(wheel, tmp_path):
+    """The wheel carries the plugin's entry point (pytest loads it from the new environment), its bundled
+    targets' entry point, and the HTML report's assets as package data; its only requirement is pytest
+    (no torch arrives with it)."""
+    archive, _ = wheel
+    venv = tmp_path / "venv"
+    python = new_venv(venv)
+    env = outside_env(venv)
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    done = subprocess.run([*pip, f"pytest=={pytest.__version__}"], capture_output=True, text=True, timeout=600,
+                          env=env)
+    if done.returncode:
+        pytest.skip(f"pytest=={pytest.__version__} could not be installed from a package index: "
+                    f"{done.stderr.strip()[-500:]}")
+    # From disk alone: a requirement beyond pytest would fail here.
+    done = subprocess.run([*pip, "--no-index", archive.filename], capture_output=True, text=True, timeout=600,
+                          env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    project = write_project(tmp_path / "project", PROJECT_TARGET, "[{}]")
+    done = subprocess.run(
+        [str(venv / "bin" / "pytest"), "-p", "no:cacheprovider", "--resume-matrix", "-m", "resume_matrix",
+         "--resume-matrix-seed=1234", f"--resume-matrix-target={PROJECT_TARGET}",
+         "--resume-matrix-target=script_example", "-k", f"{PROJECT_TARGET} or ({INSTALLED_CELLS})",
+         "--resume-matrix-html=report.html"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert re.search(r"^plugins: .*\bresume-check-", out, re.M), out[:1000]
+    cells = int(SUMMARY.search(out).group(1))
+    per_target = {name: int(n) for name, n in re.findall(r"^(\w+): (\d+) cells, columns", out, re.M)}
+    assert set(per_target) == {PROJECT_TARGET, "script_example"} and all(per_target.values()), out[-3000:]
+    assert sum(per_target.values()) == cells
+    assert re.search(rf"^=+ {cells} passed, \d+ deselected in ", out.splitlines()[-1]), out[-500:]
+    report = project / "report.html"
+    assert report.is_file(), out[-2000:] + done.stderr[-2000:]
+    page = report.read_text()
+    for asset in ("report.css", "report.js"):
+        assert archive.read(f"pytest_resume_check/report/assets/{asset}").decode() in page, asset
+
+    # Everything came from the new environment, and torch did not come with it.
+    where = subprocess.run(
+        [str(python), "-c", "import importlib.util as u, agentlightning, pytest_resume_check as p; "
+                            "print(p.__file__); print(agentlightning.__file__); print(u.find_spec('torch'))"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    assert where.returncode == 0, where.stderr[-3000:]
+    plugin_file, agentlightning_file, torch_spec = where.stdout.splitlines()
+    for path in (plugin_file, agentlightning_file):
+        assert Path(path).resolve().is_relative_to(venv.resolve()) and "site-packages" in path, path
+    assert torch_spec == "None"
+
+
+# -- the install commands the pages give (issue 29) ----------------------------------------------------------
+
+#: The pages that tell a user how to install the plugin.
+INSTALL_PAGES = ("README.md", "docs/quickstart.md", "docs/ci.md")
+#: Marks the command that installs from an index as one for later: the package is not published yet.
+NOT_YET = "once published on pypi"
+
+
+def bash_blocks_with_context(page: str) -> list[tuple[str, str]]:
+    """(the paragraph just before, body) of every bash block of a page."""
+    text = (ROOT / page).read_text()
+    return [(text[:m.start()].rstrip().rpartition("\n\n")[2], m.group(1))
+            for m in re.finditer(r"^```bash\n(.*?)^```", text, re.M | re.S)]
+
+
+@needs_spdx_setuptools
+def test_the_pages_name_the_wheel_the_build_makes_and_its_extras(wheel):
+    archive, _ = wheel
+    built = Path(archive.filename).name
+    (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+    extras = {line.partition(": ")[2] for line in archive.read(metadata).decode().splitlines()
+              if line.startswith("Provides-Extra: ")}
+    for page in INSTALL_PAGES:
+        text = (ROOT / page).read_text()
+        named = set(re.findall(r"pytest_resume_check-[^\s'\[/]+\.whl", text))
+        assert named == {built}, f"{page} names {sorted(named)}; the build makes {built}"
+        installs = "\n".join(line for line in text.splitlines() if "pip install" in line)
+        asked = {e for group in re.findall(r"\[([a-z][\w,-]*)\]'", installs) for e in group.split(",")}
+        assert asked and asked <= extras, f"{page} asks for extras the wheel does not have: {asked - extras}"
+
+
+def test_installing_from_an_index_is_shown_only_as_once_published():
+    for page in INSTALL_PAGES:
+        for before, body in bash_blocks_with_context(page):
+            if re.search(r"pip install '?pytest-resume-check\[", body):
+                assert NOT_YET in before.lower(), f"{page}: an index install not marked '{NOT_YET}':\n{body}"
 
 
 # -- the agentlightning import name (item 18) ----------------------------------------------------------------
