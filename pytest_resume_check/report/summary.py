@@ -5,13 +5,14 @@ cells (``report.cell_json``), so it can be built from any process's results (xdi
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pytest_resume_check import categories
 from pytest_resume_check.records import faults, kill_ids
 from pytest_resume_check.records.names import OPT_JSON
-from pytest_resume_check.records.plan import KillSpec
+from pytest_resume_check.records.plan import RESUME_AUTO, KillSpec
 
 
 def mark(cell: dict[str, Any]) -> str:
@@ -91,19 +92,39 @@ def _row(cell: dict[str, Any]) -> str:
 
 
 def grid(cells: Sequence[dict[str, Any]], width: int = 100) -> list[str]:
-    """Lines of one grid per target (and one more for its crash-consistency cells); columns wrap to
-    ``width``."""
+    """Lines of one grid per target (and one more per case, resume mode and save of its crash-consistency
+    cells). Every cell is shown exactly once: columns wrap into chunks that repeat the row labels, so no
+    line is wider than ``width`` unless one row label and one column alone are (then each chunk holds one
+    column), and a cell whose row and column another cell already holds gets a column of its own (its
+    full kill id) instead of replacing it (issue 29)."""
     lines: list[str] = []
     for target in dict.fromkeys(c["target"] for c in cells):
         mine = [c for c in cells if c["target"] == target]
         plain = [c for c in mine if not is_crash_cell(c)]
-        crash = [c for c in mine if is_crash_cell(c)]
         if plain:
             lines += _kill_grid(target, plain, width)
-        if crash:
-            lines += _crash_grid(target, crash, width)
+        crash: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+        for c in mine:
+            if is_crash_cell(c):
+                crash.setdefault((c["case_id"], c["resume_mode"], fault_of(c).step), []).append(c)
+        for group in crash.values():
+            lines += _crash_grid(target, group, width)
     lines.extend(categories.legend(width))
     return lines
+
+
+#: A table's cells by row label, then by column label.
+_Rows = dict[str, dict[str, dict[str, Any]]]
+
+
+def _place(rows: _Rows, label: str, columns: Sequence[str], cell: dict[str, Any]) -> str:
+    """Put ``cell`` in row ``label`` under the first of ``columns`` that row has free (each a fallback for
+    the one before, the last one with a number added until it is free); return the column."""
+    row = rows.setdefault(label, {})
+    numbered = (f"{columns[-1]}#{n}" for n in itertools.count(2))  # the same cell twice (merged reports)
+    choice = next(k for k in itertools.chain(columns, numbered) if k not in row)
+    row[choice] = cell
+    return choice
 
 
 def _kill_grid(target: str, cells: Sequence[dict[str, Any]], width: int) -> list[str]:
@@ -112,24 +133,33 @@ def _kill_grid(target: str, cells: Sequence[dict[str, Any]], width: int) -> list
     lines = [f"{target}: {len(cells)} cells, columns are kill points (ckpt N[+unsaved steps])"
              + ("; rows rankR: that rank alone killed, termG: SIGTERM with G s grace, wsW: resumed on W ranks"
                 if kinds else "")]
-    rows: dict[str, dict[str, dict[str, Any]]] = {_row(c): {} for c in sorted(cells, key=lambda c: bool(kind_of(c)))}
-    for c in cells:
-        rows[_row(c)][column(c)] = c
-    return lines + _table(rows, list(dict.fromkeys(column(c) for c in sorted(cells, key=cell_sort_key))), width)
+    rows: _Rows = {_row(c): {} for c in sorted(cells, key=lambda c: bool(kind_of(c)))}
+    # Two cells of one row share a short label when only their kinds' order tells them apart
+    # (ckpt1:rank1_ckpt5 and ckpt1_ckpt5:rank1): the second keeps its whole kill id as its column.
+    placed = [_place(rows, _row(c), (column(c), str(c.get("kill", "?"))), c)
+              for c in sorted(cells, key=lambda c: (cell_sort_key(c), str(c.get("kill", ""))))]
+    return lines + _table(rows, list(dict.fromkeys(placed)), width)
 
 
 def _crash_grid(target: str, cells: Sequence[dict[str, Any]], width: int) -> list[str]:
-    """Fault kinds x file operations of the save."""
-    lines = [f"{target}: {len(cells)} crash-consistency cells of the save of step {fault_of(cells[0]).step} "
-             f"(case {cells[0]['case_id']}), columns are file operations"]
-    rows: dict[str, dict[str, dict[str, Any]]] = {}
-    for c in sorted(cells, key=lambda c: _crash_row_order(crash_row(c))):  # the same rows on every run
-        rows.setdefault(crash_row(c), {})[str(fault_of(c).op)] = c
-    ops = sorted({op for row in rows.values() for op in row}, key=int)
+    """Fault kinds x file operations of one save (cells of one case and resume mode)."""
+    first = cells[0]
+    mode = "" if first["resume_mode"] == RESUME_AUTO else f", resume mode {first['resume_mode']}"
+    lines = [f"{target}: {len(cells)} crash-consistency cells of the save of step {fault_of(first).step} "
+             f"(case {first['case_id']}{mode}), columns are file operations"]
+    rows: _Rows = {}
+    placed = []
+    for c in sorted(cells, key=lambda c: (_crash_row_order(crash_row(c)), fault_of(c).op or 0, str(c.get("kill", "")))):
+        # The same rows on every run; two torn files at one operation: the second keeps its kill id.
+        placed.append(_place(rows, crash_row(c), (str(fault_of(c).op), str(c.get("kill", "?"))), c))
+    ops = sorted(dict.fromkeys(placed), key=lambda k: (0, int(k), "") if k.isdigit() else (1, 0, k))
     return lines + _table(rows, ops, width)
 
 
-def _table(rows: dict[str, dict[str, dict[str, Any]]], columns: list[str], width: int) -> list[str]:
+def _table(rows: _Rows, columns: list[str], width: int) -> list[str]:
+    """The rows' marks under their columns, the columns wrapped into chunks of at most ``width``
+    characters a line (at least one column a chunk), each chunk under a header of its columns with the
+    row labels repeated."""
     lines = []
     label_width = max(len(label) for label in rows) + 2
     for chunk in _chunks(columns, width - label_width):
@@ -142,6 +172,8 @@ def _table(rows: dict[str, dict[str, dict[str, Any]]], columns: list[str], width
 
 
 def _chunks(kills: list[str], room: int) -> Iterable[list[str]]:
+    """``kills`` in order, cut into lists whose labels joined by spaces take fewer than ``room``
+    characters; a label longer than that is a list of its own."""
     chunk: list[str] = []
     used = 0
     for k in kills:
