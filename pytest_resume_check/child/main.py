@@ -9,6 +9,7 @@ from __future__ import annotations
 import _thread
 import collections
 import dataclasses
+import faulthandler
 import fcntl
 import importlib
 import importlib.util
@@ -150,6 +151,7 @@ def child_main(plan: RunPlan, conn: Any, control: Any = None) -> None:
     multiprocessing.set_start_method(None, force=True)
     _drop_fork_server_pipe()
     _redirect_output(plan.log_path)
+    _install_stack_dump(plan.log_path)  # the ranks of a multi-rank run inherit it from here
     if plan.world_size > 1:
         _launch_ranks(plan, conn, control)
     if plan.master_port:  # a distributed target on one rank (an elastic resume to 1) still gets its group
@@ -278,6 +280,31 @@ def _recorder(plan: RunPlan, sink: ConnectionSink) -> Any:
     recorder = Recorder(plan.faults, plan.checkpoint_dir, report, lambda why, extra: None)
     recorder.install()
     return recorder
+
+
+#: The signal that makes a run's process write the Python stack of each of its threads into the run's log
+#: (the supervisor sends it to a hung run's processes before it kills them, issue 29). Its default action
+#: stops the process, and the handler ends by restoring that action and raising the signal again, so the
+#: process stops once its stacks are written: that is how the supervisor knows they are complete. Nothing
+#: else sends SIGTTOU to a run: it is the signal for a background write to a terminal, and a run writes to
+#: its log file. A program run as a command starts without the handler (exec resets it).
+STACKS_SIGNAL = signal.SIGTTOU
+def _install_stack_dump(log_path: str) -> None:
+    """On :data:`STACKS_SIGNAL`, write every thread's Python stack into the run's log and stop. Installed in
+    the process that starts the target (after the fork from the server, which never has it), through a
+    descriptor of its own: the trainer's stdout and stderr may be closed or redirected by then. A stack is
+    written from C, so it comes also when the thread that holds the interpreter is stuck in a C call (a
+    collective that never returns)."""
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        # The action the handler chains to: stop (a session started in the background may ignore it).
+        signal.signal(STACKS_SIGNAL, signal.SIG_DFL)
+        faulthandler.register(STACKS_SIGNAL, file=fd, all_threads=True, chain=True)
+    except (OSError, RuntimeError, ValueError):  # no handler: the report shows no stacks, nothing else changes
+        os.close(fd)
 
 
 def _redirect_output(log_path: str) -> None:

@@ -9,6 +9,7 @@ the harness (wait for the other ranks, snapshot, kill) and says whether the run'
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import signal
@@ -18,8 +19,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
+from pytest_resume_check.child.main import STACKS_SIGNAL
 from pytest_resume_check.process import starter
-from pytest_resume_check.process.sweep import sweep
+from pytest_resume_check.process.sweep import PROC, group_not_stopped, sweep
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.names import OPT_HANG
 from pytest_resume_check.records.plan import SIGNAL_TERM, RunPlan
@@ -42,15 +44,19 @@ def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HA
         record.events.append(ev.Event(ev.VIOLATION, text=ERR_BAD_FRAME.format(detail=bad)))
         record.outcome = Outcome.CRASHED
     finally:
-        # Interrupted (Ctrl-C, an error in the parent): kill at once, never wait for a paused child.
-        if interrupted or record.outcome in (Outcome.KILLED, Outcome.HUNG):
-            child.kill()
-            record.exitcode = child.process.exitcode
-        else:
-            record.exitcode = child.reap()
-        server = starter.server_pid() if isolation == starter.ISOLATION_FORKSERVER else None
-        record.leftovers = sweep(plan.token, server)
-        record.seconds = time.monotonic() - started
+        try:
+            if not interrupted and record.outcome == Outcome.HUNG:
+                dump_stacks(child, record)  # where it hung, for the report; a Ctrl-C meanwhile still kills
+        finally:
+            # Interrupted (Ctrl-C, an error in the parent): kill at once, never wait for a paused child.
+            if interrupted or record.outcome in (Outcome.KILLED, Outcome.HUNG):
+                child.kill()
+                record.exitcode = child.process.exitcode
+            else:
+                record.exitcode = child.reap()
+            server = starter.server_pid() if isolation == starter.ISOLATION_FORKSERVER else None
+            record.leftovers = sweep(plan.token, server)
+            record.seconds = time.monotonic() - started
     if record.outcome == Outcome.CRASHED and record.exitcode == 0 and not record.events:
         record.error = "the child exited without sending any event"
     return record
@@ -192,8 +198,69 @@ TEARDOWN_TIMEOUT = 10.0
 
 def _rank_pids(child: starter.Child, record: RunRecord) -> list[int]:
     """The processes of the run's ranks (the child itself in a one-process run)."""
+    return [pid for _, pid in _rank_processes(child, record)]
+
+
+def _rank_processes(child: starter.Child, record: RunRecord) -> list[tuple[int | None, int]]:
+    """(rank, pid) of each process that runs the target: the ranks of a multi-rank run, or the child
+    itself (rank None; also a launcher whose ranks' pids never came)."""
     pids = next((e.extra.get("pids") for e in record.events if e.kind == ev.RANKS), None)
-    return [int(p) for p in pids] if pids else [child.pid]
+    return list(enumerate(int(p) for p in pids)) if pids else [(None, child.pid)]
+
+
+#: Seconds a hung run's processes get, in all, to write their stacks into its log before they are killed.
+#: It bounds only what the report shows (the run is ``HUNG`` already); writing takes milliseconds.
+STACKS_TIMEOUT = 2.0
+
+
+def dump_stacks(child: starter.Child, record: RunRecord, timeout: float = STACKS_TIMEOUT) -> None:
+    """Before a hung run is killed (issue 29): each process that runs its target writes the Python stack of
+    every thread into the run's log, under a line that names its rank and pid (``events.stacks_header``), so
+    the report can say where it hung. Every process of the run is stopped first and each is continued only
+    to write its stacks, so nothing else writes into the log meanwhile and no two dumps interleave; the
+    handler (``child.main``) stops the process again once it has written them, which is how this knows they
+    are complete. A process without the handler (a program run as a command, a child that hung before it
+    installed it) just stops, and the report shows no stacks for it. The caller kills the run afterwards."""
+    deadline = time.monotonic() + timeout
+    try:
+        os.killpg(child.pid, signal.SIGSTOP)
+    except (ProcessLookupError, PermissionError):
+        return
+    _wait_until(lambda: not group_not_stopped(child.pid), deadline)
+    for rank, pid in _rank_processes(child, record):
+        try:
+            if os.getpgid(pid) != child.pid:  # a rank that ended: its pid may be another process's by now
+                continue
+            with open(record.plan.log_path, "a", encoding="utf-8") as log:
+                log.write(f"\n{ev.stacks_header(rank, pid)}\n")
+            os.kill(pid, signal.SIGCONT)  # continued first: a SIGCONT discards a pending stop signal
+            os.kill(pid, STACKS_SIGNAL)
+        except ProcessLookupError:
+            continue
+        except OSError:  # the log cannot take it (a full disk): no stacks, the run is killed as before
+            return
+        _wait_until(functools.partial(_stopped, pid), deadline)
+
+
+def _stopped(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is stopped or gone (True without ``/proc``: cannot tell)."""
+    try:
+        tasks = os.listdir(f"{PROC}/{pid}/task")
+    except OSError:
+        return True
+    for task in tasks:
+        try:
+            with open(f"{PROC}/{pid}/task/{task}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[-1].split()[0] not in (b"T", b"t", b"Z", b"X"):
+                    return False
+        except (OSError, IndexError):  # the thread ended meanwhile
+            continue
+    return True
+
+
+def _wait_until(done: Callable[[], bool], deadline: float) -> None:
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.002)
 
 
 def _signal(pids: list[int], signum: int) -> None:

@@ -7,6 +7,7 @@ so a SIGKILL can only lose events that were never written.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -20,6 +21,17 @@ KILL_READY = "kill_ready"
 LOG = "log"
 #: How a ``run.log`` line starts in the run's log file (where it also goes, beside stdout and stderr).
 LOG_PREFIX = "[run.log] "
+#: The line the supervisor writes into a hung run's log before each process's stacks (issue 29); ``who`` is
+#: ``rank R, `` in a multi-rank run, empty otherwise. :data:`STACKS_HEADER_PATTERN` reads it back.
+STACKS_HEADER = "[resume-check] stacks of {who}pid {pid}, written when the run hung, before it was killed:"
+STACKS_HEADER_PATTERN = re.compile(r"^\[resume-check\] stacks of (?:rank (?P<rank>\d+), )?pid (?P<pid>\d+), "
+                                   r"written when the run hung, before it was killed:$", re.MULTILINE)
+
+
+def stacks_header(rank: int | None, pid: int) -> str:
+    """The line above the stacks of process ``pid`` (rank ``rank`` of a multi-rank run) in a run's log."""
+    return STACKS_HEADER.format(who="" if rank is None else f"rank {rank}, ", pid=pid)
+
 ERROR = "error"
 DONE = "done"
 STATE = "state"  # extra: the trainer's state after a step by component (see RunContext.state)

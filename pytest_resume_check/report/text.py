@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+import sysconfig
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest_resume_check
 from pytest_resume_check.categories import HARNESS, status
 from pytest_resume_check.judge.verdict import entry_marks, resume_label
 from pytest_resume_check.records import events as ev
@@ -69,37 +72,172 @@ def story(result: CellResult) -> str:
     return " -> ".join(parts)
 
 
-def log_tail(path: str | Path | None, lines: int, without: str | None = None, only: str | None = None) -> list[str]:
+def log_tail(path: str | Path | None, lines: int, without: str | None = None, only: str | None = None,
+             hung: bool = False) -> list[str]:
     """The last ``lines`` non-empty lines of a run's log file (none if it is missing or empty), each cut
     to a readable length; ``without``: text to leave out (a traceback the report already shows); ``only``:
-    just the lines that start with it."""
-    if not path:
-        return []
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return []
+    just the lines that start with it; ``hung``: the log of a hung run, whose output ends where the stacks
+    the harness had it write begin (:func:`stacks`)."""
+    text = _read_tail(path, STACKS_TAIL_BYTES if hung else LOG_TAIL_BYTES)
+    if hung:
+        text = _split_stacks(text)[0][-LOG_TAIL_BYTES:]
     if without and without.strip() and without.strip() in text:
         text = text.replace(without.strip(), "")
     kept = [ln.rstrip() for ln in text.splitlines() if ln.strip() and (only is None or ln.startswith(only))][-lines:]
-    return [ln if len(ln) <= LOG_LINE_CHARS else ln[:LOG_LINE_CHARS - 3] + "..." for ln in kept]
+    return [_cut(ln) for ln in kept]
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= LOG_LINE_CHARS else line[:LOG_LINE_CHARS - 3] + "..."
+
+
+def _read_tail(path: str | Path | None, size: int) -> str:
+    """The last ``size`` bytes of a file as text ('' if there is none)."""
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+# -- where a hung run hung -------------------------------------------------------------------------
+
+#: Of a hung run's log, this many last bytes are searched for the stacks it wrote before it was killed.
+STACKS_TAIL_BYTES = 1 << 20
+#: In the JSON report: at most this many innermost frames of each thread.
+STACK_FRAMES_JSON = 30
+#: In a failure report: the innermost frames of each thread shown (and the trainer's innermost frame, if
+#: it is deeper).
+STACK_FRAMES = 5
+STACKS_HEADER_PATTERN = ev.STACKS_HEADER_PATTERN
+_THREAD = re.compile(r"^(?:Current thread|Thread) (?P<id>0x[0-9a-fA-F]+)")
+_FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+|\?+) in (?P<function>.*)$')
+
+
+def _split_stacks(text: str) -> tuple[str, list[tuple[re.Match[str], str]]]:
+    """A log's text before the first stacks header, and each header with the text under it."""
+    headers = list(STACKS_HEADER_PATTERN.finditer(text))
+    if not headers:
+        return text, []
+    ends = [h.start() for h in headers[1:]] + [len(text)]
+    return text[:headers[0].start()], [(h, text[h.end():end]) for h, end in zip(headers, ends)]
+
+
+def stacks(path: str | Path | None, frames: int | None = None) -> list[dict[str, Any]]:
+    """The Python stacks a hung run's processes wrote into its log before they were killed
+    (``process.supervisor.dump_stacks``), one entry per process: its ``rank`` (None in a one-process run),
+    ``pid`` and ``threads`` as faulthandler lists them, each with its ``frames`` innermost first
+    (``file``, ``line``, ``function``; at most ``frames`` of them) and whether it is the ``main`` thread
+    (the one it lists last)."""
+    out = []
+    for header, body in _split_stacks(_read_tail(path, STACKS_TAIL_BYTES))[1]:
+        threads: list[dict[str, Any]] = []
+        for line in body.splitlines():
+            thread, frame = _THREAD.match(line), _FRAME.match(line)
+            if thread:
+                threads.append({"thread": thread["id"], "main": False, "frames": []})
+            elif frame and threads and (frames is None or len(threads[-1]["frames"]) < frames):
+                number = frame["line"]
+                threads[-1]["frames"].append({"file": frame["file"], "line": int(number) if number.isdigit() else None,
+                                              "function": frame["function"]})
+        if threads:
+            threads[-1]["main"] = True  # CPython lists the newest thread first, the main thread last
+        out.append({"rank": int(header["rank"]) if header["rank"] is not None else None, "pid": int(header["pid"]),
+                    "threads": threads})
+    return out
+
+
+def _harness_dir() -> str:
+    return os.path.dirname(os.path.abspath(pytest_resume_check.__file__)) + os.sep
+
+
+#: Folders of the harness's bundled targets: their frames are a trainer's, not the harness's.
+_BUNDLED = ("builtin", "integrations")
+
+
+def is_trainer_frame(file: str) -> bool:
+    """Whether a frame's file is the trainer's own code: not Python's standard library, not an installed
+    package (site-packages), not the harness (its bundled targets are trainers)."""
+    if file.startswith("<"):
+        return False  # <frozen importlib._bootstrap>, <string>
+    path = os.path.abspath(file)
+    harness = _harness_dir()
+    if path.startswith(harness):
+        return path[len(harness):].split(os.sep)[0] in _BUNDLED
+    parts = path.split(os.sep)
+    if "site-packages" in parts or "dist-packages" in parts:
+        return False
+    paths = sysconfig.get_paths()
+    return not any(path.startswith(os.path.abspath(paths[key]) + os.sep) for key in ("stdlib", "platstdlib"))
+
+
+def _in_trainer(frames: Sequence[Mapping[str, Any]]) -> bool:
+    return any(is_trainer_frame(f["file"]) for f in frames)
+
+
+def _frame_line(frame: Mapping[str, Any]) -> str:
+    """A frame as a traceback shows it."""
+    line = frame["line"] if frame["line"] is not None else "???"
+    return f'File "{frame["file"]}", line {line} in {frame["function"]}'
+
+
+def stack_lines(processes: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What a failure report shows of a hung run's stacks: per process, its main thread and each other thread
+    that is in the trainer's code, with their :data:`STACK_FRAMES` innermost frames (and the trainer's
+    innermost frame after ``...`` when it is deeper); a process that wrote none says so."""
+    out = []
+    for proc in processes:
+        who = f"rank {proc['rank']} (pid {proc['pid']})" if proc["rank"] is not None else f"pid {proc['pid']}"
+        threads = [t for t in proc["threads"] if t["main"]]
+        threads += [t for t in proc["threads"] if not t["main"] and _in_trainer(t["frames"])]
+        if not threads:
+            out.append(f"{who}: {NO_STACKS}")
+        for thread in threads:
+            frames = thread["frames"]
+            out.append(f"{who}, {'main thread' if thread['main'] else 'thread ' + thread['thread']}:")
+            out += ["  " + _frame_line(f) for f in frames[:STACK_FRAMES]]
+            deeper = next((f for f in frames[STACK_FRAMES:] if is_trainer_frame(f["file"])), None)
+            if deeper is not None and not _in_trainer(frames[:STACK_FRAMES]):
+                out += ["  ...", "  " + _frame_line(deeper)]
+    return [_cut(ln) for ln in out]
+
+
+#: A process that wrote no stack before it was killed.
+NO_STACKS = ("wrote no stack (a program run as a command, or a process that hung before the harness installed its "
+             "handler or whose code replaced it)")
+#: Above the stacks in a failure report.
+STACKS_TITLE = "  where {run} hung (innermost call first; every thread's whole stack is in {path}):"
 
 
 def _log_lines(result: CellResult, shown_error: str | None) -> list[str]:
     """Each run's last ``run.log`` lines, under the run they belong to; of a run that did not end as
-    planned (it raised, crashed or hung), its last output lines of any kind."""
+    planned (it raised, crashed or hung), its last output lines of any kind; of a hung run, then where
+    each of its processes hung (:func:`stack_lines`)."""
     out = []
     for i, rec in enumerate(result.runs):
         as_planned = rec.outcome in AS_PLANNED
+        hung = rec.outcome == Outcome.HUNG
         tail = log_tail(rec.plan.log_path, LOG_LINES, shown_error if rec.error == shown_error else None,
-                        only=ev.LOG_PREFIX if as_planned else None)
+                        only=ev.LOG_PREFIX if as_planned else None, hung=hung)
         if tail:
             out.append(f"  log of run {i + 1} (last lines of {rec.plan.log_path}):")
             out += ["    " + ln for ln in tail]
+        if hung:
+            out += _where_hung(f"run {i + 1}", rec)
+    reference = result.reference
+    if reference is not None and reference.outcome == Outcome.HUNG and reference not in result.runs:
+        out += _where_hung("the reference run", reference)
     return out
+
+
+def _where_hung(who: str, rec: RunRecord) -> list[str]:
+    """The report's lines on where a hung run's processes were (none if they wrote no stacks)."""
+    where = stack_lines(stacks(rec.plan.log_path))
+    return [STACKS_TITLE.format(run=who, path=rec.plan.log_path), *("    " + ln for ln in where)] if where else []
 
 
 def failure_text(result: CellResult, rerun: str | None = None) -> str:
@@ -193,8 +331,12 @@ def _run_json(rec: RunRecord) -> dict[str, Any]:
     carry the rank as a fifth item)."""
     # The outcome's plain value: the cell's JSON rides on a pytest-xdist report, whose serialiser takes
     # only exact built-in types (a str-Enum member is refused).
+    hung = rec.outcome == Outcome.HUNG
     out: dict[str, Any] = {"outcome": rec.outcome.value, "exitcode": rec.exitcode, "seconds": round(rec.seconds, 3),
-                           "log_file": rec.plan.log_path, "log_tail": log_tail(rec.plan.log_path, LOG_LINES_JSON)}
+                           "log_file": rec.plan.log_path,
+                           "log_tail": log_tail(rec.plan.log_path, LOG_LINES_JSON, hung=hung)}
+    if hung:  # where it hung: each process's threads, their innermost frames first
+        out["stacks"] = stacks(rec.plan.log_path, STACK_FRAMES_JSON)
     if rec.plan.world_size > 1 or rec.plan.master_port:
         out["world_size"] = rec.plan.world_size
         out["resumed_by_rank"] = {str(k): step for k, (step, _) in rec.resumed_by_rank.items()}
