@@ -6,6 +6,8 @@ target (seconds per run) is left out here: it runs when named, and in tests/verl
 import sys
 from pathlib import Path
 
+import pytest
+
 # The helper targets, trainers and programs the tests share live in tests/support, importable by name
 # from every wing (unit, engine, plugin, docs, verl); a fork-server or spawn child inherits this path.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
@@ -16,3 +18,10 @@ from pytest_resume_check.builtin.targets import TARGETS as BUILTIN_TARGETS  # no
 pytest_plugins = ["pytester"]
 
 RESUME_TARGETS = [*BUILTIN_TARGETS, *AGENTLIGHTNING_TARGETS]
+
+
+@pytest.fixture(autouse=True)
+def _no_step_summary_in_nested_sessions(monkeypatch):
+    """The pytest sessions the tests start must not append to the real GitHub step summary of a CI job
+    that runs this suite (they inherit the environment); the tests of the step summary set it themselves."""
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)

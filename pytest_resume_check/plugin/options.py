@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shlex
 from dataclasses import dataclass
 from random import Random
@@ -32,6 +33,14 @@ from pytest_resume_check.records.names import (  # noqa: F401  (the option spell
 )
 from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT
 
+#: The options of GitHub's output (issue 29, item 9), spelled here: the other spellings live in
+#: ``records.names``, which messages below the plugin read; nothing below the plugin names these.
+OPT_REPRO = "--resume-matrix-repro"
+OPT_STEP_SUMMARY = "--resume-matrix-step-summary"
+#: The file GitHub Actions gives each step for its summary (Markdown, appended to); the default of
+#: ``--resume-matrix-step-summary``.
+GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
+
 HELP_MATRIX = "run this project's resume-check targets across the kill/resume matrix"
 HELP_MODE = ("which kill points: 'quick' (default, a boundary-aware sample) or 'full' (every step); implies "
              f"{OPT_MATRIX}")
@@ -46,6 +55,10 @@ HELP_EXHAUSTIVE = ("run every cell from scratch to the end: no shared first runs
                    "runs whose reported state equals the reference's (slower; a check on those shortcuts)")
 HELP_HTML = "write a self-contained HTML report (heatmaps, timelines of failing cells) to this file"
 HELP_ISOLATION = "how children start for every target: 'forkserver' (preloaded) or 'spawn'"
+HELP_REPRO = ("write a standalone reproduction of each failing cell into DIR/<cell>: the declaring conftest "
+              "(and the project modules it uses), a pytest.ini, and a README.md with the headline and the command")
+HELP_STEP_SUMMARY = (f"append the matrix's summary in Markdown to this file (default: ${GITHUB_STEP_SUMMARY}, the "
+                     "step summary GitHub Actions gives each step; /dev/null: none)")
 
 #: Where ``--resume-matrix-seed=last`` finds the previous seed in pytest's cache.
 CACHE_SEED = "resume_check/seed"
@@ -87,6 +100,10 @@ class Settings:
     hang_forced: bool = False
     #: Cell node ids given as arguments (pasted from a ``FAILED`` line).
     node_ids: tuple[str, ...] = ()
+    #: Where each failing cell's standalone reproduction goes (``DIR/<cell>``); None: nowhere.
+    repro_dir: str | None = None
+    #: The Markdown file the summary is appended to (GitHub's step summary); None: none.
+    step_summary: str | None = None
 
 
 #: The session's settings, set in ``pytest_configure`` whether or not the matrix is on.
@@ -110,6 +127,9 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(OPT_ISOLATION, default=None, dest="resume_matrix_isolation", help=HELP_ISOLATION)
     group.addoption(OPT_EXHAUSTIVE, action="store_true", default=False, dest="resume_matrix_exhaustive",
                     help=HELP_EXHAUSTIVE)
+    group.addoption(OPT_REPRO, default=None, dest="resume_matrix_repro", metavar="DIR", help=HELP_REPRO)
+    group.addoption(OPT_STEP_SUMMARY, default=None, dest="resume_matrix_step_summary", metavar="PATH",
+                    help=HELP_STEP_SUMMARY)
     parser.addini("resume_matrix", "matrix mode to run without the command-line flag: quick or full")
     parser.addini("resume_matrix_seed", HELP_SEED)
     parser.addini("resume_matrix_targets", HELP_TARGET, type="args")
@@ -118,6 +138,8 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("resume_matrix_html", HELP_HTML)
     parser.addini("resume_matrix_isolation", HELP_ISOLATION)
     parser.addini("resume_matrix_exhaustive", HELP_EXHAUSTIVE, type="bool", default=False)
+    parser.addini("resume_matrix_repro", HELP_REPRO)
+    parser.addini("resume_matrix_step_summary", HELP_STEP_SUMMARY)
 
 
 def read_settings(config: pytest.Config) -> Settings:
@@ -139,6 +161,8 @@ def read_settings(config: pytest.Config) -> Settings:
         exhaustive=bool(config.getoption("resume_matrix_exhaustive") or config.getini("resume_matrix_exhaustive")),
         hang_forced=config.getoption("resume_matrix_hang_timeout") is not None,
         node_ids=node_ids,
+        repro_dir=_setting(config, "resume_matrix_repro"),
+        step_summary=_setting(config, "resume_matrix_step_summary") or os.environ.get(GITHUB_STEP_SUMMARY) or None,
     )
 
 
@@ -155,9 +179,20 @@ def rerun_command(config: pytest.Config, name: str) -> str:
     directory): the session's paths, then ``--resume-matrix [--resume-matrix-mode=full]
     --resume-matrix-seed=SEED --resume-matrix-cell=NAME`` and the options that change a cell's result
     (``quick``, the default mode, unsaid)."""
-    settings = config.stash[SETTINGS_KEY]
     words = list(config.args) if config.args_source == pytest.Config.ArgsSource.ARGS else []
-    words.append(OPT_MATRIX)
+    return shlex.join(["pytest", *words, *_cell_words(config.stash[SETTINGS_KEY], name)])
+
+
+def repro_command(config: pytest.Config, name: str, target: str) -> str:
+    """The command that reruns the cell ``name`` in its reproduction folder (``--resume-matrix-repro``):
+    as :func:`rerun_command`, without the session's paths, and naming the target (``NAME``), so a target
+    an installed package ships is found there too."""
+    return shlex.join(["pytest", *_cell_words(config.stash[SETTINGS_KEY], name), f"{OPT_TARGET}={target}"])
+
+
+def _cell_words(settings: Settings, name: str) -> list[str]:
+    """The options that select the cell ``name`` and give it the result it had in this session."""
+    words = [OPT_MATRIX]
     if settings.mode and settings.mode != QUICK:
         words.append(f"{OPT_MODE}={settings.mode}")
     words += [f"{OPT_SEED}={settings.seed}", f"{OPT_CELL}={name}"]
@@ -167,7 +202,7 @@ def rerun_command(config: pytest.Config, name: str) -> str:
         words.append(OPT_EXHAUSTIVE)
     if settings.hang_forced:  # else the ini (or a target) is read again
         words.append(f"{OPT_HANG}={settings.hang_timeout:g}")
-    return shlex.join(["pytest", *words])
+    return words
 
 
 def _take_node_ids(config: pytest.Config) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_resume_check.plugin import reports, scheduler, summary
+from pytest_resume_check.plugin import reports, repro, scheduler, summary
 from pytest_resume_check.plugin.discovery import discover
 from pytest_resume_check.plugin.items import ResumeCell, ResumeMatrix
 from pytest_resume_check.plugin.options import (
@@ -147,9 +147,12 @@ class MatrixSession:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-        """A judged cell's JSON rides on its call report, so an xdist controller receives it too."""
+        """A judged cell's JSON rides on its call report, so an xdist controller receives it too; with
+        ``--resume-matrix-repro``, a failing cell's reproduction is written here, where it ran, and its JSON
+        names the folder."""
         rep = yield
         if isinstance(item, ResumeCell) and call.when == "call" and item.cell_json is not None:
+            repro.write_cell(self.config, item)
             reports.carry(rep, item.cell_json, item.result.reference_seconds if item.result is not None else 0.0)
         return rep
 

@@ -32,7 +32,7 @@ DOWNSTREAM = EXAMPLES / "downstream"
 
 #: The pages whose every block this module checks.
 CHECKED_PAGES = ("index.md", "quickstart.md", "matrix.md", "reading-a-report.md", "ci.md",
-                 "crash-consistency.md", "distributed.md", "design.md", "findings.md", "recipes/index.md",
+                 "crash-consistency.md", "distributed.md", "design.md", "findings.md", "recipes/index.md", "github.md",
                  "recipes/command.md", "recipes/lightning.md", "recipes/accelerate.md", "recipes/hf-trainer.md")
 #: Languages that are code and must be included from a tested file, never written inline.
 INCLUDED_LANGUAGES = {"python", "yaml", "ini", "toml", "shell"}
@@ -46,6 +46,8 @@ TESTED_EXAMPLES = {
     "planted/conftest.py:known-bug": "test_the_declared_known_bug_fails_exactly_where_declared",
     "ci/conftest.py": "test_cases_hook_example_adds_worker_cases_in_ci_only",
     "ci/resume-matrix.yml": "test_ci_workflow_runs_its_matrix_command_on_the_example_project",
+    "ci/resume-matrix-action.yml":
+        "plugin/test_action.py::test_the_workflow_example_runs_the_action_on_the_example_project",
     "ini/pytest.ini": "test_ini_example_configures_the_matrix",
     "reports/html_from_json.py": "test_html_from_json_example_writes_the_report",
     "findings/torchdata_shared_generator.py": "test_torchdata_finding_script_shows_two_orders",

@@ -46,9 +46,11 @@ INTEGRATIONS = {"lightning": "lightning", "accelerate": "accelerate", "hf_traine
 #: Every option and ini key the docs name.
 OPTIONS = ("--resume-matrix", "--resume-matrix-mode", "--resume-matrix-seed", "--resume-matrix-target",
            "--resume-matrix-cell", "--resume-matrix-hang-timeout", "--resume-matrix-json",
-           "--resume-matrix-isolation", "--resume-matrix-exhaustive", "--resume-matrix-html")
+           "--resume-matrix-isolation", "--resume-matrix-exhaustive", "--resume-matrix-html",
+           "--resume-matrix-repro", "--resume-matrix-step-summary")
 INI_KEYS = ("resume_matrix_targets", "resume_matrix_seed", "resume_matrix_hang_timeout", "resume_matrix_json",
-            "resume_matrix_isolation", "resume_matrix_exhaustive", "resume_matrix_html")
+            "resume_matrix_isolation", "resume_matrix_exhaustive", "resume_matrix_html", "resume_matrix_repro",
+            "resume_matrix_step_summary")
 
 #: What one side has that the other has not, and why. A Python target can never be outside the
 #: harness; a program can (run by hand), so only it asks.

@@ -1,0 +1,248 @@
+"""``--resume-matrix-repro=DIR``: each failing cell written as a folder that reproduces it alone.
+
+Written by the process that ran the cell (an xdist worker too: it collected the targets and loaded the
+conftests), right after the cell, so a session stopped later keeps the folders of the cells that failed
+before. What the folder holds is decided here, where the conftests are known:
+
+- a target declared in a conftest.py: a copy of that conftest, and of the project's own modules it and
+  the target use (the target function's module, its ``preload`` modules, what those import), each at its
+  import path, so ``import project_trainer`` finds the copy; modules of installed distributions and of
+  the standard library are not copied, the README names their versions;
+- a target of an installed package (an entry point) or a plugin: nothing to copy; the command names it
+  with ``--resume-matrix-target``.
+
+The command is the cell's rerun command without the session's paths (:func:`.options.repro_command`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import sys
+import sysconfig
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from pytest_resume_check.plugin.options import OPT_REPRO, SETTINGS_KEY, repro_command
+
+ERR_REPRO_WRITE = ("resume matrix: cannot write the reproduction of {name} to {path}: {reason}; choose a writable "
+                   "folder with " + OPT_REPRO)
+#: A reproduction copies at most this many of the project's modules, and this many bytes of them.
+MAX_MODULES = 100
+MAX_MODULE_BYTES = 10 * 1024 * 1024
+PLUGIN_DISTRIBUTION = "pytest-resume-check"
+#: Versions a README names, when installed (looked up, never imported).
+VERSIONS_OF = ("pytest", "torch", "torchdata", "numpy", "lightning", "transformers", "accelerate", "verl")
+HOOKS = ("pytest_resume_check_cases", "pytest_resume_check_targets")
+NOTE_HOOKS = ("`{path}`, which implements {hooks}: a cell of other cases may be missing without it (copy those "
+              "hooks into conftest.py)")
+NOTE_TOO_MANY = "{count} more modules of the project (a reproduction copies at most {most} files, {mb} MB)"
+NOTE_NOT_SOURCE = "`{name}` ({path}): not a Python source file"
+NOTE_PACKAGE_CONFTEST = ("`{path}` is imported as `{module}` (a conftest inside a package): its relative imports "
+                         "do not work as the top-level conftest.py here")
+
+
+def write_cell(config: pytest.Config, item: Any) -> None:
+    """Write the reproduction of the cell ``item`` if it fails and ``--resume-matrix-repro`` is given; its
+    folder goes into the cell's JSON (``repro``). A folder that cannot be written never fails the cell or
+    the session: the JSON says why (``repro_error``) and the controller's summary shows it."""
+    from pytest_resume_check import categories
+
+    settings = config.stash[SETTINGS_KEY]
+    cell_json = item.cell_json
+    if not settings.repro_dir or cell_json is None or not categories.fails(cell_json):
+        return
+    from pytest_resume_check.report import repro as folder_of
+
+    root = Path(os.path.abspath(Path(config.invocation_params.dir, settings.repro_dir)))
+    try:
+        folder = folder_of.write(folder_of.folder_for(root, item.name), describe(config, item))
+    except Exception as exc:  # a full disk, a file where the folder should be, or our own bug: said, not fatal
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+        cell_json[folder_of.CELL_ERROR_KEY] = ERR_REPRO_WRITE.format(name=item.name, path=root, reason=reason)
+        return
+    cell_json[folder_of.CELL_KEY] = str(folder)
+
+
+def describe(config: pytest.Config, item: Any) -> Any:
+    """The :class:`~pytest_resume_check.report.repro.Repro` of the failing cell ``item``."""
+    from pytest_resume_check import categories
+    from pytest_resume_check.report import repro, text
+
+    target = item.cell.target
+    result = item.result
+    cell_json = item.cell_json
+    rerun = cell_json.get("rerun")
+    headline = categories.headline(cell_json)
+    excerpt: list[str] = []
+    report = "\n".join([headline, f"  rerun: {rerun}"] if rerun else [headline])
+    if result is not None and not result.passed:  # (an expected failure that passed has no failure text)
+        v = result.verdict
+        excerpt = text.excerpt(v.reference, v.composite, v.first_divergence())
+        report = text.failure_text(result, rerun)
+    conftest = declaring_conftest(config, target.name)
+    source = Path(str(conftest.__file__)) if conftest is not None else None
+    copies: dict[str, Path] = {}
+    notes: list[str] = []
+    used: set[str] = set()
+    if conftest is not None and source is not None:
+        copies["conftest.py"] = source
+        if "." in conftest.__name__:
+            notes.append(NOTE_PACKAGE_CONFTEST.format(path=conftest.__file__, module=conftest.__name__))
+        modules, more, used = project_modules([conftest], _modules_of_target(target), skip=conftest)
+        copies.update(modules)
+        notes += more
+    notes += _other_hooks(config, conftest)
+    ini = {}
+    hang = config.getini("resume_matrix_hang_timeout")
+    if hang and not config.stash[SETTINGS_KEY].hang_forced:  # the command line would win over a target's own
+        ini["resume_matrix_hang_timeout"] = str(hang)
+    return repro.Repro(
+        name=item.name, target=target.name, headline=headline, excerpt=excerpt,
+        command=repro_command(config, item.name, target.name), report=report, copies=copies,
+        declared_in=source, not_copied=notes, ini=ini,
+        versions=_versions(used), plugin_version=_version(PLUGIN_DISTRIBUTION) or "?",
+    )
+
+
+def declaring_conftest(config: pytest.Config, name: str) -> ModuleType | None:
+    """The loaded conftest module that declares the target ``name`` (None: an installed package's, or a
+    plugin's)."""
+    from pytest_resume_check.targets import TargetError, targets_in_module
+
+    for module in config.pluginmanager.get_plugins():
+        if not isinstance(module, ModuleType) or not str(getattr(module, "__file__", "")).endswith("conftest.py"):
+            continue
+        try:
+            if any(t.name == name for t in targets_in_module(module)):
+                return module
+        except TargetError:  # a broken RESUME_TARGETS: discovery said so already
+            continue
+    return None
+
+
+def project_modules(roots: list[ModuleType], names: list[str], skip: ModuleType | None = None,
+                    ) -> tuple[dict[str, Path], list[str], set[str]]:
+    """The project's own modules among ``names`` and those that ``roots`` use, found through their globals
+    (modules, and the modules of functions, classes and other objects), and through those modules'
+    globals in turn: ``{import path: file}``, notes on what was left out, and the installed distributions
+    they use. A module of an installed distribution (this package too; a project installed in editable
+    mode also counts as installed), of the standard library, or another conftest is not the project's."""
+    found: dict[str, Path] = {}
+    notes: list[str] = []
+    used: set[str] = set()
+    seen: set[str] = set()
+    installed = importlib.metadata.packages_distributions()
+    queue: deque[ModuleType] = deque(roots)
+    size = left_out = 0
+
+    def take(name: str) -> None:
+        nonlocal size, left_out
+        if name in seen:
+            return
+        seen.add(name)
+        module = sys.modules.get(name)
+        if module is None or module is skip:
+            return
+        if not _is_project_module(module, installed):
+            used.update(installed.get(name.partition(".")[0], ()))
+            return
+        path = Path(str(module.__file__))
+        if path.suffix != ".py":
+            notes.append(NOTE_NOT_SOURCE.format(name=name, path=path))
+            return
+        if len(found) >= MAX_MODULES or size + path.stat().st_size > MAX_MODULE_BYTES:
+            left_out += 1
+            return
+        size += path.stat().st_size
+        found[_import_path(name, path)] = path
+        queue.append(module)
+        if "." in name:  # a package's __init__ comes along
+            take(name.rpartition(".")[0])
+
+    for name in names:
+        take(name)
+    while queue:
+        for name in _names_used(queue.popleft()):
+            take(name)
+    if left_out:
+        notes.append(NOTE_TOO_MANY.format(count=left_out, most=MAX_MODULES, mb=MAX_MODULE_BYTES // 2**20))
+    return found, notes, used - {PLUGIN_DISTRIBUTION}
+
+
+def _names_used(module: ModuleType) -> list[str]:
+    """The modules a module's globals come from."""
+    names = []
+    for value in list(vars(module).values()):
+        if isinstance(value, ModuleType):
+            names.append(value.__name__)
+            continue
+        owner = getattr(value, "__module__", None) if callable(value) else type(value).__module__
+        if isinstance(owner, str):
+            names.append(owner)
+    return names
+
+
+def _modules_of_target(target: Any) -> list[str]:
+    """The modules of a target's function and of its ``preload`` entries (``module`` or ``module:function``)."""
+    names = [getattr(target.fn, "__module__", None), *(entry.partition(":")[0] for entry in target.preload)]
+    return [name for name in names if isinstance(name, str)]
+
+
+def _is_project_module(module: ModuleType, installed: Mapping[str, Any]) -> bool:
+    """A module with a source file that is neither the standard library's nor an installed distribution's
+    (``installed``: top-level names to distributions), nor another conftest."""
+    file = getattr(module, "__file__", None)
+    name = module.__name__
+    top = name.partition(".")[0]
+    if not file or top in sys.stdlib_module_names or top in installed or name.rpartition(".")[2] == "conftest":
+        return False
+    resolved = Path(file).resolve()
+    return not any(resolved.is_relative_to(p) for p in _installed_paths())
+
+
+def _import_path(name: str, path: Path) -> str:
+    """Where a module goes in the folder: its dotted name as a path (``pkg/__init__.py`` for a package)."""
+    parts = name.split(".")
+    return "/".join([*parts, "__init__.py"]) if path.name == "__init__.py" else "/".join(parts[:-1] + [path.name])
+
+
+def _other_hooks(config: pytest.Config, declaring: ModuleType | None) -> list[str]:
+    """Notes on the other conftests that implement the harness's hooks (they are not copied)."""
+    notes = []
+    for module in config.pluginmanager.get_plugins():
+        if module is declaring or not isinstance(module, ModuleType):
+            continue
+        if not str(getattr(module, "__file__", "")).endswith("conftest.py"):
+            continue
+        hooks = [h for h in HOOKS if hasattr(module, h)]
+        if hooks:
+            notes.append(NOTE_HOOKS.format(path=module.__file__, hooks=", ".join(f"`{h}`" for h in hooks)))
+    return notes
+
+
+def _installed_paths() -> list[Path]:
+    paths = sysconfig.get_paths()
+    return [Path(paths[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths]
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _versions(used: set[str]) -> list[str]:
+    """Python's version and those of the frameworks a target may need and of the distributions the copied
+    modules use, where installed."""
+    found = [f"Python {platform.python_version()}"]
+    names = dict.fromkeys([*VERSIONS_OF, *sorted(used, key=str.lower)])
+    found += [f"{dist} {version}" for dist in names if (version := _version(dist))]
+    return found
