@@ -119,6 +119,12 @@ def _contract(value: Contract | str) -> Contract:
     return named[value]
 
 
+#: ``crash_save=`` of a target that declares none: a few crash-consistency cells on one save, so a save that is
+#: not crash-safe fails without opting in (issue 29); ``(step, prior)`` asks for every crash point of a save,
+#: False for none.
+CRASH_SMOKE = "smoke"
+
+
 @dataclass(frozen=True)
 class Target:
     """One trainer the harness can run.
@@ -143,9 +149,12 @@ class Target:
     preload: tuple[str, ...] = ()
     isolation: str = ISOLATION_FORKSERVER
     expected_failures: tuple[tuple[Callable[[Any], bool], str], ...] = ()
-    #: (step, prior): add the crash-consistency axis for the save of checkpoint ``step`` of the first
-    #: case, with a checkpoint of ``prior`` before it (None: no crash cells).
-    crash_save: tuple[int, int] | None = None
+    #: Crash-consistency cells (docs/crash-consistency.md). :data:`CRASH_SMOKE` (the default): a few crash
+    #: cells on the save of checkpoint 2 of the first case, with checkpoint 1 before it, where they apply
+    #: (one rank, auto resume, at least 2 steps); ``(step, prior)``: every crash point of the save of
+    #: checkpoint ``step`` of the first case, with a checkpoint of ``prior`` before it; None: none
+    #: (``crash_save=False`` in a declaration).
+    crash_save: tuple[int, int] | str | None = CRASH_SMOKE
     #: (rtol, atol): compare reported state values under this tolerance instead of exact digests
     #: (None: exact, the default; see ``RunContext.state``).
     state_tolerance: tuple[float, float] | None = None
@@ -202,7 +211,7 @@ def resume_target(
     preload: Iterable[str] = (),
     isolation: str = ISOLATION_FORKSERVER,
     expected_failures: Iterable[tuple[Callable[[Any], bool], str]] = (),
-    crash_save: tuple[int, int] | None = None,
+    crash_save: tuple[int, int] | str | bool | None = CRASH_SMOKE,
     state_tolerance: tuple[float, float] | None = None,
     hang_timeout: float | None = None,
     services: Iterable[Callable[[], Any]] = (),
@@ -287,7 +296,7 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         preload=tuple(kw["preload"]),
         isolation=kw["isolation"],
         expected_failures=tuple(kw["expected_failures"]),
-        crash_save=tuple(kw["crash_save"]) if kw.get("crash_save") else None,
+        crash_save=_crash_save(name, kw.get("crash_save", CRASH_SMOKE)),
         state_tolerance=_tolerance(name, kw.get("state_tolerance")),
         hang_timeout=_hang_timeout(name, kw.get("hang_timeout")),
         command=kw.get("command"),
@@ -296,7 +305,7 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         elastic_state=_flag(name, "elastic_state", kw.get("elastic_state", False)),
         early_stop=_early_stop(name, kw.get("early_stop", EARLY_STOP_EPOCH)),
         **_distributed(name, kw.get("world_size", 1), kw.get("elastic", ()), kw.get("preemption", ()),
-                       kw.get("crash_save")),
+                       _crash_save(name, kw.get("crash_save", CRASH_SMOKE))),
     )
 
 
@@ -329,6 +338,30 @@ ERR_CRASH_RANKS = ("target {name!r}: crash_save= is not supported with world_siz
                    "process); declare the crash axis on a one-rank target")
 
 
+ERR_CRASH_SAVE = ("target {name!r}: crash_save={value!r} is not one of {smoke!r} (the default: a few crash cells on "
+                  "the save of checkpoint 2), (step, prior) (every crash point of the save of checkpoint step, with a "
+                  "checkpoint of prior before it: whole numbers, 0 <= prior < step, e.g. crash_save=(2, 1)) or False "
+                  "(no crash cells)")
+
+
+def _crash_save(name: str, value: Any) -> tuple[int, int] | str | None:
+    """``crash_save``: :data:`CRASH_SMOKE`, a (step, prior) pair of whole numbers with 0 <= prior < step, or
+    None for False and None (no crash cells)."""
+    if value is None or value is False:
+        return None
+    if isinstance(value, str):
+        if value == CRASH_SMOKE:
+            return CRASH_SMOKE
+    else:
+        try:
+            step, prior = value
+        except (TypeError, ValueError):
+            step = prior = None
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in (step, prior)) and 0 <= prior < step:
+            return int(step), int(prior)
+    raise TargetError(ERR_CRASH_SAVE.format(name=name, value=value, smoke=CRASH_SMOKE))
+
+
 def _distributed(name: str, world: Any, elastic: Any, preemption: Any, crash_save: Any) -> dict[str, Any]:
     """``world_size``, ``elastic`` and ``preemption``, checked."""
     if isinstance(world, bool) or not isinstance(world, int) or not 1 <= world <= MAX_WORLD_SIZE:
@@ -345,7 +378,7 @@ def _distributed(name: str, world: Any, elastic: Any, preemption: Any, crash_sav
         graces = (0.0,)
     if any(not g > 0 or g == float("inf") for g in graces):
         raise TargetError(ERR_PREEMPTION.format(name=name, value=preemption))
-    if crash_save and world > 1:
+    if isinstance(crash_save, tuple) and world > 1:  # the default smoke cells are left out instead
         raise TargetError(ERR_CRASH_RANKS.format(name=name))
     return {"world_size": world, "elastic": tuple(dict.fromkeys(sizes)), "preemption": tuple(dict.fromkeys(graces))}
 

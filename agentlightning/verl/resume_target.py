@@ -320,10 +320,11 @@ def _ray_head_service() -> Any:
     return ray_head_service()
 
 
-#: The Agent Lightning VERL trainer with its actor on verl's RayWorkerGroup (2 CPU Ray actors).
+#: The Agent Lightning VERL trainer with its actor on verl's RayWorkerGroup (2 CPU Ray actors). No crash smoke
+#: cells: its crash cells are agentlightning_ray_crash's, on request, as each of its runs costs seconds.
 agentlightning_ray = resume_target(
     fit_ray, name="agentlightning_ray", steps=ray_steps, boundaries=ray_boundaries, cases=RAY_CASES,
-    contract=BOTH_LEDGERS, preload=PRELOAD, services=[_ray_head_service], hang_timeout=300,
+    contract=BOTH_LEDGERS, preload=PRELOAD, services=[_ray_head_service], hang_timeout=300, crash_save=False,
 )
 
 

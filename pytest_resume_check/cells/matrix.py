@@ -4,6 +4,9 @@ A cell is (target, case, resume mode, kill point). A kill point is a list of :cl
 per killed run; the run after the last kill goes to the end. Kill-point selection is boundary-aware:
 ``full`` takes every step; ``quick`` takes the first and last steps, each epoch boundary and the steps
 beside it, and a seeded random sample of the rest.
+
+Crash-consistency cells fault one save of the first case at its recorded file operations: every crash
+point (``crash_save=(step, prior)``), or by default a few smoke cells (:func:`smoke_cells`).
 """
 
 from __future__ import annotations
@@ -279,5 +282,81 @@ def crash_cells(target: Target, case: Mapping[str, Any], ops: Sequence[faults.Fi
     for plan in plans:
         cell = Cell(target, case, RESUME_AUTO, (KillSpec(step, 0, plan),), steps, None, (prior,), tuple(ops))
         reason = next((why for pred, why in target.expected_failures if pred(cell)), None)
+        out.append(replace(cell, xfail_reason=reason))
+    return out
+
+
+#: The save the default crash smoke cells fault: checkpoint 2, with checkpoint 1 before it to fall back to.
+SMOKE_SAVE = (2, 1)
+
+
+@dataclass(frozen=True)
+class CrashAxis:
+    """Which save of a target's first case its crash cells fault, and how many cells: every crash point
+    (``crash_save=(step, prior)``) or the smoke cells (the default)."""
+
+    step: int
+    prior: int
+    smoke: bool
+
+
+def crash_axis(target: Target) -> CrashAxis | None:
+    """The crash cells ``target`` gets, None for none: ``crash_save=False``; or the default smoke cells where
+    they cannot apply: several ranks (faults are injected in one process), no ``auto`` resume (a crash cell
+    resumes from what the crash left in the run's own folder), or a first case of fewer than 2 steps (no
+    checkpoint before the faulted save)."""
+    declared = target.crash_save
+    if not declared:
+        return None
+    if not isinstance(declared, str):
+        step, prior = declared
+        return CrashAxis(int(step), int(prior), smoke=False)
+    step, prior = SMOKE_SAVE  # CRASH_SMOKE, the default
+    if target.world_size > 1 or RESUME_AUTO not in target.resume_modes:
+        return None
+    if _steps(target, target.cases[0]) < step:
+        return None
+    return CrashAxis(step, prior, smoke=True)
+
+
+def smoke_plans(ops: Sequence[faults.FileOp], step: int) -> list[faults.FaultPlan]:
+    """The faults of the smoke cells of the save of checkpoint ``step`` with file operations ``ops``, in
+    this order:
+
+    - a kill right before its last operation: the save is incomplete, so a resume must fall back to the
+      checkpoint before it (fails a save that names the new checkpoint before it is complete);
+    - a power loss right after its last write (``write`` or ``torch.save``), unless that is its last
+      operation: what was not fsynced is lost (fails a save that makes a checkpoint selectable before its
+      data is durable);
+    - a power loss after its last operation (fails a save that is complete but not durable);
+    - if the save left a file that was not durable when it got its final name, the last such file torn
+      (half its bytes, right after it was written: fails a save written in place).
+
+    None for a save with no operation the recorder saw."""
+    total = len(ops)
+    if not total:
+        return []
+    writes = [op.index for op in ops if op.kind in ("write", "torch.save")]
+    plans = [faults.FaultPlan(step, faults.MODE_CRASH, total - 1, total=total)]
+    if writes and writes[-1] + 1 < total:
+        plans.append(faults.FaultPlan(step, faults.MODE_POWER, writes[-1] + 1, total=total))
+    plans.append(faults.FaultPlan(step, faults.MODE_POWER, total, total=total))
+    tearable = tearable_files(ops)
+    if tearable:
+        path, at = tearable[-1]
+        plans.append(faults.FaultPlan(step, faults.MODE_TORN, min(at + 1, total), file=path, total=total))
+    return plans
+
+
+def smoke_cells(target: Target, case: Mapping[str, Any], ops: Sequence[faults.FileOp], step: int,
+                prior: int) -> list[Cell]:
+    """The crash smoke cells of the save of checkpoint ``step`` (a checkpoint of ``prior`` before it): those
+    of :func:`smoke_plans`, resumed automatically, with the target's expected failures applied."""
+    steps = _steps(target, case)
+    out = []
+    for plan in smoke_plans(ops, step):
+        cell = Cell(target, case, RESUME_AUTO, (KillSpec(step, 0, plan),), steps, None, (prior,), tuple(ops))
+        reason = next((why for pred, why in target.expected_failures
+                       if _ask(target, "expected_failures", case, pred, cell)), None)
         out.append(replace(cell, xfail_reason=reason))
     return out

@@ -74,11 +74,15 @@ class ResumeMatrix(pytest.Collector):
                 name=target.name, error=describe_error(exc))
             return [self._broken(f"{target.name}[matrix]", message)]
         items: list[pytest.Item] = []
-        if target.crash_save and self.config.option.collectonly:
+        axis = matrix.crash_axis(target)  # declared, or the default smoke cells where they apply
+        if axis is not None and self.config.option.collectonly:
             self.matrix.unrecorded.append(target.name)
-        elif target.crash_save:
+        elif axis is not None:
             try:
                 cells += self.matrix.engine.crash_cells(target, settings.mode)
+            except TargetError as exc:  # it cannot run at all (a preload module that fails)
+                if not axis.smoke:  # its cells say so, each with this one line: no item for smoke cells
+                    items.append(self._broken(f"{target.name}[record-save]", str(exc)))
             except Exception as exc:  # a target whose save cannot even be recorded
                 items.append(self._broken(f"{target.name}[record-save]", str(exc)))
         items += [ResumeCell.from_parent(self, cell=cell, matrix=self.matrix,

@@ -56,7 +56,7 @@ GOOD = """
 from pytest_resume_check import resume_target
 import trainer
 
-good = resume_target(trainer.train, name="good", steps=trainer.STEPS, resume_modes=["auto"])
+good = resume_target(trainer.train, name="good", steps=trainer.STEPS, resume_modes=["auto"], crash_save=False)
 """
 GOOD_CELLS = 3
 

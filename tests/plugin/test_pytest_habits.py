@@ -25,7 +25,9 @@ CASES = "[{'id': 'ok'}, {'id': 'bug', 'skip': True}]"
 
 
 def project(path: Path, cases: str = CASES, name: str = "files", **options: str) -> Path:
-    """A project whose conftest declares one target of the torch-free trainer (no pytest.ini)."""
+    """A project whose conftest declares one target of the torch-free trainer (no pytest.ini); its save is
+    written in place, so without crash smoke cells unless ``crash_save`` is given."""
+    options.setdefault("crash_save", "False")
     path.mkdir(parents=True, exist_ok=True)
     (path / "project_trainer.py").write_text(TRAINER.read_text())
     extra = "".join(f", {k}={v}" for k, v in options.items())

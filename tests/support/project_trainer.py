@@ -67,6 +67,6 @@ def write_project(path, target, cases):
         "import project_trainer\n"
         "from pytest_resume_check import resume_target\n"
         f"t = resume_target(project_trainer.train, name={target!r}, steps=project_trainer.STEPS, cases={cases},"
-        " preload=('project_trainer',))\n")
+        " preload=('project_trainer',), crash_save=False)\n")  # its save is written in place: no crash smoke cells
     (path / "pytest.ini").write_text(f"[pytest]\nresume_matrix_targets = {target}\n")
     return path

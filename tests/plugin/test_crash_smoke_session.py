@@ -1,0 +1,82 @@
+"""Crash smoke cells in a user's session (issue 29, item 6): a project whose target declares nothing about
+crash consistency and saves in place, without fsync, fails a few crash cells of its default matrix;
+``crash_save=False`` leaves them out. A project of its own in a temporary folder, ``pytest`` run in a
+subprocess; the trainer is the torch-free one of ``tests/support/project_trainer.py``, whose checkpoint
+files (``weights.bin``, ``step`` and the ``latest`` pointer) are written in place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from pytest_resume_check import categories
+
+TRAINER = Path(__file__).resolve().parents[1] / "support" / "project_trainer.py"
+#: The save of step 2: mkdir s2; open, write, close s2/weights.bin, s2/step and latest (ops 1-9).
+SMOKE = ["files[ok-auto-save2op9]", "files[ok-auto-save2op9:power]", "files[ok-auto-save2op10:power]",
+         "files[ok-auto-save2op10:torn:latest]"]
+
+
+def project(path: Path, options: str = "") -> Path:
+    """A project whose conftest declares the torch-free trainer with one case (``options`` added)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "project_trainer.py").write_text(TRAINER.read_text())
+    (path / "conftest.py").write_text(
+        "import project_trainer\nfrom pytest_resume_check import resume_target\n"
+        "t = resume_target(project_trainer.train, name='files', steps=project_trainer.STEPS, cases=[{'id': 'ok'}], "
+        f"preload=('project_trainer',){options})\n")
+    return path
+
+
+def pytest_in(path: Path, *args: str) -> tuple[int, str]:
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider", *args],
+                          cwd=path, env={**os.environ, "PYTHONPATH": str(path), "COLUMNS": "120"},
+                          capture_output=True, text=True, timeout=600)
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_a_save_written_in_place_fails_the_default_smoke_cells_and_nothing_else(tmp_path):
+    report = tmp_path / "cells.json"
+    code, out = pytest_in(project(tmp_path / "p"), "--resume-matrix", "-p", "no:xdist",
+                          f"--resume-matrix-json={report}")
+    assert code == 1, out[-3000:]
+    cells = json.loads(report.read_text())["cells"]
+    failed = sorted(f"{c['target']}[{c['case_id']}-{c['resume_mode']}-{c['kill']}]" for c in cells if not c["passed"])
+    assert failed == sorted(SMOKE), out[-3000:]
+    assert {cat for c in cells if not c["passed"] for cat in c["categories"]} == {categories.RESUME_ERROR}
+    assert sorted(re.findall(r"^FAILED resume-matrix::(\S+)", out, re.M)) == sorted(SMOKE)
+    assert "files: 4 crash-consistency cells of the save of step 2 (case ok)" in out
+    assert f"{len(cells) - 4} passed" in out.splitlines()[-1]
+
+
+def test_the_rerun_line_of_a_failing_smoke_cell_runs_that_cell_alone(tmp_path):
+    path = project(tmp_path / "p")
+    code, out = pytest_in(path, "--resume-matrix", "-p", "no:xdist", "-k", "save2op10")
+    rerun = next(shlex.split(line.strip().removeprefix("rerun: pytest ")) for line in out.splitlines()
+                 if line.strip().startswith("rerun: ") and "save2op10:power" in line)
+    code, out = pytest_in(path, *rerun, "-p", "no:xdist")
+    assert code == 1, out[-3000:]
+    assert re.findall(r"^FAILED resume-matrix::(\S+)", out, re.M) == ["files[ok-auto-save2op10:power]"]
+    assert "resume matrix: 1 cells, 1 failing" in out
+
+
+def test_crash_save_false_turns_the_smoke_cells_off(tmp_path):
+    path = project(tmp_path / "p", ", crash_save=False")
+    code, out = pytest_in(path, "--resume-matrix", "-p", "no:xdist")
+    assert code == 0, out[-3000:]
+    assert "save2" not in out and "crash-consistency" not in out
+    code, out = pytest_in(path, "--resume-matrix", "--co", "-q")
+    assert code == 0 and "crash-consistency cells not listed" not in out, out[-3000:]
+
+
+def test_collect_only_says_the_smoke_cells_are_not_listed_and_runs_nothing(tmp_path):
+    code, out = pytest_in(project(tmp_path / "p"), "--resume-matrix", "--co", "-q")
+    assert code == 0, out[-3000:]
+    assert "resume-check: files: crash-consistency cells not listed" in out
+    assert "save2" not in out
