@@ -4,10 +4,12 @@
 :func:`fit` is the trainer: a small regression network with dropout, AdamW with a warm-up ``LambdaLR`` or a
 ``StepLR``, ``accelerator.accumulate`` for gradient accumulation, a progress counter registered with
 ``register_for_checkpointing``, checkpoints with ``save_state`` (automatic naming with ``total_limit``, or
-explicit folders; optionally one more at the end of each epoch) and a resume with ``load_state`` that skips
-the batches already trained on either through a stateful loader (``use_stateful_dataloader=True``) or with
-``accelerator.skip_first_batches``. :func:`train` is the target: it builds the ``Accelerator`` for the run and
-hands the loop to ``ResumeCheck``.
+explicit ``step_<N>`` folders; optionally one more at the end of each epoch) and a resume with ``load_state``
+that skips the batches already trained on either through a stateful loader (``use_stateful_dataloader=True``)
+or with ``accelerator.skip_first_batches``. The trainer chooses the folder to resume from itself
+(:func:`checkpoint_to_resume`: the highest-numbered folder, or the run's ``resume_path``), so the matrix tests
+that choice. :func:`train` is the target: it builds the ``Accelerator`` for the run and hands the loop to
+``ResumeCheck``, which reports the folder ``load_state`` was given.
 
 Shuffling is seeded the way Accelerate resumes it: ``use_seedable_sampler=True`` and ``loader.set_epoch(epoch)``
 (the default sampler draws a new permutation from the global RNG when a resumed loop starts). The data loader
@@ -15,9 +17,10 @@ has its own ``torch.Generator``: without one it draws its base seed from the glo
 has just restored, and the dropout masks after a resume differ from the uninterrupted run's
 (:func:`train_loader_without_generator`, docs/examples/findings/accelerate_loader_rng.py).
 
-The planted-bug variants (:func:`train_loader_not_restored`, :func:`train_optimizer_not_prepared`) and the
-findings' raw configurations (:func:`train_loader_without_generator`, :func:`train_raw_naming`) are
-module-level target functions outside :data:`TARGETS`; tests/engine/test_integration_accelerate.py runs them.
+The planted-bug variants (:func:`train_loader_not_restored`, :func:`train_optimizer_not_prepared`,
+:func:`train_name_sorted_resume`) and the findings' raw configurations (:func:`train_loader_without_generator`,
+:func:`train_raw_naming`) are module-level target functions outside :data:`TARGETS`;
+tests/engine/test_integration_accelerate.py runs them.
 
 torch and accelerate are imported inside the functions: loading this module costs nothing.
 """
@@ -25,13 +28,14 @@ torch and accelerate are imported inside the functions: loading this module cost
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 from pytest_resume_check.builtin.epochs import AccumulatedEpochs
 from pytest_resume_check.ids import WithIds
-from pytest_resume_check.run import RunContext
+from pytest_resume_check.run import RESUME_AUTO, RESUME_PATH, RunContext
 from pytest_resume_check.targets import resume_target
 
 FEATURES = 4
@@ -43,6 +47,11 @@ LOADER_NOT_RESTORED = "loader_not_restored"  # prepared after load_state / no sk
 OPTIMIZER_NOT_PREPARED = "optimizer_not_prepared"  # save_state never sees the optimizer -> STATE_DIVERGED
 LOADER_WITHOUT_GENERATOR = "loader_without_generator"  # finding: resumed loader draws from the global RNG
 RAW_NAMING = "raw_naming"  # finding: Accelerate's checkpoint numbering after load_state, not continued
+NAME_SORTED = "name_sorted"  # the newest folder by name: step_9 after step_10, checkpoint_9 after _10 -> STALE_RESUME
+
+#: The trainer's checkpoint folders: Accelerate's ``checkpoints/checkpoint_<n>`` (n counts saves from 0) under
+#: automatic naming, else ``step_<N>`` (N: the optimizer step) directly in the output directory.
+AUTO_CHECKPOINTS, AUTO_NAME, STEP_NAME = "checkpoints", re.compile(r"checkpoint_(\d+)"), re.compile(r"step_(\d+)")
 
 DEFAULT_CASE: dict[str, Any] = {"n": 10, "batch": 2, "epochs": 2, "ga": 1, "shuffle": False, "workers": 0,
                                 "loader": STATEFUL, "naming": AUTO, "limit": None, "every": None,
@@ -107,6 +116,35 @@ class Progress:
         self.step, self.epoch, self.batches = state["step"], state["epoch"], state["batches"]
 
 
+def newest_checkpoint(folder: str, auto_naming: bool) -> str | None:
+    """The trainer's own "which checkpoint" in auto mode: the checkpoint folder with the highest number, the
+    one ``accelerator.load_state()`` would pick under automatic naming (None: none yet, a fresh start)."""
+    root, pattern = (os.path.join(folder, AUTO_CHECKPOINTS), AUTO_NAME) if auto_naming else (folder, STEP_NAME)
+    found = [(int(m.group(1)), n) for n in _listdir(root) if (m := pattern.fullmatch(n))]
+    return os.path.join(root, max(found)[1]) if found else None
+
+
+def newest_by_name(folder: str, auto_naming: bool) -> str | None:
+    """Planted bug: the newest checkpoint taken as the last folder name in sorted order. Right while the
+    numbers have one digit; then ``step_10`` sorts before ``step_9`` and ``checkpoint_10`` before ``checkpoint_9``."""
+    root, pattern = (os.path.join(folder, AUTO_CHECKPOINTS), AUTO_NAME) if auto_naming else (folder, STEP_NAME)
+    names = sorted(n for n in _listdir(root) if pattern.fullmatch(n))
+    return os.path.join(root, names[-1]) if names else None
+
+
+def checkpoint_to_resume(run: RunContext, auto_naming: bool,
+                         newest: Callable[[str, bool], str | None] = newest_checkpoint) -> str | None:
+    """The folder the trainer loads under the run's resume mode: ``newest`` in its output directory (``auto``),
+    the folder it was given (``path``), or none (``disabled``)."""
+    if run.resume_mode == RESUME_PATH:
+        return str(run.resume_path)
+    return newest(str(run.checkpoint_dir), auto_naming) if run.resume_mode == RESUME_AUTO else None
+
+
+def _listdir(folder: str) -> list[str]:
+    return os.listdir(folder) if os.path.isdir(folder) else []
+
+
 def fit(accelerator: Any, config: Config, resume_from: str | os.PathLike[str] | None = None,
         bug: str | None = None) -> None:
     """Train; resume from the ``save_state`` folder ``resume_from`` if given.
@@ -164,17 +202,17 @@ def fit(accelerator: Any, config: Config, resume_from: str | os.PathLike[str] | 
             if accelerator.sync_gradients:
                 progress.step += 1
                 if config.checkpoint_every and progress.step % config.checkpoint_every == 0:
-                    _save(accelerator, config, f"step_{progress.step}")
+                    _save(accelerator, config, progress.step)
         progress.epoch, progress.batches = epoch + 1, 0
         if config.epoch_checkpoints:
-            _save(accelerator, config, f"epoch_{epoch}")
+            _save(accelerator, config, progress.step)
 
 
-def _save(accelerator: Any, config: Config, name: str) -> None:
+def _save(accelerator: Any, config: Config, step: int) -> None:
     if accelerator.project_configuration.automatic_checkpoint_naming:
         accelerator.save_state()  # project_dir/checkpoints/checkpoint_<n>
-    else:
-        accelerator.save_state(os.path.join(config.output_dir, name))
+    else:  # one folder a step: an epoch-end save replaces an in-loop save of the same step, which it follows
+        accelerator.save_state(os.path.join(config.output_dir, f"step_{step}"))
 
 
 # -- the target (the glue) -------------------------------------------------------------------------
@@ -198,8 +236,9 @@ def train(run: RunContext, bug: str | None = None) -> None:
                     skip_batches=p["loader"] == SKIP, checkpoint_every=p["every"],
                     epoch_checkpoints=p["epoch_checkpoints"],
                     scheduler=p["scheduler"], loader_generator=bug != LOADER_WITHOUT_GENERATOR)
-    with ResumeCheck(run, accelerator, ids="input_id", continue_naming=bug != RAW_NAMING) as check:
-        fit(accelerator, config, resume_from=check.resume_from, bug=bug)
+    resume = checkpoint_to_resume(run, p["naming"] == AUTO, newest_by_name if bug == NAME_SORTED else newest_checkpoint)
+    with ResumeCheck(run, accelerator, ids="input_id", continue_naming=bug != RAW_NAMING):
+        fit(accelerator, config, resume_from=resume, bug=bug)  # ResumeCheck reports the folder load_state loads
 
 
 def train_loader_not_restored(run: RunContext) -> None:
@@ -210,6 +249,11 @@ def train_loader_not_restored(run: RunContext) -> None:
 def train_optimizer_not_prepared(run: RunContext) -> None:
     """Planted bug: the optimizer is not passed to ``prepare``, so ``save_state`` never saves it."""
     train(run, OPTIMIZER_NOT_PREPARED)
+
+
+def train_name_sorted_resume(run: RunContext) -> None:
+    """Planted bug: the trainer resumes from the last folder name in sorted order (step_9 after step_10)."""
+    train(run, NAME_SORTED)
 
 
 def train_loader_without_generator(run: RunContext) -> None:

@@ -3,7 +3,9 @@
 
 Written the way a Trainer user writes a job: a model built from a config (nothing downloaded), a
 map-style dataset of fixed token rows, ``default_data_collator``, ``TrainingArguments`` on the CPU and
-``trainer.train(resume_from_checkpoint=...)``. The Trainer shuffles with its own random sampler
+``trainer.train(resume_from_checkpoint=...)`` with the job's own choice of checkpoint
+(:func:`checkpoint_to_resume`: ``get_last_checkpoint`` of the output directory, as the Transformers example
+scripts do, or the run's ``resume_path``), which the matrix tests. The Trainer shuffles with its own random sampler
 (accelerate's ``SeedableRandomSampler``, seeded with ``seed + epoch``), skips the batches a resumed epoch
 already trained on, and restores the RNG state, so its resumes are exact, except one: resumed inside an
 epoch, it collates the first batches before restoring the RNG, so a masking collator masks them differently
@@ -14,9 +16,11 @@ Case keys: ``n`` examples, ``batch`` (per device), ``accum`` (gradient accumulat
 the checkpoints the harness asks for), ``keep`` (``save_total_limit``; 0: keep all) and ``mlm`` (a tiny
 BERT masked LM with ``DataCollatorForLanguageModeling`` instead of the GPT-2 causal LM).
 
-Planted bugs (module-level targets, not in :data:`TARGETS`): :func:`hf_trainer_ignore_data_skip` and
-:func:`hf_trainer_save_only_model`. transformers is imported inside the functions: loading this module
-costs nothing, and :data:`TARGETS` is empty where transformers is not installed.
+Planted bugs (module-level targets, not in :data:`TARGETS`): :func:`hf_trainer_ignore_data_skip`,
+:func:`hf_trainer_save_only_model` and :func:`hf_trainer_name_sorted_resume` (the newest checkpoint taken as
+the last folder name in sorted order: ``checkpoint-9`` after ``checkpoint-10``). transformers is imported
+inside the functions: loading this module costs nothing, and :data:`TARGETS` is empty where transformers is
+not installed.
 """
 
 from __future__ import annotations
@@ -24,12 +28,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pytest_resume_check.builtin.epochs import AccumulatedEpochs
 from pytest_resume_check.ids import WithIds
-from pytest_resume_check.run import RESUME_DISABLED, RunContext, RunPlan
+from pytest_resume_check.integrations.durable import leaves_incomplete
+from pytest_resume_check.run import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, RunContext, RunPlan
 from pytest_resume_check.targets import resume_target
 
 VOCAB = 64
@@ -44,6 +49,8 @@ IGNORE_DATA_SKIP = "ignore_data_skip"
 #: ``save_only_model=True``: checkpoints hold the weights only, and the Trainer resumes from them
 #: without a word, with a fresh optimizer, LR schedule and RNG -> STATE_DIVERGED
 SAVE_ONLY_MODEL = "save_only_model"
+#: The newest checkpoint taken by folder name: ``checkpoint-9`` sorts after ``checkpoint-10`` -> STALE_RESUME
+NAME_SORTED = "name_sorted"
 
 
 #: The case's step counts (pytest_resume_check.builtin.epochs).
@@ -103,6 +110,30 @@ def model_and_data(p: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     return GPT2LMHeadModel(gpt2_config), WithIds(TokenRows(p["n"])), default_data_collator
 
 
+def last_checkpoint(output_dir: str) -> str | None:
+    """The job's own "which checkpoint" in auto mode: Transformers' ``get_last_checkpoint``, the
+    ``checkpoint-N`` folder with the highest N (None: none yet, a fresh start)."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+
+
+def last_by_name(output_dir: str) -> str | None:
+    """Planted bug: the newest checkpoint taken as the last folder name in sorted order. Right up to step 9;
+    from step 10 on ``checkpoint-10`` sorts before ``checkpoint-9`` (and ``checkpoint-2``)."""
+    found = os.listdir(output_dir) if os.path.isdir(output_dir) else []
+    names = sorted(name for name in found if name.startswith("checkpoint-"))
+    return os.path.join(output_dir, names[-1]) if names else None
+
+
+def checkpoint_to_resume(run: RunContext, latest: Callable[[str], str | None] = last_checkpoint) -> str | None:
+    """What the job passes to ``trainer.train(resume_from_checkpoint=...)`` under the run's resume mode:
+    ``latest`` of the output directory (``auto``), the folder it was given (``path``), or none (``disabled``)."""
+    if run.resume_mode == RESUME_PATH:
+        return str(run.resume_path)
+    return latest(str(run.checkpoint_dir)) if run.resume_mode == RESUME_AUTO else None
+
+
 def train(run: RunContext, bug: str | None = None) -> None:
     """The fine-tuning job, driven through :class:`ResumeCheck`. Correct when ``bug`` is None."""
     from transformers import Trainer, TrainingArguments, set_seed
@@ -133,7 +164,8 @@ def train(run: RunContext, bug: str | None = None) -> None:
         save_only_model=bug == SAVE_ONLY_MODEL,
     )
     trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=collator, callbacks=[check])
-    trainer.train(resume_from_checkpoint=check.resume_from_checkpoint)
+    resume = checkpoint_to_resume(run, last_by_name if bug == NAME_SORTED else last_checkpoint)
+    trainer.train(resume_from_checkpoint=resume)  # check reports the step the Trainer restored
 
 
 def correct(run: RunContext) -> None:
@@ -149,6 +181,11 @@ def hf_trainer_ignore_data_skip(run: RunContext) -> None:
 def hf_trainer_save_only_model(run: RunContext) -> None:
     """Planted: ``save_only_model=True``, so a resume restores no optimizer state (STATE_DIVERGED)."""
     train(run, SAVE_ONLY_MODEL)
+
+
+def hf_trainer_name_sorted_resume(run: RunContext) -> None:
+    """Planted: the job resumes from the last folder name in sorted order (checkpoint-9 after checkpoint-10)."""
+    train(run, NAME_SORTED)
 
 
 class _Discard:
@@ -202,6 +239,24 @@ MLM_MID_EPOCH = ("transformers Trainer: on a mid-epoch resume the RNG state is r
                  "batches were collated, so DataCollatorForLanguageModeling masks them differently "
                  "(huggingface/transformers#39215; docs/examples/findings/hf_trainer_rng_after_collate.py)")
 
+#: The file ``Trainer._save_checkpoint`` writes last, which marks a ``checkpoint-N`` folder as complete.
+TRAINER_STATE = "trainer_state.json"
+
+
+def trainer_state_not_durable(cell: Any) -> bool:
+    """A crash cell (the default smoke cells of the save of step 2) whose fault leaves the saved
+    ``trainer_state.json`` empty: killed after the Trainer opened it and before it closed it, or a power loss
+    after it was opened and before it was fsynced."""
+    return leaves_incomplete(cell, TRAINER_STATE)
+
+
+#: transformers 5.10's ``Trainer._save_checkpoint`` writes ``checkpoint-N`` in place (``torch.save(path)``,
+#: ``open(path, "w")``) and never fsyncs; ``trainer_state.json``, written last, is all that says a folder is
+#: complete. A crash while it is written leaves it empty in a folder an auto resume still takes.
+TRAINER_STATE_LOST = ("transformers Trainer: checkpoint-N is written in place and never fsynced; a power loss after "
+                      "trainer_state.json was opened leaves it empty in a folder that auto resume still picks, "
+                      "and the resume fails on its JSON (a crash smoke cell; docs/crash-consistency.md)")
+
 #: The Hugging Face Trainer (tiny GPT-2) through the hf_trainer integration.
 hf_trainer_example = resume_target(
     correct,
@@ -211,7 +266,7 @@ hf_trainer_example = resume_target(
     cases=CASES,
     contract="exactly_once_ordered",
     preload=PRELOAD,
-    expected_failures=[(resumes_mid_epoch, MLM_MID_EPOCH)],
+    expected_failures=[(resumes_mid_epoch, MLM_MID_EPOCH), (trainer_state_not_durable, TRAINER_STATE_LOST)],
 )
 
 

@@ -2,9 +2,11 @@
 
 The trainer is what a Lightning user writes: a ``LightningModule`` (a small MLP regressor, Adam and a
 per-step ``StepLR``) fitted on synthetic data from a torchdata ``StatefulDataLoader``, whose position
-Lightning saves in its checkpoints and restores on ``trainer.fit(..., ckpt_path=...)``. The callback
-reports the batches, ends a step on each optimizer step, checkpoints when the harness asks and reports
-the training state.
+Lightning saves in its checkpoints and restores on ``trainer.fit(..., ckpt_path=...)``. The trainer chooses
+that checkpoint itself (:func:`checkpoint_to_resume`: the ``step_N.ckpt`` of the highest step, the run's
+``resume_path``, or none), so the matrix tests its choice. The callback reports the batches, ends a step on
+each optimizer step, checkpoints when the harness asks (as ``step_N.ckpt``) and reports the training state
+and the checkpoint Lightning restored.
 
 Case keys: ``n`` inputs, ``batch`` size, ``epochs``, ``accumulate`` (``accumulate_grad_batches``),
 ``shuffle``, ``workers`` (loader worker processes), ``keep_last`` (checkpoints kept), ``fix_epoch_end``
@@ -18,7 +20,8 @@ except in the case whose trainer carries the workaround.
 
 Planted bugs (module-level targets, not in ``TARGETS``): :func:`fit_plain_loader` trains from a plain
 ``torch.utils.data.DataLoader``, whose position Lightning cannot save; :func:`fit_fresh_optimizer`
-drops the optimizer state when a checkpoint is loaded.
+drops the optimizer state when a checkpoint is loaded; :func:`fit_name_sorted_resume` takes the newest
+checkpoint as the last file name in sorted order, so ``step_9.ckpt`` wins over ``step_10.ckpt``.
 
 Lightning, torch and torchdata are imported inside the functions: loading this module costs nothing.
 """
@@ -28,11 +31,13 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, cast
 
 from pytest_resume_check.builtin.epochs import AccumulatedEpochs
-from pytest_resume_check.run import RESUME_DISABLED, RunContext, RunPlan
+from pytest_resume_check.run import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, RunContext, RunPlan
 from pytest_resume_check.targets import resume_target
 
 FEATURES = 4
@@ -43,6 +48,11 @@ DEFAULT_CASE = {"n": 40, "batch": 8, "epochs": 2, "accumulate": 1, "shuffle": Fa
 #: Planted bugs.
 PLAIN_LOADER = "plain_loader"  # torch.utils.data.DataLoader: no loader state in the checkpoint -> DUPLICATED/LOST
 FRESH_OPTIMIZER = "fresh_optimizer"  # the optimizer state is dropped on load -> STATE_DIVERGED
+NAME_SORTED = "name_sorted"  # the newest checkpoint by file name: step_9.ckpt after step_10.ckpt -> STALE_RESUME
+
+#: The trainer's checkpoints: ``step_N.ckpt`` (N: the optimizer step), the name ResumeCheck gives the ones the
+#: harness asks for.
+CHECKPOINT_NAME = re.compile(r"step_(\d+)\.ckpt")
 
 
 #: The case's step counts (pytest_resume_check.builtin.epochs).
@@ -121,6 +131,29 @@ def make_loader(p: Mapping[str, Any], stateful: bool = True) -> Any:
                persistent_workers=False)
 
 
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The trainer's own "which checkpoint": the ``step_N.ckpt`` in ``folder`` with the highest step (None: none
+    yet, a fresh start)."""
+    found = [(int(m.group(1)), p) for p in folder.glob("step_*.ckpt") if (m := CHECKPOINT_NAME.fullmatch(p.name))]
+    return max(found)[1] if found else None
+
+
+def latest_by_name(folder: Path) -> Path | None:
+    """Planted bug: the newest checkpoint taken as the last name in sorted order, as ``sorted(glob(...))[-1]``
+    does. Right up to step 9; from step 10 on ``step_10.ckpt`` sorts before ``step_9.ckpt`` (and ``step_2.ckpt``)."""
+    names = sorted(p.name for p in folder.glob("step_*.ckpt"))
+    return folder / names[-1] if names else None
+
+
+def checkpoint_to_resume(run: RunContext, latest: Callable[[Path], Path | None] = latest_checkpoint) -> str | None:
+    """What the trainer passes to ``trainer.fit(ckpt_path=...)`` under the run's resume mode: ``latest`` of the
+    checkpoint folder (``auto``), the checkpoint it was given (``path``), or none (``disabled``)."""
+    if run.resume_mode == RESUME_PATH:
+        return str(run.resume_path)
+    found = latest(run.checkpoint_dir) if run.resume_mode == RESUME_AUTO else None
+    return str(found) if found is not None else None
+
+
 def make_trainer(p: Mapping[str, Any], callbacks: list[Any]) -> Any:
     """The Trainer: ``epochs`` epochs on the CPU, with what the harness does not need switched off."""
     import lightning.pytorch as L
@@ -152,7 +185,8 @@ def fit(run: RunContext, bug: str | None = None) -> None:
     loader = make_loader(p, stateful=bug != PLAIN_LOADER)
     check = ResumeCheck(run, ids=lambda batch: batch[ID_KEY], keep_last=p["keep_last"])
     trainer = make_trainer(p, [check, EpochEndResumeFix()] if p["fix_epoch_end"] else [check])
-    trainer.fit(model, train_dataloaders=loader, ckpt_path=check.ckpt_path())
+    resume = checkpoint_to_resume(run, latest_by_name if bug == NAME_SORTED else latest_checkpoint)
+    trainer.fit(model, train_dataloaders=loader, ckpt_path=resume)  # check reports what Lightning restored
 
 
 # One module-level function per variant: a child process imports its target by name.
@@ -169,6 +203,11 @@ def fit_plain_loader(run: RunContext) -> None:
 def fit_fresh_optimizer(run: RunContext) -> None:
     """Planted bug: the optimizer state is dropped when the checkpoint is loaded."""
     fit(run, FRESH_OPTIMIZER)
+
+
+def fit_name_sorted_resume(run: RunContext) -> None:
+    """Planted bug: the trainer resumes from the last checkpoint name in sorted order (step_9 after step_10)."""
+    fit(run, NAME_SORTED)
 
 
 def warm_up() -> None:

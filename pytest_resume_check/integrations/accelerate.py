@@ -6,8 +6,14 @@ through the one ``Accelerator`` it is given, so the loop itself stays as it is::
 
     accelerator = Accelerator(cpu=True, project_config=ProjectConfiguration(
         project_dir=run.checkpoint_dir, automatic_checkpoint_naming=True, total_limit=2))
-    with ResumeCheck(run, accelerator, ids="input_id") as check:     # before accelerator.prepare(...)
-        my_trainer.train(accelerator, resume_from=check.resume_from)  # calls load_state(resume_from) if set
+    resume = {"auto": "latest", "path": run.resume_path}.get(run.resume_mode)  # the trainer's own option
+    with ResumeCheck(run, accelerator, ids="input_id"):      # before accelerator.prepare(...)
+        my_trainer.train(accelerator, resume_from=resume)    # its own code chooses and calls load_state(...)
+
+``ResumeCheck`` never chooses the checkpoint: the trainer's code does, as it does outside the harness, and
+``load_state`` reports the folder it was given (the matrix judges it: an older one than the newest published
+is ``STALE_RESUME``). For a trainer with no resume logic of its own, :attr:`ResumeCheck.resume_from` is a
+helper that chooses.
 
 It wraps four methods *of that instance* (the class is untouched, and leaving the ``with`` block puts
 them back):
@@ -26,10 +32,12 @@ them back):
   :data:`MARKER` file (step, epoch, position) is written into it by an atomic rename; only then is the
   checkpoint *published* (``run.checkpoint_published``). A folder without the marker (a save killed
   half-way) is never resumed from.
-- ``load_state``: loads the folder given, or with no folder (automatic naming) the newest *published*
-  checkpoint rather than Accelerate's highest-numbered folder, which may be half-written. Then reports
-  ``run.resumed(step, folder)`` with the step the marker records and, right after Accelerate returns,
-  the state it restored (``run.state`` at that step, see :meth:`ResumeCheck.restored_state`). With
+- ``load_state``: loads the folder given, or with no folder (automatic naming) the one Accelerate picks
+  itself, the highest-numbered ``checkpoint_<n>`` (:func:`accelerate_pick`), whether or not it is the
+  newest or complete. Then reports ``run.resumed(step, folder)`` with the step the folder's marker records
+  (a folder without one, which ResumeCheck never published, is refused with an error naming it: its step is
+  unknown) and, right after Accelerate returns, the state it restored (``run.state`` at that step, see
+  :meth:`ResumeCheck.restored_state`). With
   automatic checkpoint naming it also sets ``accelerator.project_configuration.iteration`` past the
   highest ``checkpoint_<n>`` folder: Accelerate 1.15 leaves it at 0 after a load, so the next
   ``save_state`` fails with "checkpoint_0 (0) already exists", or, with ``total_limit``, deletes an older
@@ -79,6 +87,8 @@ KEY_AT_STEP_END = "at_step_end"
 #: Accelerate's folder under ``project_dir`` with automatic checkpoint naming, and its folder names.
 AUTO_FOLDER = "checkpoints"
 AUTO_NAME = re.compile(r"checkpoint_(\d+)")
+#: The number Accelerate orders folders by when ``load_state()`` picks one: the first in the folder's name.
+FIRST_NUMBER = re.compile(r"(\d+)")
 #: Where checkpoints the harness asks for go without automatic naming (relative to ``run.checkpoint_dir``).
 DEFAULT_FOLDER = "step_{step}"
 #: The state reported after each step, by component (``run.state``): the models, optimizers and LR
@@ -97,12 +107,15 @@ ERR_PROJECT_DIR = ("ResumeCheck: automatic_checkpoint_naming saves under project
                    "run.checkpoint_dir={checkpoint_dir}, so a resumed run would not find them; pass "
                    "ProjectConfiguration(project_dir=run.checkpoint_dir, automatic_checkpoint_naming=True)")
 ERR_NOT_PUBLISHED = ("ResumeCheck: {folder} holds no {marker}, so it is not a checkpoint ResumeCheck published (a "
-                     "save killed half-way, or one written without ResumeCheck); load check.resume_from")
+                     "save killed half-way, or one written without ResumeCheck) and the step it holds is unknown; "
+                     "load a published folder (accelerator.load_state() without a folder takes the highest-numbered "
+                     "checkpoint_<n>, finished or not; check.resume_from is the newest published one)")
 ERR_BAD_MARKER = "ResumeCheck: {path} is not a checkpoint marker ResumeCheck can read ({problem}); delete the folder"
 ERR_NO_RESUME_PATH = ("ResumeCheck: resume mode 'path' needs run.resume_path to be a published checkpoint folder, "
                       "got {path}")
-ERR_NOTHING_TO_LOAD = ("ResumeCheck: accelerator.load_state() with no folder, but no published checkpoint is under "
-                       "{roots}; call load_state(check.resume_from) only when check.resume_from is not None")
+ERR_NOTHING_TO_LOAD = ("ResumeCheck: accelerator.load_state() with no folder loads the highest-numbered folder "
+                       "under {root}, but there is none; call it only once a checkpoint was saved (a first run "
+                       "starts fresh)")
 ERR_IDS = ("ResumeCheck: cannot read input ids from a {kind} batch with ids={ids!r} ({error}); pass "
            "ids='<key of the id tensor>' or ids=<function(batch) -> ids>")
 ERR_IDS_TYPE = "ResumeCheck: ids must be a batch key (str) or a function(batch) -> ids, got {kind}"
@@ -169,9 +182,11 @@ class ResumeCheck:
     # -- what the glue reads -------------------------------------------------------------------
     @property
     def resume_from(self) -> Path | None:
-        """The checkpoint folder this run should ``load_state`` from under ``run.resume_mode``: in ``auto``
-        the newest published one in this run's checkpoint folders (None when there is none yet), in ``path``
-        exactly ``run.resume_path``, in ``disabled`` None."""
+        """A helper for a trainer with no resume logic of its own: the checkpoint folder to ``load_state``
+        from under ``run.resume_mode``, in ``auto`` the newest published one in this run's checkpoint folders
+        by step (None when there is none yet), in ``path`` exactly ``run.resume_path``, in ``disabled`` None.
+        A trainer that chooses its checkpoint itself should keep doing so under the matrix, which then tests
+        that choice."""
         if self._run.resume_mode == RESUME_PATH:
             path = self._run.resume_path
             if path is None or not (path / MARKER).is_file():
@@ -252,9 +267,12 @@ class ResumeCheck:
 
     def _load_state(self, input_dir: str | os.PathLike[str] | None = None, *args: Any, **kwargs: Any) -> Any:
         if input_dir is None:
-            folder = self._latest()
-            if folder is None:
-                raise FileNotFoundError(ERR_NOTHING_TO_LOAD.format(roots=", ".join(map(str, self._roots()))))
+            if not self._auto_naming:  # Accelerate's own error: no folder and nothing to pick from
+                return self._originals["load_state"](input_dir, *args, **kwargs)
+            picked = accelerate_pick(self._auto_root())  # what Accelerate loads: loaded by name, so reported right
+            if picked is None:
+                raise FileNotFoundError(ERR_NOTHING_TO_LOAD.format(root=self._auto_root()))
+            folder = picked
         else:
             folder = Path(input_dir)
         marker = read_marker(folder)
@@ -493,6 +511,20 @@ def latest_published(roots: Iterable[Path]) -> Path | None:
             if best is None or key > best:
                 best, found = key, marker.parent
     return found
+
+
+def accelerate_pick(auto_root: Path) -> Path | None:
+    """The folder ``accelerator.load_state()`` loads when given none, under automatic checkpoint naming: of the
+    folders in ``project_dir/checkpoints``, the one whose name's first number is highest (accelerate 1.16
+    ``Accelerator.load_state``; Accelerate fails on a name without a number, which is passed over here).
+    Whether its save completed is not looked at. None when there is no such folder."""
+    if not auto_root.is_dir():
+        return None
+    numbered = [(int(m.group(1)), name) for name in os.listdir(auto_root) if (m := FIRST_NUMBER.search(name))]
+    if not numbered:
+        return None
+    numbered.sort(key=lambda found: found[0])  # stable, as Accelerate's sort: a tie goes to the last listed
+    return auto_root / numbered[-1][1]
 
 
 def next_checkpoint_number(auto_root: Path) -> int:

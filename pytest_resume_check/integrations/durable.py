@@ -2,12 +2,15 @@
 
 Lightning, Accelerate and the Transformers ``Trainer`` write their checkpoint files in place and never
 fsync them; the integrations flush them with these before telling the harness a checkpoint exists.
+:func:`leaves_incomplete` is a predicate for ``expected_failures``: the crash cells in which a framework's
+resume takes a folder whose completion file a crash emptied.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 
 def fsync_path(path: Path) -> None:
@@ -31,3 +34,20 @@ def sync_tree(folder: Path, *, skip: str | None = None) -> None:
             fsync_path(path)
     fsync_path(folder)
     fsync_path(folder.parent)
+
+
+def leaves_incomplete(cell: Any, name: str) -> bool:
+    """Whether a crash cell (``cell.kills[0].fault`` inside the save whose file operations are
+    ``cell.save_ops``) leaves the file called ``name`` of that save empty or cut: a kill after it was opened
+    and up to its close, or a power loss after it was opened and up to its fsync (the save's end when it
+    has none). False for a cell with no fault, or a save that never opens such a file."""
+    fault = cell.kills[0].fault if cell.kills else None
+    ops = [op for op in cell.save_ops if os.path.basename(op.path) == name]
+    opened = next((op.index for op in ops if op.kind == "open"), None)
+    if fault is None or opened is None:
+        return False
+    closed = next((op.index for op in ops if op.kind == "close"), opened)
+    synced = next((op.index for op in ops if op.kind == "fsync"), len(cell.save_ops))
+    if fault.mode == "power":
+        return bool(opened < fault.op <= synced)
+    return bool(fault.mode == "crash" and opened < fault.op <= closed)

@@ -1,17 +1,26 @@
 """Hugging Face Transformers ``Trainer`` as a resume-check target: one ``TrainerCallback``.
 
-In a target function, give the callback to the ``Trainer`` and resume from the checkpoint it chose::
+In a target function, give the callback to the ``Trainer`` and resume the way the job does outside the
+harness, with its own choice of checkpoint under the run's resume mode::
 
-    check = ResumeCheck(run)                        # chooses the checkpoint per run.resume_mode
+    check = ResumeCheck(run)
     args = TrainingArguments(output_dir=str(run.checkpoint_dir), seed=run.seed,
                              remove_unused_columns=False, ...)
     trainer = Trainer(model, args, train_dataset=WithIds(dataset), callbacks=[check])
-    trainer.train(resume_from_checkpoint=check.resume_from_checkpoint)
+    resume = {"auto": my_last_checkpoint(args.output_dir), "path": run.resume_path}.get(run.resume_mode)
+    trainer.train(resume_from_checkpoint=resume)     # the job's own "which checkpoint" code runs
+
+The callback never chooses the checkpoint: it reports the one the Trainer restored, and the harness judges
+whether it was the newest one published (an older one is ``STALE_RESUME``). For a job with no resume logic
+of its own, :func:`checkpoint_to_resume` (also :attr:`ResumeCheck.resume_from_checkpoint`) is a helper that
+chooses.
 
 Where each report comes from in the Trainer's loop (transformers 5.x ``Trainer._inner_training_loop``):
 
 * ``resumed``: in ``on_train_begin``, with ``state.global_step``, the step the Trainer actually restored
-  (0 when it started fresh), so a resume argument that never reached ``train()`` shows as a stale resume.
+  (0 when it started fresh), so a resume argument that never reached ``train()`` shows as a stale resume,
+  and the folder of that step (the Trainer does not tell its callbacks which folder it loaded:
+  ``run.resume_path`` if it holds that step, else ``checkpoint-<step>`` in the output directory).
 * ``consumed``: callbacks never see a batch, and the train dataloader is the wrong place to look: the
   Trainer replaces it with a new ``skip_first_batches`` loader in the first epoch of a resumed run, and with
   ``dataloader_num_workers > 0`` the collator runs in worker processes. So the callback puts a forward
@@ -38,6 +47,7 @@ Importing this module imports ``transformers`` and defines things; nothing runs 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -114,8 +124,10 @@ def latest_checkpoint(output_dir: str | os.PathLike[str]) -> Path | None:
 
 
 def checkpoint_to_resume(run: RunContext) -> Path | None:
-    """The checkpoint ``run.resume_mode`` selects: ``auto`` the latest complete one in ``run.checkpoint_dir``
-    (None there: a fresh start), ``path`` exactly ``run.resume_path`` (which must be complete), ``disabled`` None."""
+    """A helper for a job with no resume logic of its own: the checkpoint ``run.resume_mode`` selects, ``auto``
+    the latest complete one in ``run.checkpoint_dir`` (None there: a fresh start), ``path`` exactly
+    ``run.resume_path`` (which must be complete), ``disabled`` None. A job that chooses its checkpoint itself
+    should keep doing so under the matrix, which then tests that choice."""
     if run.resume_mode == RESUME_DISABLED:
         return None
     if run.resume_mode == RESUME_PATH:
@@ -123,6 +135,15 @@ def checkpoint_to_resume(run: RunContext) -> Path | None:
             raise FileNotFoundError(ERR_RESUME_PATH.format(path=run.resume_path, file=TRAINER_STATE_FILE))
         return run.resume_path
     return latest_checkpoint(run.checkpoint_dir)
+
+
+def recorded_step(folder: str | os.PathLike[str]) -> int | None:
+    """The ``global_step`` a checkpoint folder's ``trainer_state.json`` records (None: no readable file)."""
+    try:
+        step = json.loads((Path(folder) / TRAINER_STATE_FILE).read_text()).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
 
 
 def rng_state() -> dict[str, Any]:
@@ -133,8 +154,9 @@ def rng_state() -> dict[str, Any]:
 class ResumeCheck(TrainerCallback):
     """A ``TrainerCallback`` that reports a ``Trainer``'s training to the run context.
 
-    ``run``: the ``RunContext`` the target function receives. Construct the callback before
-    ``trainer.train()``: it chooses the checkpoint to resume from (:attr:`resume_from_checkpoint`).
+    ``run``: the ``RunContext`` the target function receives. The callback does not choose the checkpoint
+    to resume from: the job's code does, and the callback reports what the Trainer restored
+    (:attr:`resume_from_checkpoint` is a helper for a job with no resume logic of its own).
 
     ``ids``: where the input ids are. A batch key (default ``"input_id"``, the key
     ``pytest_resume_check.WithIds`` adds): it needs ``TrainingArguments(remove_unused_columns=False)``, and
@@ -164,7 +186,6 @@ class ResumeCheck(TrainerCallback):
         self.extra_state = extra_state
         self.durable = durable
         self.report_final = report_final
-        self._resume = checkpoint_to_resume(run)
         self._state: TrainerState | None = None
         self._objects: dict[str, Any] = {}
         self._hook: Any = None
@@ -174,8 +195,10 @@ class ResumeCheck(TrainerCallback):
 
     @property
     def resume_from_checkpoint(self) -> str | None:
-        """The checkpoint folder to pass to ``trainer.train(resume_from_checkpoint=...)`` (None: start fresh)."""
-        return str(self._resume) if self._resume is not None else None
+        """A helper for a job with no resume logic of its own: the folder :func:`checkpoint_to_resume` chooses,
+        for ``trainer.train(resume_from_checkpoint=...)`` (None: start fresh)."""
+        folder = checkpoint_to_resume(self.run)
+        return str(folder) if folder is not None else None
 
     # -- Trainer events ----------------------------------------------------------------------------
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -260,15 +283,16 @@ class ResumeCheck(TrainerCallback):
 
     # -- internals ---------------------------------------------------------------------------------
     def _restored_folder(self, args: TrainingArguments, step: int) -> Path | None:
-        """The folder the Trainer restored ``step`` from: ours, or ``checkpoint-<step>`` if the run chose another."""
+        """The folder the Trainer restored ``step`` from. The Trainer passes its callbacks no path, so it is the
+        folder that holds that step: ``run.resume_path`` (path mode), else ``checkpoint-<step>`` in the output
+        directory; None (the report names the step alone) when neither does."""
         if step == 0:
             return None
-        if self._resume is not None and checkpoint_step(self._resume) == step:
-            return self._resume
-        self.run.log(f"the Trainer restored step {step}, but ResumeCheck chose {self._resume}: pass "
-                     "trainer.train(resume_from_checkpoint=check.resume_from_checkpoint)")
-        guess = _output_dir(args) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
-        return guess if guess.is_dir() else None
+        own = _output_dir(args) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+        for folder in (self.run.resume_path, own):
+            if folder is not None and recorded_step(folder) == step:
+                return folder
+        return None
 
     def _take_ids(self, module: torch.nn.Module, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:

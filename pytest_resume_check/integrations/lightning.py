@@ -10,7 +10,9 @@ and a function that reads the input ids of a batch, it reports what the harness 
   steps on an epoch's last batch);
 * a checkpoint when the harness asks for one, written with Lightning's own ``trainer.save_checkpoint``
   to a temporary name, synced, and renamed to ``step_N.ckpt``; published only once it is in place;
-* the step Lightning actually restored (``trainer.global_step`` when training starts) and the file;
+* the checkpoint Lightning actually restored: ``trainer.ckpt_path``, the file the trainer's own code passed to
+  ``trainer.fit(ckpt_path=...)`` (its own "which checkpoint" logic, which the matrix tests: an older file than
+  the newest the harness published fails as ``STALE_RESUME``), and ``trainer.global_step`` when training starts;
 * after a resume, the state Lightning restored, in ``on_train_start``: Lightning calls it once the
   checkpoint's module, optimizers, LR schedulers and loops are restored and the loader's position is
   loaded, before the first batch (the fit loop only when it reads as the checkpoint left it, see
@@ -24,9 +26,10 @@ and a function that reads the input ids of a batch, it reports what the harness 
 harness): it works around a Lightning 2.6 bug by which a fit resumed from a checkpoint written at the
 last batch of an epoch skips the next epoch when the train loader is stateful (docs/findings.md).
 
-:meth:`ResumeCheck.ckpt_path` gives the checkpoint for ``trainer.fit(..., ckpt_path=...)`` under the
-run's resume mode. ``keep_last=N`` deletes all but the newest ``N`` checkpoints, as trainers that keep
-the last few do.
+The callback never chooses the checkpoint: the trainer's code does, as it does outside the harness (it
+finds the ``step_N.ckpt`` files this callback writes in ``run.checkpoint_dir``). For a trainer with no resume
+logic of its own, :meth:`ResumeCheck.ckpt_path` is a helper that chooses under the run's resume mode.
+``keep_last=N`` deletes all but the newest ``N`` checkpoints, as trainers that keep the last few do.
 
 Lightning is imported at the top: this module is only imported where Lightning is installed. Importing
 it defines things and does nothing else.
@@ -120,11 +123,13 @@ class ResumeCheck(Callback):
         self._step_at_batch_start: int | None = None
         self._resume_reported = False
 
-    # -- what the user passes to trainer.fit -----------------------------------------------------
+    # -- a helper for a trainer with no resume logic of its own ---------------------------------------
     def ckpt_path(self) -> str | None:
-        """The checkpoint to pass to ``trainer.fit(..., ckpt_path=...)`` under the run's resume mode: the
-        newest ``step_N.ckpt`` in ``run.checkpoint_dir`` (``auto``), ``run.resume_path`` (``path``), or
-        ``None`` to start fresh (``disabled``, or ``auto`` with no checkpoint yet)."""
+        """A checkpoint for ``trainer.fit(..., ckpt_path=...)`` when the trainer has no resume logic of its
+        own, chosen under the run's resume mode: the newest ``step_N.ckpt`` in ``run.checkpoint_dir`` by step
+        (``auto``), ``run.resume_path`` (``path``), or ``None`` to start fresh (``disabled``, or ``auto`` with
+        no checkpoint yet). A trainer that chooses its checkpoint itself should keep doing so under the
+        matrix, which then tests that choice; this callback reports whatever Lightning restored."""
         mode = self.run.resume_mode
         if mode == RESUME_DISABLED:
             return None
@@ -215,7 +220,7 @@ class ResumeCheck(Callback):
         if self._resume_reported:
             return
         self._resume_reported = True
-        path = trainer.ckpt_path  # what Lightning restored (None when it started fresh)
+        path = trainer.ckpt_path  # what Lightning restored, whoever chose it (None when it started fresh)
         self.run.resumed(trainer.global_step, str(path) if path else None)
         if path and self.report_state:
             self.run.state(trainer.global_step, self.restored_state(trainer))

@@ -19,6 +19,7 @@ The two reference runs are compared the same way: a difference there is ``NONDET
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 
 from pytest_resume_check.categories import NONDETERMINISTIC, PROTOCOL, STALE_RESUME, STATE_DIVERGED
@@ -54,8 +55,19 @@ NOT_REPORTED = "not reported"
 
 
 def checkpoint_name(step: int, path: str | None) -> str:
-    """``global_step_4`` (the folder's name) or ``the checkpoint of step 4``."""
-    return os.path.basename(os.path.normpath(path)) if path else f"the checkpoint of step {step}"
+    """``global_step_4`` (the folder's name), ``checkpoint_3 (step 4)`` (a name whose last number is not the
+    step it holds: Accelerate numbers its folders from 0) or ``the checkpoint of step 4``."""
+    if not path:
+        return f"the checkpoint of step {step}"
+    name = os.path.basename(os.path.normpath(path))
+    numbers = re.findall(r"\d+", name)
+    return name if numbers and int(numbers[-1]) == step else f"{name} (step {step})"
+
+
+def checkpoint_and_step(step: int, path: str | None) -> str:
+    """``step_9 (step 9)``: :func:`checkpoint_name` with the step it holds, said once."""
+    name = checkpoint_name(step, path)
+    return name if not path or name.endswith(f"(step {step})") else f"{name} (step {step})"
 
 
 def judge_restored(runs: Sequence[RunRecord], newest_complete: int | None = None) -> list[Finding]:
@@ -90,7 +102,7 @@ def judge_restored(runs: Sequence[RunRecord], newest_complete: int | None = None
             return [Finding(PROTOCOL, MSG_UNPUBLISHED.format(run=index + 1, step=got, reached=reached))]
         if published and got < published[-1][0]:
             want_step, want_path = published[-1]
-            what = (f"resumed from {checkpoint_name(got, rec.resumed_path)} (step {got})" if got
+            what = (f"resumed from {checkpoint_and_step(got, rec.resumed_path)}" if got
                     else "started fresh (resumed step 0)")
             lost = want_step - got
             return [Finding(STALE_RESUME, MSG_STALE_PUBLISHED.format(
@@ -117,8 +129,8 @@ def _ranks_disagree(rec: RunRecord, index: int) -> Finding | None:
     for rank, (step, path) in by_rank.items():
         if lead is not None and step != lead[0]:
             return Finding(STALE_RESUME, MSG_RANKS_DISAGREE.format(
-                rank=rank, run=index + 1, got=f"{checkpoint_name(step, path)} (step {step})",
-                want=f"{checkpoint_name(*lead)} (step {lead[0]})"), step=min(step, lead[0]))
+                rank=rank, run=index + 1, got=checkpoint_and_step(step, path),
+                want=checkpoint_and_step(*lead)), step=min(step, lead[0]))
     return None
 
 
@@ -142,7 +154,7 @@ def _preempted(before: RunRecord, rec: RunRecord, index: int) -> Finding | None:
     else:
         what = "published no checkpoint"
     got = rec.resumed_step or 0
-    resumed = (f"resumed from {checkpoint_name(got, rec.resumed_path)} (step {got})" if got
+    resumed = (f"resumed from {checkpoint_and_step(got, rec.resumed_path)}" if got
                else "started fresh (resumed step 0)")
     lost = max(step - got, 0)
     return Finding(STALE_RESUME, MSG_PREEMPTED.format(

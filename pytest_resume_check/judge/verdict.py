@@ -58,6 +58,7 @@ from pytest_resume_check.judge.state_verdict import (  # noqa: F401  (MSG_* re-e
     MSG_STATE_DIVERGED,
     MSG_STATE_NONDETERMINISTIC,
     MSG_UNPUBLISHED,
+    checkpoint_name,
     judge_final,
     judge_ranks_agree,
     judge_reference_state,
@@ -110,10 +111,29 @@ LEDGER_CATEGORIES = frozenset({LOST, DUPLICATED, EPOCH, REORDERED})
 
 
 def resume_label(step: int | None, path: str | None) -> str:
-    """``resume from global_step_3`` / ``restart from scratch``."""
+    """``resume from global_step_3`` / ``restart from scratch`` (step 0: the run reported a fresh start)."""
     if not step:
         return "restart from scratch"
-    return f"resume from {os.path.basename(os.path.normpath(path))}" if path else f"resume from step {step}"
+    return f"resume from {checkpoint_name(step, path)}" if path else f"resume from step {step}"
+
+
+#: The story's label of a resumed run that ended before it reported what it restored (``run.resumed``): it
+#: is no restart from scratch, it was still loading (issue 29: ``run 2 (restart from scratch): raised
+#: EOFError`` of a run that died reading ``step_6.pt``).
+LABEL_UNREPORTED = "{how} before reporting what it resumed"
+#: ``how`` of :data:`LABEL_UNREPORTED`, by the run's outcome.
+UNREPORTED_HOW = {Outcome.RAISED: "raised", Outcome.CRASHED: "died", Outcome.HUNG: "hung", Outcome.KILLED: "killed"}
+#: The label of a resumed run that finished without ever reporting what it restored (a ``PROTOCOL`` cell).
+LABEL_NEVER_REPORTED = "never reported what it resumed"
+
+
+def run_label(rec: RunRecord) -> str:
+    """How the story of a cell names a resumed run: what it reported restoring (:func:`resume_label`) or,
+    when it never reported that, how it ended before it did (:data:`LABEL_UNREPORTED`)."""
+    if rec.resumed_step is not None:
+        return resume_label(rec.resumed_step, rec.resumed_path)
+    how = UNREPORTED_HOW.get(rec.outcome)
+    return LABEL_UNREPORTED.format(how=how) if how else LABEL_NEVER_REPORTED
 
 
 def judge_reference(first: RunRecord, second: RunRecord | None, declared_steps: int | None,

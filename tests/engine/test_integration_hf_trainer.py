@@ -1,9 +1,10 @@
 """The Hugging Face Trainer integration (``pytest_resume_check.integrations.hf_trainer``) reports what the
-Trainer really does: the bundled example passes its cells, its planted bugs fail for the right reason (a
-lost optimizer or scheduler state at the restored step, an average kept outside the checkpoint in the
-final outputs), the Trainer's mid-epoch RNG finding fails as declared, and the callback's own behaviour
-(optimizer steps under gradient accumulation, publishing only complete checkpoints, the restored step and
-state, the final model, clear errors) holds.
+Trainer really does: the bundled example, which chooses its checkpoint itself, passes its cells, its
+planted bugs fail for the right reason (a lost optimizer or scheduler state at the restored step, an average
+kept outside the checkpoint in the final outputs, a resume that sorts folder names as a stale resume where
+it bites), the Trainer's mid-epoch RNG finding fails as declared, and the callback's own behaviour
+(optimizer steps under gradient accumulation, publishing only complete checkpoints, the restored step,
+folder and state whoever chose the checkpoint, the final model, clear errors) holds.
 
 Cells run the real thing: children forked from the preloaded server, SIGKILL, real Trainer checkpoints.
 The unit tests run the example's Trainer in this process with a run context that records its events.
@@ -26,7 +27,7 @@ import torch  # noqa: E402
 from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed  # noqa: E402
 
 from pytest_resume_check.builtin import hf_trainer_example as ex  # noqa: E402
-from pytest_resume_check.cells.matrix import Cell  # noqa: E402
+from pytest_resume_check.cells.matrix import QUICK, Cell, cells  # noqa: E402
 from pytest_resume_check.engine import Engine  # noqa: E402
 from pytest_resume_check.integrations import hf_trainer  # noqa: E402
 from pytest_resume_check.integrations.hf_trainer import ResumeCheck  # noqa: E402
@@ -41,6 +42,7 @@ RECIPE = DOCS / "examples" / "recipes" / "hf_trainer"
 RECIPE_PAGE = DOCS / "recipes" / "hf-trainer.md"
 RECIPE_FILES = ("conftest.py", "trainer.py", "pytest.ini")
 GLUE = re.compile(r"# --8<-- \[start:glue\]\n(.*?)# --8<-- \[end:glue\]", re.S)
+MATRIX_SUMMARY = re.compile(r"resume matrix: (\d+) cells, (\d+) failing, (\d+) expected failures")
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +146,7 @@ def train_with(run, *, scheduler=None, callbacks=()):
                              disable_tqdm=True)
     trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=collator,
                       callbacks=[*callbacks, check], optimizers=optimizers)
-    trainer.train(resume_from_checkpoint=check.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=ex.checkpoint_to_resume(run))
 
 
 def decay(step):
@@ -195,6 +197,49 @@ def test_mid_epoch_resume_with_a_masking_collator_diverges_as_declared(engine):
     assert result.verdict.composite.ids == result.verdict.reference.ids  # same inputs, other masks
     at_boundary = Cell(ex.hf_trainer_example, MLM, RESUME_AUTO, (KillSpec(2),), ex.total_steps(MLM))
     assert not ex.resumes_mid_epoch(at_boundary)
+
+
+# -- the job's own "which checkpoint": judged, not replaced ------------------------------------------
+
+#: 24 examples in batches of 4: six steps an epoch, twelve in all, so checkpoint folders on both sides of 10.
+LONG = {"id": "long", "n": 24}
+#: Where sorting the names bites ("checkpoint-9" is the last name in sorted order once checkpoint-10 exists),
+#: and where it does not: before step 10, and in path mode (the folder the job is given).
+NAME_SORT_CELLS = {
+    ("auto", 9): None,
+    ("auto", 10): "STALE_RESUME: run 2 resumed from checkpoint-9 (step 9) but checkpoint-10 was published before the "
+                  "kill: 1 step of training lost",
+    ("auto", 12): "STALE_RESUME: run 2 resumed from checkpoint-9 (step 9) but checkpoint-12 was published before the "
+                  "kill: 3 steps of training lost",
+    ("path", 12): None,
+}
+
+
+def name_sort_cells(fn):
+    """The quick-matrix cells of :data:`NAME_SORT_CELLS` of ``fn`` over :data:`LONG` (with the checkpoints
+    their first run writes before the kill)."""
+    target = ex.hf_trainer_example.with_options(fn=fn, name=fn.__name__, cases=(LONG,), expected_failures=())
+    return {(c.resume_mode, c.kills[0].checkpoint_step): c for c in cells(target, QUICK, seed=1)
+            if c.shares_prefix and (c.resume_mode, c.kills[0].checkpoint_step) in NAME_SORT_CELLS}
+
+
+def test_a_resume_that_sorts_folder_names_is_stale_where_it_bites(engine):
+    found = name_sort_cells(ex.hf_trainer_name_sorted_resume)
+    assert set(found) == set(NAME_SORT_CELLS)
+    for key, cell in found.items():
+        result = engine.run_cell(cell)
+        if NAME_SORT_CELLS[key] is None:
+            assert result.passed, (key, result.verdict.headline)
+        else:
+            assert (result.verdict.categories, result.verdict.headline) == ([vd.STALE_RESUME], NAME_SORT_CELLS[key])
+            assert result.verdict.resumed_from == [9]
+
+
+def test_the_same_job_choosing_by_step_passes_where_the_name_sort_bites(engine):
+    for key, cell in name_sort_cells(ex.correct).items():
+        if NAME_SORT_CELLS[key] is not None:
+            result = engine.run_cell(cell)
+            assert result.passed, (key, result.verdict.headline)
 
 
 # -- the callback in this process --------------------------------------------------------------------
@@ -255,13 +300,42 @@ def test_checkpoints_are_published_complete_and_the_restored_step_is_reported(tm
     components = next(e for e in reported if e.kind == ev.STATE).extra[ev.STATE_DIGESTS]
     assert sorted(components) == ["lr_scheduler", "model", "optimizer", "rng", "trainer_state"]
 
-    (tmp_path / "out" / "checkpoint-3").mkdir()  # a save cut short: no trainer_state.json, never chosen
+    torn = tmp_path / "out" / "checkpoint-3"
+    torn.mkdir()  # a save cut short: no trainer_state.json; the helper passes over it, get_last_checkpoint does not
     assert hf_trainer.latest_checkpoint(tmp_path / "out") == tmp_path / "out" / "checkpoint-2"
+    assert ex.last_checkpoint(str(tmp_path / "out")) == str(torn)
+    torn.rmdir()
     second, recorder = context(tmp_path, case, resume_mode=RESUME_AUTO)
     ex.train(second)
     resumed = recorder.of(ev.RESUMED)
     assert [(e.step, Path(e.path).name) for e in resumed] == [(2, "checkpoint-2")]
     assert [e.step for e in recorder.of(ev.STEP_END)] == [3, 4]
+
+
+def test_the_restored_folder_is_the_one_the_jobs_code_chose_not_the_newest(tmp_path, monkeypatch):
+    case = {"id": "c", "n": 8, "batch": 2, "epochs": 1}  # 4 steps
+    first, _ = context(tmp_path, case, checkpoints={1, 3})
+    ex.train(first)
+    second, recorder = context(tmp_path, case, resume_mode=RESUME_AUTO)
+    with monkeypatch.context() as patch:  # the job's own choice, a wrong one: the oldest checkpoint
+        patch.setattr(ex, "last_checkpoint", lambda out: str(Path(out) / "checkpoint-1"))
+        ex.train(second)
+    assert [(e.step, Path(e.path).name) for e in recorder.of(ev.RESUMED)] == [(1, "checkpoint-1")]
+    assert [e.step for e in recorder.of(ev.STEP_END)] == [2, 3, 4]
+
+    elsewhere = tmp_path / "elsewhere"  # path mode: the folder the job was given, in another output directory
+    (tmp_path / "out" / "checkpoint-3").rename(elsewhere)
+    third, recorder = context(tmp_path, case, resume_mode=RESUME_PATH, resume_path=str(elsewhere), folder="out3")
+    ex.train(third)
+    assert [(e.step, e.path) for e in recorder.of(ev.RESUMED)] == [(3, str(elsewhere))]
+
+
+def test_the_trainers_own_choice_is_by_step_and_the_planted_one_by_name(tmp_path):
+    for name in ("checkpoint-2", "checkpoint-9", "checkpoint-10"):
+        (tmp_path / name).mkdir()
+    assert ex.last_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-10")
+    assert ex.last_by_name(str(tmp_path)) == str(tmp_path / "checkpoint-9")
+    assert ex.last_checkpoint(str(tmp_path / "missing")) is None
 
 
 def test_the_trainers_own_saves_are_published_and_rotation_keeps_the_latest(tmp_path):
@@ -345,8 +419,9 @@ def test_missing_id_key_and_wrong_arguments_are_named(tmp_path):
     with pytest.raises(TypeError, match=r"give the batch key that holds the ids"):
         ResumeCheck(run, ids=3)
     path_run, _ = context(tmp_path, {}, resume_mode=RESUME_PATH, resume_path=str(tmp_path), folder="p")
+    check = ResumeCheck(path_run)  # choosing is the job's: only the helper looks at the folder
     with pytest.raises(FileNotFoundError, match=r"is not a complete Trainer checkpoint \(no trainer_state.json\)"):
-        ResumeCheck(path_run)
+        print(check.resume_from_checkpoint)
 
 
 # -- the recipe --------------------------------------------------------------------------------------
@@ -354,9 +429,17 @@ def test_missing_id_key_and_wrong_arguments_are_named(tmp_path):
 def test_recipe_project_passes_its_matrix(pytester: pytest.Pytester) -> None:
     for name in RECIPE_FILES:
         shutil.copy(RECIPE / name, pytester.path / name)
-    result = pytester.runpytest_subprocess("--resume-matrix", "-p", "no:cacheprovider", "-q", timeout=600)
-    result.stdout.fnmatch_lines(["*resume matrix: 14 cells, 0 failing, 0 expected failures, seed *"])
-    result.assert_outcomes(passed=14)
+    result = pytester.runpytest_subprocess("--resume-matrix", "-p", "no:cacheprovider", "-q", "-rx", timeout=600)
+    summary = next((m.groups() for line in result.outlines if (m := MATRIX_SUMMARY.search(line))), None)
+    assert summary is not None, result.stdout.str()
+    # 14 resume cells, the job's own last_checkpoint right in every one, and the default crash smoke cells:
+    # of those, the power loss before trainer_state.json is durable fails, as the recipe declares
+    # (docs/recipes/hf-trainer.md#crash-smoke-cells).
+    cells_run, failing, expected = map(int, summary)
+    assert cells_run > 14 and (failing, expected) == (0, 1), result.stdout.str()[-3000:]
+    result.assert_outcomes(passed=cells_run - 1, xfailed=1)
+    xfailed = r"^XFAIL resume-matrix::hf_trainer_recipe\[workers2-auto-save2op\d+:power\]"
+    assert re.search(xfailed, result.stdout.str(), re.M), result.stdout.str()[-3000:]
 
 
 def test_recipe_glue_is_at_most_ten_lines_and_the_page_includes_it():

@@ -1,10 +1,12 @@
 """The PyTorch Lightning integration works as documented.
 
 The ``ResumeCheck`` callback reports a real ``Trainer.fit`` (steps on optimizer steps, checkpoints in
-place before they are published, the step Lightning restored, the state it restored, the module the fit
-delivers); the bundled example passes a representative set of matrix cells run for real (forked
-children, SIGKILL, checkpoints on disk); each planted bug fails for the right reason, a lost optimizer or
-scheduler state at the restored step and an average kept outside the checkpoint in the final outputs;
+place before they are published, the checkpoint and step Lightning restored whoever chose it, the state it
+restored, the module the fit delivers); the bundled example, which chooses its checkpoint itself, passes a
+representative set of matrix cells run for real (forked children, SIGKILL, checkpoints on disk); each
+planted bug fails for the right reason, a lost optimizer or scheduler state at the restored step, an
+average kept outside the checkpoint in the final outputs, and a trainer's own resume that sorts checkpoint
+names (or takes Lightning's ``last.ckpt``) as a stale resume where it bites;
 Lightning's epoch-end resume bug is caught and the opt-in ``EpochEndResumeFix`` removes it; and the recipe
 project passes ``pytest --resume-matrix``.
 """
@@ -23,6 +25,7 @@ pytest.importorskip("lightning")
 
 import lightning.pytorch as L  # noqa: E402
 import torch  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 from pytest_resume_check.builtin import lightning_example as ex  # noqa: E402
 from pytest_resume_check.cells.matrix import QUICK, Cell, cells  # noqa: E402
@@ -59,10 +62,13 @@ def engine(tmp_path_factory):
     return Engine(tmp_path_factory.mktemp("engine"), seed=7, hang_timeout=60)
 
 
+def target_of(fn, cases=({},)):
+    return resume_target(fn, name=fn.__name__, steps=ex.total_steps, boundaries=ex.epoch_boundaries, cases=cases,
+                         preload=ex.lightning_example.preload)
+
+
 def judge(engine, fn, case, *kills, resume_mode="auto"):
-    target = resume_target(fn, name=fn.__name__, steps=ex.total_steps, boundaries=ex.epoch_boundaries,
-                           preload=ex.lightning_example.preload)
-    return engine.run_cell(Cell(target, case, resume_mode, tuple(kills), ex.total_steps(case)))
+    return engine.run_cell(Cell(target_of(fn), case, resume_mode, tuple(kills), ex.total_steps(case)))
 
 
 # -- the bundled example under the real harness ------------------------------------------------------
@@ -163,7 +169,7 @@ def fit_module(run, module_class):
     L.seed_everything(run.seed, verbose=False)
     check = ResumeCheck(run, ids=lambda batch: batch[ex.ID_KEY])
     trainer = ex.make_trainer(p, [check])
-    trainer.fit(module_class(), train_dataloaders=ex.make_loader(p), ckpt_path=check.ckpt_path())
+    trainer.fit(module_class(), train_dataloaders=ex.make_loader(p), ckpt_path=ex.checkpoint_to_resume(run))
 
 
 def fit_forgetful_scheduler(run):
@@ -209,6 +215,69 @@ def test_an_average_kept_outside_the_checkpoint_fails_in_the_final_outputs(engin
                                        "differs (net.0.bias)")
 
 
+# -- the trainer's own "which checkpoint": judged, not replaced --------------------------------------
+
+#: Six steps an epoch, twelve in all, with the epoch-end workaround: every cell passes with a correct choice.
+TWELVE = {"id": "e2-12steps-fix", "n": 48, "fix_epoch_end": True}
+#: Where sorting the names bites: the first run published step_1.ckpt up to step_10.ckpt (and further), and
+#: "step_9.ckpt" is the last name in sorted order. A double kill's second run publishes only step_11.ckpt
+#: beside step_1.ckpt, which sorts right ("step_1." < "step_11"); path mode takes the file it is given.
+NAME_SORT_BITES = {
+    "e2-12steps-fix-auto-ckpt10": "STALE_RESUME: run 2 resumed from step_9.ckpt (step 9) but step_10.ckpt was "
+                                  "published before the kill: 1 step of training lost",
+    "e2-12steps-fix-auto-ckpt11": "STALE_RESUME: run 2 resumed from step_9.ckpt (step 9) but step_11.ckpt was "
+                                  "published before the kill: 2 steps of training lost",
+    "e2-12steps-fix-auto-ckpt12": "STALE_RESUME: run 2 resumed from step_9.ckpt (step 9) but step_12.ckpt was "
+                                  "published before the kill: 3 steps of training lost",
+}
+
+
+def test_a_resume_that_sorts_checkpoint_names_is_stale_in_exactly_the_cells_where_it_bites(engine):
+    matrix = cells(target_of(ex.fit_name_sorted_resume, [TWELVE]), QUICK, seed=1)
+    results = {cell.id: engine.run_cell(cell) for cell in matrix}
+    assert len(results) == 20  # auto: 12 steps, 2 unsaved, 1 double; path: steps 1, 6, 12, ckpt6+1, 1 double
+    failing = {cell_id: (r.verdict.categories, r.verdict.headline) for cell_id, r in results.items() if not r.passed}
+    assert failing == {cell_id: ([vd.STALE_RESUME], headline) for cell_id, headline in NAME_SORT_BITES.items()}
+    for cell_id in NAME_SORT_BITES:
+        assert results[cell_id].verdict.resumed_from == [9]
+
+
+def test_the_same_trainer_choosing_by_step_passes_where_the_name_sort_bites(engine):
+    for cell in cells(target_of(ex.fit_example, [TWELVE]), QUICK, seed=1):
+        if cell.id in NAME_SORT_BITES:
+            result = engine.run_cell(cell)
+            assert result.passed, result.verdict.headline
+            assert result.verdict.resumed_from == [cell.kills[0].checkpoint_step]
+
+
+def fit_from_lightning_last(run):
+    """A trainer with its own ``ModelCheckpoint`` (every 5 steps, ``last.ckpt``) that resumes with Lightning's
+    ``ckpt_path="last"`` in auto mode. That looks only at the callback's own files, which the harness never
+    published: a resume between two of its saves goes back to an older one (docs/recipes/lightning.md, Limits)."""
+    p = ex.params(run.case)
+    L.seed_everything(run.seed, verbose=False)
+    check = ResumeCheck(run, ids=lambda batch: batch[ex.ID_KEY])
+    own = ModelCheckpoint(dirpath=run.checkpoint_dir, every_n_train_steps=5, save_top_k=-1, save_last=True)
+    trainer = ex.make_trainer(p, [check, EpochEndResumeFix()])  # a resume from step 5 keeps epoch 1
+    trainer.callbacks.append(own)  # make_trainer turns Lightning's default checkpointing off
+    resume = "last" if run.resume_mode == "auto" else ex.checkpoint_to_resume(run)
+    trainer.fit(ex.regressor_class()(), train_dataloaders=ex.make_loader(p), ckpt_path=resume)
+
+
+@pytest.mark.parametrize(("kill", "headline"), [
+    (7, "STALE_RESUME: run 2 resumed from last.ckpt (step 5) but step_7.ckpt was published before the kill: 2 steps "
+        "of training lost"),
+    (3, "STALE_RESUME: run 2 started fresh (resumed step 0) but step_3.ckpt was published before the kill: 3 steps "
+        "of training lost"),
+], ids=["an-older-checkpoint-the-harness-never-published", "none-yet"])
+def test_a_resume_from_a_checkpoint_the_harness_did_not_publish_is_judged_by_its_step(engine, kill, headline):
+    cell = Cell(target_of(fit_from_lightning_last), E2, "auto", (KillSpec(kill),), 10, None, tuple(range(1, kill)))
+    result = engine.run_cell(cell)
+    assert (result.verdict.categories, result.verdict.headline) == ([vd.STALE_RESUME], headline)
+    # The trainer's own save at step 5 was a file Lightning wrote: the harness counts what it published.
+    assert [step for step, _ in result.runs[0].published] == list(range(1, kill + 1))
+
+
 # -- the callback's own behaviour, in process --------------------------------------------------------
 
 class Recorder:
@@ -228,9 +297,9 @@ class Recorder:
 
 
 def fit_in_process(folder, case, *, resume_mode="disabled", resume_path=None, checkpoint_steps=(), sink=None,
-                   callbacks=(), report_state=False, **options):
+                   callbacks=(), report_state=False, latest=ex.latest_checkpoint, **options):
     """One fit of the example's trainer in this process, with a ResumeCheck reporting to ``sink``
-    (``report_state``: as in a run whose state is compared)."""
+    (``report_state``: as in a run whose state is compared), resuming from what ``latest`` picks in auto mode."""
     sink = sink or Recorder()
     plan = RunPlan("unit", ("", "", ""), case, 7, str(folder), str(folder / "run.log"), resume_mode=resume_mode,
                    resume_path=resume_path and str(resume_path), checkpoint_steps=frozenset(checkpoint_steps),
@@ -241,7 +310,7 @@ def fit_in_process(folder, case, *, resume_mode="disabled", resume_path=None, ch
     check = ResumeCheck(run, ids=options.pop("ids", lambda batch: batch[ex.ID_KEY]), **options)
     trainer = ex.make_trainer(p, [check, *callbacks])
     model = ex.regressor_class()()
-    trainer.fit(model, train_dataloaders=ex.make_loader(p), ckpt_path=check.ckpt_path())
+    trainer.fit(model, train_dataloaders=ex.make_loader(p), ckpt_path=ex.checkpoint_to_resume(run, latest))
     return sink, check
 
 
@@ -288,6 +357,22 @@ def test_resumed_reports_the_step_lightning_restored(tmp_path):
     other.mkdir()
     by_path, _ = fit_in_process(other, {}, resume_mode="path", resume_path=tmp_path / "step_3.ckpt")
     assert [e.step for e in by_path.of(ev.RESUMED)] == [3]
+
+
+def test_resumed_reports_the_checkpoint_the_trainers_code_chose_not_the_newest(tmp_path):
+    fit_in_process(tmp_path, {}, checkpoint_steps={3, 7})
+    oldest = lambda folder: min(folder.glob("step_*.ckpt"))  # noqa: E731  (the trainer's own, wrong choice)
+    resumed, _ = fit_in_process(tmp_path, {}, resume_mode="auto", latest=oldest)
+    assert [(e.step, e.path) for e in resumed.of(ev.RESUMED)] == [(3, str(tmp_path / "step_3.ckpt"))]
+    assert resumed.of(ev.CONSUMED)[0].step == 4
+
+
+def test_the_trainers_own_choice_is_by_step_and_the_planted_one_by_name(tmp_path):
+    for name in ("step_2.ckpt", "step_9.ckpt", "step_10.ckpt", ".step_11.ckpt.partial", "last.ckpt"):
+        (tmp_path / name).write_bytes(b"")
+    assert ex.latest_checkpoint(tmp_path) == tmp_path / "step_10.ckpt"
+    assert ex.latest_by_name(tmp_path) == tmp_path / "step_9.ckpt"
+    assert ex.latest_checkpoint(tmp_path / "empty") is None
 
 
 def test_a_fit_resumed_at_its_end_still_reports_the_restored_step(tmp_path):
@@ -340,7 +425,7 @@ def context(tmp_path, resume_mode="auto", resume_path=None):
     return RunContext(plan, Recorder())
 
 
-def test_auto_mode_resumes_the_newest_complete_checkpoint_by_step(tmp_path):
+def test_the_ckpt_path_helper_chooses_the_newest_complete_checkpoint_by_step(tmp_path):
     for name in ("step_9.ckpt", "step_10.ckpt", ".step_11.ckpt.partial", "notes.txt"):
         (tmp_path / name).write_bytes(b"")
     assert ResumeCheck(context(tmp_path), ids=list).ckpt_path() == str(tmp_path / "step_10.ckpt")
@@ -405,8 +490,10 @@ def test_recipe_project_passes_its_resume_matrix(pytester: pytest.Pytester):
                                            "--resume-matrix-seed=1", timeout=300)
     summary = next((m.groups() for line in result.outlines if (m := MATRIX_SUMMARY.search(line))), None)
     assert summary is not None, result.stdout.str()
-    # 2 cases x (auto: 10 steps, 2 unsaved, 1 double; path: steps 1, 5, 10, ckpt5+1, 1 double); the cells
-    # that resume from step 5 are Lightning's epoch skip, declared in the glue.
-    assert tuple(map(int, summary)) == (36, 0, 8)
-    result.assert_outcomes(passed=28, xfailed=8)
+    # 2 cases x (auto: 10 steps, 2 unsaved, 1 double; path: steps 1, 5, 10, ckpt5+1, 1 double), and the crash
+    # cells the harness adds by default, if any; the cells that resume from step 5 are Lightning's epoch skip,
+    # declared in the glue. The trainer's own choice of checkpoint is right in every cell.
+    cells_run, failing, expected = map(int, summary)
+    assert cells_run >= 36 and (failing, expected) == (0, 8)
+    result.assert_outcomes(passed=cells_run - 8, xfailed=8)
     assert result.ret == 0

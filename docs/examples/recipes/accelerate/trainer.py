@@ -1,7 +1,8 @@
 """A Hugging Face Accelerate regression trainer, as its authors wrote it: nothing here knows about
 pytest-resume-check (conftest.py holds the glue).
 
-Train with a checkpoint every 2 optimizer steps, kill it, and resume from the newest checkpoint:
+Train with a checkpoint every 2 optimizer steps, kill it, and resume from the newest checkpoint (if there
+is one yet; Accelerate's ``load_state()`` picks the highest-numbered folder):
 
     python trainer.py --output_dir out --checkpointing_steps 2
     python trainer.py --output_dir out --checkpointing_steps 2 --resume_from_checkpoint latest
@@ -67,7 +68,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stateful_dataloader", action="store_true", help="else skip_first_batches on resume")
     parser.add_argument("--checkpointing_steps", default=None, help="N optimizer steps, or 'epoch'")
     parser.add_argument("--checkpoint_limit", type=int, default=None, help="keep only the newest N")
-    parser.add_argument("--resume_from_checkpoint", default=None, help="a checkpoint folder, or 'latest'")
+    parser.add_argument("--resume_from_checkpoint", default=None,
+                        help="a checkpoint folder, or 'latest': the newest, if there is one yet")
     return parser.parse_args(argv)
 
 
@@ -103,13 +105,14 @@ def training_function(accelerator: Accelerator, args: argparse.Namespace) -> Non
     accelerator.register_for_checkpointing(progress)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
 
-    if args.resume_from_checkpoint:
-        accelerator.load_state(None if args.resume_from_checkpoint == "latest" else args.resume_from_checkpoint)
+    saved = os.path.join(args.output_dir, "checkpoints")
+    folders = os.listdir(saved) if os.path.isdir(saved) else []  # a resume into a new output_dir starts at 0
+    latest = args.resume_from_checkpoint == "latest"
+    if (latest and folders) or (args.resume_from_checkpoint and not latest):
+        accelerator.load_state(None if latest else args.resume_from_checkpoint)  # None: the highest-numbered
         accelerator.print(f"resumed from {args.resume_from_checkpoint} at step {progress.step}")
         # Accelerate does not move its checkpoint numbering past what it loaded (the next save_state would
         # write checkpoint_0 again): continue after the newest folder.
-        saved = os.path.join(args.output_dir, "checkpoints")
-        folders = os.listdir(saved) if os.path.isdir(saved) else []  # a resume into a new output_dir starts at 0
         accelerator.project_configuration.iteration = 1 + max((int(f.split("_")[-1]) for f in folders), default=-1)
     if progress.batches == len(loader):  # saved after an epoch's last batch, before the epoch was closed
         progress.epoch, progress.batches = progress.epoch + 1, 0

@@ -3,12 +3,13 @@ anyone tested its resume. The model is built from a config and the data is synth
 downloaded.
 
     python trainer.py --output-dir out            # train; checkpoints in out/checkpoint-N
-    python trainer.py --output-dir out --resume   # after a crash: go on from the last checkpoint
+    python trainer.py --output-dir out --resume   # after a crash: go on from the last checkpoint, if any
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from transformers import (
     default_data_collator,
     set_seed,
 )
+from transformers.trainer_utils import get_last_checkpoint
 
 VOCAB = 64
 SEQ_LEN = 8
@@ -68,12 +70,18 @@ def build_trainer(output_dir: str, *, seed: int = 42, callbacks: Sequence[Traine
                    train_dataset=Reviews(), data_collator=default_data_collator, callbacks=list(callbacks))
 
 
+def last_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
+    """The checkpoint to go on from: the newest checkpoint-N in ``output_dir``, or None to start fresh."""
+    return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--resume", action="store_true", help="resume from the last checkpoint in --output-dir")
     args = parser.parse_args(argv)
-    build_trainer(args.output_dir).train(resume_from_checkpoint=True if args.resume else None)
+    resume = last_checkpoint(args.output_dir) if args.resume else None
+    build_trainer(args.output_dir).train(resume_from_checkpoint=resume)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Makes the Lightning trainer of trainer.py a resume-check target: the ResumeCheck callback reports
-what the fit consumes, checkpoints when the harness asks and picks the checkpoint to resume from."""
+what the fit consumes and restores, and checkpoints (step_N.ckpt) when the harness asks; the trainer's own
+latest_checkpoint chooses the checkpoint to resume from, so the matrix tests that choice too."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from pytest_resume_check.integrations.lightning import ResumeCheck
 
 # --8<-- [start:glue]
 def fit(run):
-    check = ResumeCheck(run, ids=lambda batch: batch["index"])
-    trainer.train(shuffle=run.case["shuffle"], seed=run.seed, callbacks=[check], ckpt_path=check.ckpt_path(),
-                  logger=False, enable_progress_bar=False, enable_model_summary=False)
+    # The trainer's own choice of checkpoint, by the run's resume mode (disabled: none); ResumeCheck reports it.
+    resume = {"auto": trainer.latest_checkpoint(run.checkpoint_dir), "path": run.resume_path}.get(run.resume_mode)
+    trainer.train(shuffle=run.case["shuffle"], seed=run.seed, ckpt_path=resume, logger=False, enable_progress_bar=False,
+                  enable_model_summary=False, callbacks=[ResumeCheck(run, ids=lambda batch: batch["index"])])
 
 
 lightning_regression = resume_target(
