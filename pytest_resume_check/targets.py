@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -133,7 +134,8 @@ class Target:
     uninterrupted run of that case (the matrix needs it before any run). ``cases`` lists the case
     parameter dicts. ``buffered(case)`` optionally names steps after which the trainer holds buffered
     inputs (quick mode samples them). ``boundaries(case)`` optionally names the steps that end an epoch (kill points
-    beside them are always sampled). ``preload`` names modules imported once in the fork server.
+    beside them are always sampled). ``preload`` names modules imported once in the fork server;
+    ``auto_preload`` adds the module that declares ``fn`` and torch's warm-up (see the field).
     ``expected_failures`` pairs a predicate over a matrix ``Cell`` (``.case``, ``.resume_mode``,
     ``.kills``, ``.kill_id``) with a reason: matching cells are strict expected failures.
     """
@@ -147,6 +149,11 @@ class Target:
     buffered: Callable[[Mapping[str, Any]], Sequence[int]] | None = None
     resume_modes: tuple[str, ...] = (RESUME_AUTO, RESUME_PATH)
     preload: tuple[str, ...] = ()
+    #: The fork server also imports the module that declares ``fn`` (and so what it imports), as a child
+    #: would, and when torch is then imported pays its first-use costs once (issue 29): a target declared
+    #: without ``preload`` starts its runs as fast as a tuned one. A module that cannot be preloaded so is
+    #: left to the children, as before. False: only ``preload`` (see process/_server_setup.py).
+    auto_preload: bool = True
     isolation: str = ISOLATION_FORKSERVER
     expected_failures: tuple[tuple[Callable[[Any], bool], str], ...] = ()
     #: Crash-consistency cells (docs/crash-consistency.md). :data:`CRASH_SMOKE` (the default): a few crash
@@ -209,6 +216,7 @@ def resume_target(
     buffered: Callable[[Mapping[str, Any]], Sequence[int]] | None = None,
     resume_modes: Iterable[str] = (RESUME_AUTO, RESUME_PATH),
     preload: Iterable[str] = (),
+    auto_preload: bool = True,
     isolation: str = ISOLATION_FORKSERVER,
     expected_failures: Iterable[tuple[Callable[[Any], bool], str]] = (),
     crash_save: tuple[int, int] | str | bool | None = CRASH_SMOKE,
@@ -235,6 +243,7 @@ def resume_target(
             buffered=buffered,
             resume_modes=resume_modes,
             preload=preload,
+            auto_preload=auto_preload,
             isolation=isolation,
             expected_failures=expected_failures,
             crash_save=crash_save,
@@ -294,6 +303,7 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         buffered=kw.get("buffered"),
         resume_modes=modes,
         preload=tuple(kw["preload"]),
+        auto_preload=_flag(name, "auto_preload", kw.get("auto_preload", True)),
         isolation=kw["isolation"],
         expected_failures=tuple(kw["expected_failures"]),
         crash_save=_crash_save(name, kw.get("crash_save", CRASH_SMOKE)),
@@ -502,26 +512,58 @@ def entry_point_targets() -> list[Target]:
 def load_target_fn(ref: tuple[str, str, str]) -> Callable[[RunContext], None]:
     """Import the target function in a child from its (module, file, qualname) reference."""
     module_name, path, qualname = ref
-    module = sys.modules.get(module_name)
-    if module is None:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            module = None
-        if module is not None and path and Path(getattr(module, "__file__", "") or "") != Path(path):
-            module = None
-    if module is None:
-        if not path:
-            raise TargetError(f"cannot import module {module_name!r} of the target")
-        spec = importlib.util.spec_from_file_location(f"_resume_check_target_{abs(hash(path))}", path)
-        if spec is None or spec.loader is None:
-            raise TargetError(f"cannot load the target's module from {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    obj: Any = module
+    obj: Any = target_module(module_name, path)
     for part in qualname.split("."):
         obj = getattr(obj, part)
     if isinstance(obj, Target):
         obj = obj.fn
     return obj
+
+
+def target_module(module_name: str, path: str) -> Any:
+    """The module ``module_name`` whose file is ``path``: by name when that finds this file, else loaded
+    from the file (a conftest.py is imported by pytest under a name another conftest may hold). The same
+    in a child and in the fork server that preloads it (``auto_preload``): a module either imported is
+    found in ``sys.modules``, and only with the right file (the server may hold two conftest modules)."""
+    by_path = _module_name_of_file(path) if path else None
+    for name in (module_name, by_path):
+        module = sys.modules.get(name) if name else None
+        if module is not None and _is_file(module, path):
+            return module
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        module = None
+    if module is not None and _is_file(module, path):
+        return module
+    if by_path is None:
+        raise TargetError(f"cannot import module {module_name!r} of the target")
+    spec = importlib.util.spec_from_file_location(by_path, path)
+    if spec is None or spec.loader is None:
+        raise TargetError(f"cannot load the target's module from {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(spec.name, None)  # as an import that raises: nothing half-made is found later
+        raise
+    return module
+
+
+def _is_file(module: Any, path: str) -> bool:
+    """Whether ``module`` was loaded from ``path`` (any module, when no file is known)."""
+    if not path:
+        return True
+    file = getattr(module, "__file__", "") or ""
+    try:
+        return Path(file) == Path(path) or (bool(file) and os.path.samefile(file, path))
+    except OSError:
+        return False
+
+
+def _module_name_of_file(path: str) -> str:
+    """The name a target's module loaded from its file gets (the same in every process: a digest)."""
+    import hashlib
+
+    return "_resume_check_target_" + hashlib.sha1(path.encode(errors="surrogateescape")).hexdigest()[:16]

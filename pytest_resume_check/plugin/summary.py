@@ -1,9 +1,10 @@
-"""The matrix's part of the terminal summary, its JSON and HTML files, and the red lines of services
-that failed to stop."""
+"""The matrix's part of the terminal summary, its JSON and HTML files, the red lines of services
+that failed to stop, and a line on where the runs' time went when they spent most of it starting."""
 
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import warnings
 from collections.abc import Sequence
@@ -30,6 +31,27 @@ STEP_SUMMARY_FULL = ("### {header}\n\nNo room for the grids and the failing cell
                      "nearly {limit} KiB, all GitHub shows.\n")
 #: The summary grid is at most this wide.
 MAX_WIDTH = 100
+#: Said last when the runs spent most of their time before their first step (issue 29: a target declared
+#: without preload ran 7x slower, and nothing said where the time went).
+TIME_NOTE = ("resume-check: runs spent {share:.0%} of their time before their first step (median {median:.1f} s"
+             "{where}); preload the modules your trainer imports, and a warm-up for what it builds on first use: "
+             "preload=(\"torch\", \"my_trainer\", \"my_trainer:warm_up\") (docs/writing-a-target.md){why}")
+TIME_NOTE_WHERE = ", most in target {target!r}"
+#: Appended when the fork server could not preload a target's module by itself (``auto_preload``).
+TIME_NOTE_WHY = "; not preloaded by itself: {notes}"
+#: Appended for targets that turned the server's own preload off.
+TIME_NOTE_MANUAL = "; {targets} declared auto_preload=False (the fork server then imports only what preload= names)"
+#: The note's thresholds. At least this share of the runs' time went before their first step: then start-up,
+#: not training, is what the matrix costs, and preloading can save more than it costs to add.
+NOTE_SHARE = 0.5
+#: And a run's median start-up (seconds) is at least this: a run forked from a server that has its imports
+#: and torch's first-use costs behind it reaches its first step in tens of milliseconds plus building the
+#: trainer (a small torch loop: 0.3 s median on 2 cores at load 6-8, benchmarks/untuned_cost.py), while one
+#: import of torch costs 2-3 s per run, and torch._dynamo (the first optimizer step) 1-3 s. Below this, what
+#: a run spends starting is mostly the trainer's own building, which no preload saves.
+NOTE_MEDIAN = 1.0
+#: And all runs together spent at least this many seconds starting: less is not worth a line.
+NOTE_TOTAL = 10.0
 
 
 def write_summary(tr: Any, results: Sequence[dict[str, Any]], broken: Sequence[str], settings: Settings) -> None:
@@ -55,6 +77,43 @@ def write_summary(tr: Any, results: Sequence[dict[str, Any]], broken: Sequence[s
         _write_json(tr, results, Path(settings.json_path), settings.seed)
     if settings.html_path:
         _write_html(tr, results, settings.html_path, settings.seed)
+    note = time_note(_start_costs(tr.config))
+    if note:
+        tr.write_line(note, yellow=True)
+
+
+def _start_costs(config: pytest.Config) -> dict[str, Any] | None:
+    """Where the runs of this process spent their time (None: it ran none; with pytest-xdist the workers
+    ran them and this process has no figures). The session's engine is found among the registered plugins
+    (the matrix session holds it) rather than by importing the session module, which imports this one."""
+    for plugin in config.pluginmanager.get_plugins():
+        runner = getattr(getattr(plugin, "_engine", None), "runner", None)
+        if runner is not None and hasattr(runner, "start_costs"):
+            costs: dict[str, Any] = runner.start_costs()
+            return costs
+    return None
+
+
+def time_note(costs: dict[str, Any] | None) -> str | None:
+    """The line saying where the runs' time went, when they spent most of it before their first step (see
+    :data:`NOTE_SHARE`, :data:`NOTE_MEDIAN`, :data:`NOTE_TOTAL`); None otherwise. ``costs``:
+    :meth:`~pytest_resume_check.process.runner.Runner.start_costs`. It never changes a verdict."""
+    targets = (costs or {}).get("targets", {})
+    starts = [x for t in targets.values() for x in t["starts"]]
+    seconds = sum(t["seconds"] for t in targets.values())
+    if not starts or seconds <= 0:
+        return None
+    started = sum(starts)
+    median = statistics.median(starts)
+    if started / seconds < NOTE_SHARE or median < NOTE_MEDIAN or started < NOTE_TOTAL:
+        return None
+    slowest = max(targets, key=lambda name: sum(targets[name]["starts"]))
+    where = TIME_NOTE_WHERE.format(target=slowest) if len(targets) > 1 else ""
+    notes = (costs or {}).get("not_preloaded", [])
+    why = TIME_NOTE_WHY.format(notes="; ".join(notes)) if notes else ""
+    manual = [repr(name) for name, t in targets.items() if not t.get("auto_preload", True)]
+    why += TIME_NOTE_MANUAL.format(targets=", ".join(manual)) if manual else ""
+    return TIME_NOTE.format(share=started / seconds, median=median, where=where, why=why)
 
 
 def _write_json(tr: Any, results: Sequence[dict[str, Any]], path: Path, seed: int) -> None:

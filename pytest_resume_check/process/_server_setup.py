@@ -1,6 +1,7 @@
 """What the fork server does after its own modules are imported: become the subreaper of its children,
-import its targets' modules (recording any that raise), set torch to one intra-op thread, run their
-warm-up functions (recording any that raise or leave threads running), give back its output and
+import its targets' modules (recording any that raise), set torch to one intra-op thread, import the
+modules that declare its targets and run their warm-up functions (recording any that raise or leave
+threads running), pay torch's first-use costs once when torch is in use, give back its output and
 freeze its heap for the garbage collector.
 
 Defining only: :mod:`._preload_end`, the last entry of the fork server's preload list, calls
@@ -11,6 +12,7 @@ other process.
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import importlib
 import json
@@ -22,7 +24,8 @@ from typing import Any
 from pytest_resume_check.targets import describe_error
 
 #: The server's work, as JSON: ``{"import": [modules], "call": ["module:function" warm-ups], "path":
-#: [the starter's sys.path]}``; set by the starter only in the environment it starts the server with.
+#: [the starter's sys.path], "auto": [[module, file] declaring a target], "warm_torch": bool}``; set by the
+#: starter only in the environment it starts the server with.
 WARMUP_ENV = "PYTEST_RESUME_CHECK_WARMUP"
 #: Preloaded modules whose import raised in this server: module -> ``Type: message (at file:line)``.
 #: Multiprocessing's own preload lets any exception but ImportError kill the server, and then every
@@ -36,6 +39,15 @@ WARMUP_FAILED: dict[str, str] = {}
 #: forked while other threads run inherits their locks but not the threads, and torch's thread pool
 #: then hangs every forked run (issue 14), so the targets naming such a warm-up are refused.
 WARMUP_THREADS: dict[str, int] = {}
+#: Modules declaring a target (``auto_preload``) that this server could not import: module -> why. They
+#: cost nothing: each child imports its target's module itself, as it did before issue 29.
+AUTO_FAILED: dict[str, str] = {}
+#: Why what ``auto_preload`` did left this server unsafe to fork from (a declaring module started a
+#: thread or initialised CUDA when imported, torch's warm-up left a thread): the starter then starts the
+#: server again without it. Empty: it did not.
+AUTO_UNSAFE: list[str] = []
+#: Name of torch's warm-up in the messages.
+TORCH_WARM_UP = "torch's warm-up"
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -46,7 +58,11 @@ def finish() -> None:
     try:
         _import(work.get("path", []), work.get("import", []))
         _single_threaded_torch()
+        _import_declaring([(module, file) for module, file in work.get("auto", [])])
+        _single_threaded_torch()
         _call(work.get("call", []))
+        if work.get("warm_torch") and not AUTO_UNSAFE:
+            _warm_torch()
     finally:
         _restore_output()
     # Without this the first garbage collection in every forked child walks (and so copies) every
@@ -102,7 +118,8 @@ def _thread_count() -> int:
 
 def send_failures(conn: Any) -> None:
     """In a child forked from the server: send the server's failed imports and warm-ups to the starter."""
-    conn.send({"import": dict(FAILED), "warmup": dict(WARMUP_FAILED), "threads": dict(WARMUP_THREADS)})
+    conn.send({"import": dict(FAILED), "warmup": dict(WARMUP_FAILED), "threads": dict(WARMUP_THREADS),
+               "auto": dict(AUTO_FAILED), "unsafe": list(AUTO_UNSAFE)})
     conn.close()
 
 
@@ -129,3 +146,105 @@ def _call(specs: list[str]) -> None:
         extra = _thread_count() - before
         if extra > 0:
             WARMUP_THREADS[spec] = extra
+
+
+def _python_threads() -> int:
+    """Threads running Python code in this process. Not the kernel's count: importing numpy (so torch)
+    starts OpenBLAS's pool, which forks safely (it re-creates itself in the child), and a module that
+    names ``torch`` in ``preload`` has always been imported with it."""
+    return len(sys._current_frames())
+
+
+def _cuda_initialised() -> bool:
+    """Whether torch has set up CUDA in this process (a forked child then cannot use it)."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # a half-imported torch: its import error is recorded already
+        return False
+
+
+def _import_declaring(modules: list[tuple[str, str]]) -> None:
+    """Import each module that declares a target as its children would (:func:`targets.target_module`:
+    by name, or from its file under the same name), so they find it, and what it imports, loaded. One that
+    raises is recorded in :data:`AUTO_FAILED` and left to the children; imports that start a thread or set
+    up CUDA make the server unsafe to fork from (:data:`AUTO_UNSAFE`)."""
+    from pytest_resume_check.targets import target_module
+
+    threads, cuda = _python_threads(), _cuda_initialised()
+    fresh = tuple(name for name in _SEEDED_AT_IMPORT if name not in sys.modules)
+    for module, file in modules:
+        try:
+            target_module(module, file)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # also pytest.skip() at module level, which is no Exception
+            AUTO_FAILED[module] = describe_error(exc)
+    names = ", ".join(module for module, _ in modules)
+    extra = _python_threads() - threads
+    if extra > 0:
+        AUTO_UNSAFE.append(f"importing {names} started {extra} thread{'s' if extra > 1 else ''}")
+    if _cuda_initialised() and not cuda:
+        AUTO_UNSAFE.append(f"importing {names} initialised CUDA")
+    if modules and fresh:
+        os.register_at_fork(after_in_child=functools.partial(_reseed, fresh, os.getpid()))
+
+
+#: Modules whose global generator a fresh interpreter seeds at random when it imports them. A child that
+#: imported them itself (before issue 29) started with its own seed, so an unseeded trainer's two
+#: reference runs differed (NONDETERMINISTIC); forked from a server that imported them, every child would
+#: start from one seed. (Python's ``random`` reseeds itself in a forked child.)
+_SEEDED_AT_IMPORT = ("torch", "numpy.random")
+
+
+def _reseed(names: tuple[str, ...], server: int, /) -> None:
+    """In a process forked from the server (not in the processes a run forks): seed the generators of
+    ``names`` at random, as importing them would have, when ``auto_preload`` imported them first. So the
+    automatic preload changes how fast a run starts, never a verdict."""
+    if os.getppid() != server:
+        return
+    torch = sys.modules.get("torch") if "torch" in names else None
+    if torch is not None and hasattr(torch, "default_generator"):
+        torch.default_generator.seed()
+    legacy = sys.modules.get("numpy.random") if "numpy.random" in names else None
+    if legacy is not None and hasattr(legacy, "seed"):
+        legacy.seed()
+
+
+def _warm_torch() -> None:
+    """When the server's modules imported torch, pay the first-use costs every run would pay again: the
+    first optimizer step (which imports ``torch._dynamo``, 1-3 s; ``DistributedDataParallel`` imports it
+    too when first built), the first ``torch.save`` and ``torch.load``. On a throwaway model, with
+    torch's generators as they were (a trainer that does not seed them starts where it did before), and
+    one intra-op thread, so no thread is left running: one that is makes the server unsafe."""
+    torch = sys.modules.get("torch")
+    if torch is None:  # never import torch for a target that does not use it
+        return
+    before = _thread_count()
+    try:
+        _torch_first_use(torch)
+    except Exception as exc:  # only costs speed: each run pays what this would have paid
+        AUTO_FAILED[TORCH_WARM_UP] = describe_error(exc)
+    extra = _thread_count() - before
+    if extra > 0:
+        AUTO_UNSAFE.append(f"{TORCH_WARM_UP} left {extra} more thread{'s' if extra > 1 else ''} running")
+
+
+def _torch_first_use(torch: Any) -> None:
+    import io
+
+    importlib.import_module("torch._dynamo")  # what the first step imports lazily (most of the cost)
+    if torch.distributed.is_available():
+        importlib.import_module("torch.nn.parallel.distributed")
+    with torch.random.fork_rng(devices=[]):
+        model = torch.nn.Linear(4, 2)
+        optimizers = [torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                      torch.optim.Adam(model.parameters()), torch.optim.AdamW(model.parameters())]
+        for optimizer in optimizers:
+            model(torch.randn(3, 4)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        buffer = io.BytesIO()
+        torch.save({"model": model.state_dict(), "optimizer": optimizers[-1].state_dict()}, buffer)
+        buffer.seek(0)
+        torch.load(buffer)

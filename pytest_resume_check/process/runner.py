@@ -1,4 +1,5 @@
-"""Start and supervise the runs of a session: plans with their paths, the cost counters."""
+"""Start and supervise the runs of a session: plans with their paths, the cost counters (trainer steps,
+and where the runs' time went: before their first step or after)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import random
 import socket
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +35,41 @@ def hang_limit(seconds: float) -> float:
     return MAX_HANG_TIMEOUT if seconds == 0 else min(seconds, MAX_HANG_TIMEOUT)
 
 
+@dataclass
+class StartCosts:
+    """Where the runs' time went, per target: each run's seconds before its first step (all of it for a
+    run that took none: a resume at the end, a trainer that failed to start) and the seconds of all its
+    runs. Hung runs are left out: their time is the hang limit, not the trainer's."""
+
+    #: target -> seconds before the first step, one per counted run.
+    starts: dict[str, list[float]] = field(default_factory=dict)
+    #: target -> seconds of its counted runs, start to exit.
+    seconds: dict[str, float] = field(default_factory=dict)
+    #: Targets declared with ``auto_preload=False``.
+    manual: set[str] = field(default_factory=set)
+
+    def add(self, target: Target, record: RunRecord) -> None:
+        """Count one finished run of ``target``."""
+        if record.outcome == Outcome.HUNG or record.seconds <= 0:
+            return
+        start = record.first_step_seconds if record.first_step_seconds is not None else record.seconds
+        self.starts.setdefault(target.name, []).append(min(start, record.seconds))
+        self.seconds[target.name] = self.seconds.get(target.name, 0.0) + record.seconds
+        if not target.auto_preload:
+            self.manual.add(target.name)
+
+    def to_json(self, notes: Sequence[str] = ()) -> dict[str, Any]:
+        """Plain data (it may cross a process boundary): ``{"targets": {name: {"starts": [...], "seconds":
+        s, "auto_preload": bool}}, "not_preloaded": [what auto_preload could not do, one line each]}``."""
+        targets = {name: {"starts": [round(x, 4) for x in starts], "seconds": round(self.seconds[name], 4),
+                          "auto_preload": name not in self.manual}
+                   for name, starts in self.starts.items()}
+        return {"targets": targets, "not_preloaded": list(notes)}
+
+
 class Runner:
-    """Makes the plan of each run and runs it; counts the trainer steps they execute (for benchmarks)."""
+    """Makes the plan of each run and runs it; counts the trainer steps they execute (for benchmarks) and
+    where the runs' time went (:class:`StartCosts`)."""
 
     def __init__(self, seed: int, hang_timeout: float = DEFAULT_HANG_TIMEOUT, isolation: str | None = None,
                  hang_forced: bool = False):
@@ -44,6 +79,7 @@ class Runner:
         self.hang_forced = hang_forced
         self.isolation = isolation
         self.steps_executed = 0
+        self.costs = StartCosts()
         #: The targets' shared services, started on a target's first plan (:meth:`close` stops them).
         self.services = Services()
         #: (target, world size) -> the ranks besides rank 0 that reported step ends in a finished run.
@@ -87,13 +123,20 @@ class Runner:
     def run(self, plan: RunPlan, target: Target, on_pause: Callable[[int], None] | None = None) -> RunRecord:
         """One supervised child run."""
         isolation = self.isolation or target.isolation
-        starter.check_preload(target.name, target.preload, isolation)  # adds it to the server's preload
+        # Adds them to the server's preload (and the module that declares the target, with auto_preload).
+        starter.check_preload(target.name, target.preload, isolation,
+                              declared_in=target.ref[:2] if target.auto_preload else None)
         record = sv.supervise(plan, isolation=isolation, hang_timeout=self.hang_limit_of(target), on_pause=on_pause)
         self.steps_executed += record.steps_run
+        self.costs.add(target, record)
         if plan.world_size > 1 and record.outcome == Outcome.DONE:  # which ranks report steps (the reference says)
             ranks = {e.rank for e in record.events if e.kind == ev.STEP_END and e.rank}
             self._step_ranks.setdefault((target.name, plan.world_size), tuple(sorted(r for r in ranks if r)))
         return record
+
+    def start_costs(self) -> dict[str, Any]:
+        """Where this runner's runs spent their time, with what auto_preload could not do (plain data)."""
+        return self.costs.to_json(starter.auto_preload_notes())
 
     def close(self) -> list[str]:
         """Stop the services this runner started; returns what went wrong (one line each)."""

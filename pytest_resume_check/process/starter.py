@@ -8,6 +8,11 @@ A preload module that fails to import costs only the targets that name it: :func
 raises a :class:`~.targets.TargetError` naming the module and its exception for those, and the
 server goes on serving the others (issue 13). So does a warm-up that leaves threads running in the
 server (forked runs would hang); a warm-up that raises costs only speed and is a warning, once.
+
+Without being asked (a target's ``auto_preload``, issue 29), the server also imports the modules that
+declare the targets and, when torch is then imported, pays its first-use costs once. What it cannot do
+so costs no error: a module that fails is left to the children (as before), and a server made unsafe by
+it is started again without it; :func:`auto_preload_notes` says why.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from pytest_resume_check.targets import ISOLATION_FORKSERVER, ISOLATIONS, Target
 
 _CHILD_MODULES = ("pytest_resume_check.child.main",)
 _preload: list[str] = list(_CHILD_MODULES)
-_server_started: tuple[str, ...] = ()  # the preload the running fork server was started with
+_server_started: tuple[Any, ...] = ()  # the preload the running fork server was started with
 #: Preload modules that failed to import in the fork server: module -> what happened.
 _failed: dict[str, str] = {}
 #: Of those, modules whose import killed the server outright; they stay out of its preload list.
@@ -51,6 +56,14 @@ _warmup_failed: dict[str, str] = {}
 _warmup_threads: dict[str, int] = {}
 #: Warm-up failures already warned about in this process (one warning each per session).
 _warned: set[str] = set()
+#: The modules that declare the targets (``auto_preload``): (module name, file), in the order asked for.
+_auto: list[tuple[str, str]] = []
+#: What ``auto_preload`` could not do in the server: module (or torch's warm-up) -> why.
+_auto_failed: dict[str, str] = {}
+#: Why ``auto_preload`` is off for the rest of this process's session (None: it is on): what it did made
+#: the server unsafe to fork from, or the server died with it.
+_auto_off: str | None = None
+AUTO_DIED = "the fork server died while importing the modules that declare the targets"
 
 ERR_PRELOAD = ("target {target!r}: preload module {module!r} failed to import in the fork server: {error}; fix the "
                "module, or remove it from the target's preload=")
@@ -80,6 +93,27 @@ _IMPORT_ALONE = ("import importlib, json, sys\nsys.path[:] = json.loads(sys.argv
 
 
 _warmups: list[str] = []
+
+
+def add_auto(module: str, file: str) -> None:
+    """Ask the fork server to import ``module`` (from ``file``) as a child would find its target there, and
+    to pay torch's first-use costs if torch is then imported (``auto_preload``)."""
+    if (module, file) not in _auto:
+        _auto.append((module, file))
+
+
+def _auto_work() -> tuple[list[tuple[str, str]], bool]:
+    """The declaring modules the server imports, and whether it warms torch up (nothing once it is off)."""
+    if _auto_off is not None or not _auto:
+        return [], False
+    return list(_auto), True
+
+
+def auto_preload_notes() -> list[str]:
+    """What ``auto_preload`` could not do in this process's fork server, one line each (the runs of those
+    targets import their modules themselves, as before)."""
+    notes = [f"{module}: {why}" for module, why in _auto_failed.items()]
+    return notes + ([_auto_off] if _auto_off else [])
 
 
 def add_preload(entries: Any) -> None:
@@ -198,7 +232,8 @@ def _ensure_server(ctx: Any) -> None:
     asked for more (a session that ran one target and then another would otherwise pay the second
     target's imports in every child)."""
     global _server_started
-    wanted = (*_preload, *_warmups)
+    auto, warm_torch = _auto_work()
+    wanted = (*_preload, *_warmups, *auto, warm_torch)
     if _server_started == wanted and _server_alive():
         return
     if _server_started and not _server_alive():
@@ -214,11 +249,12 @@ def _ensure_server(ctx: Any) -> None:
     # not inherit it.
     ctx.set_forkserver_preload(["pytest_resume_check.process._preload_begin",
                                 "pytest_resume_check.process._preload_end"])
-    work = {"import": [m for m in _preload if m not in _fatal], "call": _warmups, "path": _sys_path()}
+    modules = [m for m in _preload if m not in _fatal]
+    work = {"import": modules, "call": _warmups, "path": _sys_path(), "auto": auto, "warm_torch": warm_torch}
     with environment(WARMUP_ENV, json.dumps(work)):
         multiprocessing.forkserver.ensure_running()
     _server_started = wanted
-    _learn_failures(ctx, work["import"])
+    _learn_failures(ctx, modules, bool(auto))
 
 
 def _server_alive() -> bool:
@@ -244,11 +280,13 @@ def _sys_path() -> list[str]:
     return list(multiprocessing.spawn.get_preparation_data("ignore")["sys_path"])
 
 
-def _learn_failures(ctx: Any, modules: list[str]) -> None:
+def _learn_failures(ctx: Any, modules: list[str], auto: bool = False) -> None:
     """Ask the new server (through a child forked from it, which starts once the imports are done)
     which modules failed to import. If the server died instead (a module exited or crashed the
-    interpreter), import each module alone to find which, and start the server again without it."""
-    global _failed, _server_started
+    interpreter), import each module alone to find which, and start the server again without it.
+    ``auto``: the server imported the modules that declare the targets; when that made it unsafe, or it
+    died, it is started again without them (before any explicit module is suspected)."""
+    global _failed, _server_started, _auto_off
     reader, writer = ctx.Pipe(duplex=False)
     probe = ctx.Process(target=_server_setup.send_failures, args=(writer,), name="resume-check:preload-check")
     try:
@@ -264,11 +302,25 @@ def _learn_failures(ctx: Any, modules: list[str]) -> None:
         _failed = {**_fatal, **failed["import"]}
         _warmup_failed.update(failed["warmup"])
         _warmup_threads.update(failed["threads"])
+        _auto_failed.update(failed["auto"])
+        if failed["unsafe"] and _auto_off is None:
+            _auto_off = "; ".join(failed["unsafe"])
+            _ensure_server(ctx)  # it serves no child: started again without what made it unsafe
+        return
+    if auto and _auto_off is None:
+        _auto_off = AUTO_DIED
+        _restart(ctx)
         return
     fatal = {m: error for m in modules if (error := _import_alone(m))}
     if not fatal:
         raise RuntimeError(ERR_SERVER_DIED.format(modules=", ".join(modules), warmups=", ".join(_warmups) or "(none)"))
     _fatal.update(fatal)
+    _restart(ctx)
+
+
+def _restart(ctx: Any) -> None:
+    """Start the server again after it died, with what is asked for now."""
+    global _server_started
     stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
     if stop is not None:  # reap the dead server (else the next start finds it soon enough)
         stop()
@@ -288,11 +340,14 @@ def _import_alone(module: str) -> str | None:
     return f"importing it ended the interpreter with exit code {code}"
 
 
-def check_preload(target: str, entries: Any, isolation: str) -> None:
+def check_preload(target: str, entries: Any, isolation: str, declared_in: tuple[str, str] | None = None) -> None:
     """Add ``entries`` (the preload of ``target``) to the fork server's, and raise
     :class:`~.targets.TargetError` if the server failed to import one of them (starting the server
-    first if it is not running with them)."""
+    first if it is not running with them). ``declared_in``: (module, file) that declares the target, for
+    ``auto_preload`` (what the server cannot do with it raises nothing)."""
     add_preload(entries)
+    if declared_in is not None:
+        add_auto(*declared_in)
     if isolation != ISOLATION_FORKSERVER:
         return
     _ensure_server(multiprocessing.get_context(isolation))
