@@ -48,6 +48,19 @@ PROTOCOL_VERSION = 1
 PROTOCOL = PROTOCOL_VERSION
 
 
+def _state_fields(components: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a ``state`` or ``final`` line: the components themselves when they are JSON values, else
+    each component's leaves digested here (``leaves``: a tensor cannot travel as JSON)."""
+    named = {str(k): v for k, v in components.items()}
+    try:
+        json.dumps(named, allow_nan=False)
+    except (TypeError, ValueError):
+        from pytest_resume_check.records.state import leaf_digests
+
+        return {"leaves": {name: leaf_digests(value) for name, value in named.items()}}
+    return {"components": named}
+
+
 class ProtocolError(RuntimeError):
     """The harness refused a call (its answer names why), or the socket broke."""
 
@@ -114,18 +127,21 @@ class Run:
         self._call("checkpoint_published", step=int(step), path=_path(path))
 
     def state(self, step: int, components: Mapping[str, Any]) -> None:
-        """Optional: the training state after ``step`` by component, as JSON values (numbers, strings,
-        lists, dicts); digest big values yourself (e.g. ``hashlib.sha256(weights_bytes).hexdigest()``).
-        Compared with the uninterrupted run's at the same step; report it once more right after
-        restoring (``state(k, ...)`` after ``resumed(k)``) to have what the checkpoint restored compared."""
+        """Optional: the training state after ``step`` by component: JSON values (numbers, strings, lists,
+        dicts), or anything the harness can digest (a torch ``state_dict()``, tensors, numpy arrays), which is
+        then digested here, leaf by leaf, so a headline still names the first differing leaf
+        (``optimizer differs (state.0.momentum_buffer)``). Compared with the uninterrupted run's at the same
+        step; report it once more right after restoring (``state(k, ...)`` after ``resumed(k)``) to have what
+        the checkpoint restored compared."""
         if self.active:
-            self._call("state", step=int(step), components={str(k): v for k, v in components.items()})
+            self._call("state", step=int(step), **_state_fields(components))
 
     def final(self, components: Mapping[str, Any]) -> None:
-        """Optional: what the program delivers, once, at the end of training (the exported model's digest,
-        its metrics), as JSON values; the interrupted job's must equal the uninterrupted run's."""
+        """Optional: what the program delivers, once, at the end of training (the exported model's digest or
+        its state dict, its metrics), as for :meth:`state`; the interrupted job's must equal the uninterrupted
+        run's."""
         if self.active:
-            self._call("final", components={str(k): v for k, v in components.items()})
+            self._call("final", **_state_fields(components))
 
     def state_digest(self, step: int, digest: str) -> None:
         """Optional: one digest of the program's whole state after ``step``, the state component

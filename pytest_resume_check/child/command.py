@@ -27,6 +27,7 @@ from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.errors import TargetError
 from pytest_resume_check.records.names import case_id
 from pytest_resume_check.records.plan import CommandSpec
+from pytest_resume_check.records.state import combine
 from pytest_resume_check.run import RunContext
 
 #: What ``{name}`` in a command's arguments can name (``{case[key]}`` reads one case parameter).
@@ -222,16 +223,8 @@ def _dispatch(run: RunContext, request: Mapping[str, Any]) -> Any:
         return run.should_checkpoint(int(step))
     elif call == "checkpoint_published":
         run.checkpoint_published(int(step), request.get("path"))
-    elif call == "state":
-        components = request["components"]
-        if not isinstance(components, dict):
-            raise TypeError("state components must be a JSON object")
-        run.state(int(step), components)
-    elif call == "final":
-        components = request["components"]
-        if not isinstance(components, dict):
-            raise TypeError("final components must be a JSON object")
-        run.final(components)
+    elif call in ("state", "final"):
+        _state(run, call, step, request)
     elif call == "log":
         run.log(str(request["text"]))
     elif call == "file_op":
@@ -242,6 +235,57 @@ def _dispatch(run: RunContext, request: Mapping[str, Any]) -> Any:
     else:
         raise ValueError(f"unknown call {call!r}")
     return None
+
+
+#: The field of a ``state`` or ``final`` line that carries the program's own digests: per component, each leaf's
+#: path and digest as :func:`pytest_resume_check.records.state.leaf_digests` gives them, computed in the program
+#: where the values live (a torch optimizer's tensors cannot travel as JSON). The leaves keep their names, so the
+#: headline names the first differing one, ``optimizer differs (state.0.momentum_buffer)``, as for a Python
+#: target reporting the same state (issue 29); a component sent as one digest of the program's own has no leaf
+#: to name.
+FIELD_LEAVES = "leaves"
+ERR_LEAVES = ("{call} leaves must be a JSON object of components, each an object of leaf paths and their digests "
+              "(strings), as pytest_resume_check.records.state.leaf_digests gives them")
+ERR_BOTH = "a {call} line carries components or leaves, not both"
+ERR_LEAVES_TOLERANCE = ("this target compares its state under a tolerance (state_tolerance=...), which needs the "
+                        "values: send them as components, not as digested leaves")
+
+
+def _state(run: RunContext, call: str, step: Any, request: Mapping[str, Any]) -> None:
+    """A ``state`` or ``final`` line: JSON values the harness digests here (``components``), or leaves the program
+    digested itself (:data:`FIELD_LEAVES`), reported as the same event a Python target's call makes."""
+    if FIELD_LEAVES not in request:
+        components = request["components"]
+        if not isinstance(components, dict):
+            raise TypeError(f"{call} components must be a JSON object")
+        if call == "state":
+            run.state(int(step), components)
+        else:
+            run.final(components)
+        return
+    if "components" in request:
+        raise ValueError(ERR_BOTH.format(call=call))
+    leaves = _leaves(call, request[FIELD_LEAVES])
+    at = int(step) if call == "state" else None
+    if not run.plan.report_state:
+        return  # a run whose state nobody compares (a first run that will be killed), as RunContext.state
+    if run.plan.state_tolerance is not None:
+        raise ValueError(ERR_LEAVES_TOLERANCE)
+    # What RunContext.state and .final send for components whose leaves digest to these.
+    digests = {name: combine(values) for name, values in leaves.items()}
+    run._send(ev.Event(ev.STATE if at is not None else ev.FINAL, step=at,
+                       extra={ev.STATE_DIGESTS: digests, ev.STATE_LEAVES: leaves}))
+    if at is not None:
+        run._check_converged(at, digests)  # an early stop ends the run here, as for a Python target
+
+
+def _leaves(call: str, value: Any) -> dict[str, dict[str, str]]:
+    """The ``leaves`` of a line, checked: components of leaf paths and digests, all strings."""
+    if not isinstance(value, dict) or not all(
+            isinstance(leaves, dict) and all(isinstance(k, str) and isinstance(d, str) for k, d in leaves.items())
+            for leaves in value.values()):
+        raise TypeError(ERR_LEAVES.format(call=call))
+    return {str(name): dict(leaves) for name, leaves in value.items()}
 
 
 def command_spec(name: str, argv: Sequence[str], cwd: str | os.PathLike[str] | None, env: Mapping[str, str] | None,
