@@ -36,7 +36,7 @@ from pytest_resume_check.categories import Category
 from pytest_resume_check.judge import verdict
 from pytest_resume_check.records import faults, kill_ids
 from pytest_resume_check.records.names import OPT_JSON, OPT_SEED
-from pytest_resume_check.report import summary
+from pytest_resume_check.report import known_findings, summary
 from pytest_resume_check.report import text as report
 
 #: Failing cells that get a timeline (unexpected failures first); the rest are listed by headline.
@@ -60,6 +60,12 @@ RENDER_ERROR = "error"
 RENDER_ALL_HASH = "#render-all"
 
 TITLE = "Resume matrix report"
+#: How a timeline names the runs whose inputs it draws (the ``run`` of a ledger row, from 0), and the rows of
+#: the reference's rest after a resumed run stopped early: they complete the job's ledger but are no run of
+#: the cell (issue 29: a two-run cell drew ``run 3``).
+RUN_LABEL = "run {number}"
+REMAINDER_LABEL = "reference (after the early stop at step {step})"
+REMAINDER_LABEL_NO_STEP = "reference (after the early stop)"
 
 
 def entry_categories() -> dict[str, Category]:
@@ -147,7 +153,7 @@ def timeline(cell: Mapping[str, Any]) -> dict[str, Any]:
     (``reference r0``, ``reference r1``, ``resumed r0``, ...; rows carry the rank as a fifth item);
     ``kills``: ``[run, checkpoint step, kill step, description]``; ``resumed``: the step each later run
     restored; ``lo``/``hi``: the shown steps; ``last``: the last step of the reference; ``ran``: each
-    run's outcome.
+    run's outcome; ``labels``: the name of each ``run`` a row can carry (:func:`run_labels`).
     """
     reference = [list(r) for r in cell.get("reference") or []]
     composite = [list(r) for r in cell.get("composite") or []]
@@ -179,8 +185,24 @@ def timeline(cell: Mapping[str, Any]) -> dict[str, Any]:
         "hi": hi,
         "last": last,
         "ran": [str(r.get("outcome", "")) for r in cell.get("runs") or []],
+        "labels": run_labels(cell, composite),
         "state": _state_line(cell),
     }
+
+
+def run_labels(cell: Mapping[str, Any], composite: Sequence[Sequence[Any]]) -> list[str]:
+    """The name of each ``run`` index the rows of ``composite`` carry: ``run 1``, ``run 2``, ...; rows past the
+    cell's runs are the reference's rest after a resumed run stopped early (:data:`REMAINDER_LABEL`)."""
+    runs = cell.get("runs") or []
+    labels = [RUN_LABEL.format(number=i + 1) for i in range(len(runs))]
+    beyond = [row for row in composite if int(row[3]) >= len(runs)]
+    if beyond:
+        stop = next((r.get("converged_step") for r in runs if r.get("converged_step") is not None), None)
+        if stop is None and runs and runs[-1].get("outcome") == "converged":  # a JSON file from before the field
+            stop = min(int(row[1]) for row in beyond) - 1
+        label = REMAINDER_LABEL.format(step=stop) if stop is not None else REMAINDER_LABEL_NO_STEP
+        labels += [label] * (max(int(row[3]) for row in beyond) + 1 - len(labels))
+    return labels
 
 
 def _state_line(cell: Mapping[str, Any]) -> list[Any] | None:
@@ -403,8 +425,8 @@ def _failures(listed: Sequence[Mapping[str, Any]], total: int, drawn: int, ancho
     for cell in listed[drawn:]:
         name = summary.cell_name(cell)
         rest.append(f'<tr id="{anchors[name]}"><td><code>{escape(name)}</code></td>'
-                    f"<td>{escape(categories.headline(cell))}</td><td><code>{escape(_rerun(cell, seed))}</code>"
-                    "</td></tr>")
+                    f"<td>{escape(categories.headline(cell))}{_known(cell)}</td>"
+                    f"<td><code>{escape(_rerun(cell, seed))}</code></td></tr>")
     if rest:
         out.append(f"<h3>{len(rest)} more failing cells (no timeline)</h3><div class=\"scroll\"><table "
                    f"class=\"rest\"><thead><tr><th>cell</th><th>headline</th><th>rerun</th></tr></thead><tbody>"
@@ -428,11 +450,17 @@ def _failure(cell: Mapping[str, Any], anchor: str, index: int, is_open: bool, se
     return (f'<details class="failure" id="{anchor}" data-t="{index}" data-search="{search}"'
             f'{" open" if is_open else ""}><summary><span class="sw s-{escape(st)}">'
             f"{escape(categories.mark(st))}</span> <code>{escape(name)}</code> {cats}"
-            f'<span class="headline">{escape(categories.headline(cell))}</span></summary>'
+            f'<span class="headline">{escape(categories.headline(cell))}</span>{_known(cell)}</summary>'
             f'<div class="body">{expected}{story}'
             f'<p class="rerun">rerun: <code>{escape(_rerun(cell, seed))}</code></p>'
             f'<div class="timeline" data-t="{index}"><p class="note">opening this cell draws its timeline '
             "(needs JavaScript)</p></div></div></details>")
+
+
+def _known(cell: Mapping[str, Any]) -> str:
+    """The line under the headline of a cell whose failure is a framework's known bug (docs/findings.md)."""
+    known = cell.get("known_finding")
+    return f'<span class="known">{escape(known_findings.line(known))}</span>' if isinstance(known, Mapping) else ""
 
 
 def _tag(name: str) -> str:

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest_resume_check
 from pytest_resume_check.categories import HARNESS, status
-from pytest_resume_check.judge.verdict import entry_marks, resume_label
+from pytest_resume_check.judge.verdict import entry_marks, run_label
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.ledger import Ledger
 from pytest_resume_check.records.names import OPT_CELL, OPT_MATRIX, OPT_SEED, REFERENCE
 from pytest_resume_check.records.results import AS_PLANNED, CellResult, Outcome, RunRecord
+from pytest_resume_check.report import known_findings
 
 #: The story of a cell whose reference failed (no interrupted run was made).
 NO_RUNS = "no interrupted run (the reference itself failed)"
@@ -64,7 +65,7 @@ def story(result: CellResult) -> str:
     for i, rec in enumerate(result.runs):
         text = f"run {i + 1}"
         if i:
-            text += f" ({resume_label(rec.resumed_step, rec.resumed_path)})"
+            text += f" ({run_label(rec)})"
         text += f": {rec.describe()}"
         if rec.leftovers:
             text += f" ({rec.leftovers} process{'es' if rec.leftovers > 1 else ''} it detached killed after it)"
@@ -244,6 +245,9 @@ def failure_text(result: CellResult, rerun: str | None = None) -> str:
     """The whole failure report of one cell."""
     v = result.verdict
     lines = [v.headline]
+    known = known_findings.known_finding_json(result)
+    if known is not None:  # a framework's own bug, documented on docs/findings.md
+        lines.append(f"  {known_findings.line(known)}")
     lines += [f"  also: {f.headline}" for f in v.findings[1:]]
     lines += excerpt(v.reference, v.composite, v.first_divergence())
     if result.runs:
@@ -290,6 +294,7 @@ def cell_json(result: CellResult) -> dict[str, Any]:
         "xfail_reason": result.cell.xfail_reason,
         "categories": v.categories,
         "headline": v.headline,
+        "known_finding": known_findings.known_finding_json(result),
         "resumed_from": v.resumed_from,
         "state_diverged": v.state_diverged,
         "findings": [{"category": f.category, "headline": f.headline, "step": f.step} for f in v.findings],
@@ -317,7 +322,7 @@ def unjudged_cell_json(target: str, case_id: str, resume_mode: str, kills: Seque
         "target": target, "case": dict(case or {}), "case_id": case_id, "resume_mode": resume_mode, "kill": kill,
         "kills": [k.to_json() for k in kills], "passed": False, "xfail_reason": xfail_reason,
         "categories": [category],
-        "headline": headline, "resumed_from": [], "state_diverged": None,
+        "headline": headline, "known_finding": None, "resumed_from": [], "state_diverged": None,
         "findings": [{"category": category, "headline": headline, "step": None}], "reference": [], "composite": [],
         "marks": {"reference": "", "composite": ""}, "story": NOT_JUDGED, "runs": [],
     }
@@ -326,9 +331,10 @@ def unjudged_cell_json(target: str, case_id: str, resume_mode: str, kills: Seque
 
 
 def _run_json(rec: RunRecord) -> dict[str, Any]:
-    """One run of a cell: how it ended, its log; for multi-rank runs its world size, what each rank
-    restored, the signal it got and who ended its ranks (rows of ``reference`` and ``composite`` then
-    carry the rank as a fifth item)."""
+    """One run of a cell: how it ended, its log; of a run stopped early, the step where its state equalled
+    the reference's (``converged_step``); for multi-rank runs its world size, what each rank restored, the
+    signal it got and who ended its ranks (rows of ``reference`` and ``composite`` then carry the rank as a
+    fifth item)."""
     # The outcome's plain value: the cell's JSON rides on a pytest-xdist report, whose serialiser takes
     # only exact built-in types (a str-Enum member is refused).
     hung = rec.outcome == Outcome.HUNG
@@ -337,6 +343,8 @@ def _run_json(rec: RunRecord) -> dict[str, Any]:
                            "log_tail": log_tail(rec.plan.log_path, LOG_LINES_JSON, hung=hung)}
     if hung:  # where it hung: each process's threads, their innermost frames first
         out["stacks"] = stacks(rec.plan.log_path, STACK_FRAMES_JSON)
+    if rec.outcome == Outcome.CONVERGED:  # the early stop: from the next step on, the reference's entries
+        out["converged_step"] = rec.converged_step
     if rec.plan.world_size > 1 or rec.plan.master_port:
         out["world_size"] = rec.plan.world_size
         out["resumed_by_rank"] = {str(k): step for k, (step, _) in rec.resumed_by_rank.items()}

@@ -26,6 +26,8 @@
     return node;
   }
   function xOf(t, step) { return LEFT + (step - t.lo) * COL; }
+  // The name of run index r of a ledger row: "run 2", or the reference's rest after an early stop.
+  function runLabel(t, r) { return (t.labels && t.labels[r]) || "run " + (r + 1); }
   function laneHeight(groups) {
     var per = {}, most = 1;
     groups.forEach(function (g) {
@@ -34,12 +36,12 @@
     });
     return most * (SQ + GAP) + 6;
   }
-  function drawInput(svg, x, y, id, step, epoch, run, m) {
+  function drawInput(svg, x, y, id, step, epoch, who, m) {
     var info = MARKS.hasOwnProperty(m) ? MARKS[m] : null;
     var fill = info ? info.colour : (epoch % 2 ? "#6baed6" : "#c6dbef");
     var r = el("rect", {x: x, y: y, width: SQ, height: SQ, rx: 2, fill: fill,
                         stroke: info ? fill : "#8a9bb0", "class": "in m-" + (info ? m : "ok")}, svg);
-    var tip = "id " + id + " \u00b7 step " + step + " \u00b7 epoch " + epoch + " \u00b7 run " + (run + 1);
+    var tip = "id " + id + " \u00b7 step " + step + " \u00b7 epoch " + epoch + " \u00b7 " + who;
     if (info) { tip += "\n" + info.name + ": " + info.meaning; }
     el("title", {}, r, tip);
     var s = String(id);
@@ -57,7 +59,7 @@
       var x = xOf(t, step) + 5;
       ids.forEach(function (id, i) {
         var row = used[step] || 0; used[step] = row + 1;
-        drawInput(svg, x, y0 + row * (SQ + GAP), id, step, epoch, run, marks.charAt(i) || ".");
+        drawInput(svg, x, y0 + row * (SQ + GAP), id, step, epoch, runLabel(t, run), marks.charAt(i) || ".");
       });
       if (hidden) {
         var row = used[step] || 0; used[step] = row + 1;
@@ -85,7 +87,7 @@
     for (var st = t.lo; st <= t.hi; st++) {
       if (runs[st] !== undefined && runs[st] !== runs[st - 1]) {
         el("text", {x: xOf(t, st) + 2, y: bottom + 12 + (shown++ % 2) * 11, "font-size": 10, fill: MUTED},
-           svg, "\u2192 run " + (runs[st] + 1));
+           svg, "\u2192 " + runLabel(t, runs[st]));
       }
     }
   }
@@ -132,7 +134,9 @@
     var lanes = t.lanes || [["reference", t.ref], ["resumed", t.res]];
     var heights = lanes.map(function (lane) { return laneHeight(lane[1]); });
     var total = heights.reduce(function (a, b) { return a + b + LANE_GAP; }, 0) - LANE_GAP;
-    var width = LEFT + (t.hi - t.lo + 1) * COL + 150;
+    // Room on the right for the longest run label drawn under the last columns.
+    var longest = (t.labels || []).reduce(function (n, s) { return Math.max(n, s.length); }, 0);
+    var width = LEFT + (t.hi - t.lo + 1) * COL + Math.max(150, 6.5 * longest + 20);
     var height = TOP + total + 40;
     var svg = el("svg", {xmlns: NS, "class": "timeline", width: width, height: height,
                          viewBox: "0 0 " + width + " " + height, role: "img"});
