@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from recipe_session import assert_one_smoke_xfail
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -42,7 +43,6 @@ RECIPE = DOCS / "examples" / "recipes" / "hf_trainer"
 RECIPE_PAGE = DOCS / "recipes" / "hf-trainer.md"
 RECIPE_FILES = ("conftest.py", "trainer.py", "pytest.ini")
 GLUE = re.compile(r"# --8<-- \[start:glue\]\n(.*?)# --8<-- \[end:glue\]", re.S)
-MATRIX_SUMMARY = re.compile(r"resume matrix: (\d+) cells, (\d+) failing, (\d+) expected failures")
 
 
 @pytest.fixture(scope="module")
@@ -430,16 +430,10 @@ def test_recipe_project_passes_its_matrix(pytester: pytest.Pytester) -> None:
     for name in RECIPE_FILES:
         shutil.copy(RECIPE / name, pytester.path / name)
     result = pytester.runpytest_subprocess("--resume-matrix", "-p", "no:cacheprovider", "-q", "-rx", timeout=600)
-    summary = next((m.groups() for line in result.outlines if (m := MATRIX_SUMMARY.search(line))), None)
-    assert summary is not None, result.stdout.str()
     # 14 resume cells, the job's own last_checkpoint right in every one, and the default crash smoke cells:
     # of those, the power loss before trainer_state.json is durable fails, as the recipe declares
     # (docs/recipes/hf-trainer.md#crash-smoke-cells).
-    cells_run, failing, expected = map(int, summary)
-    assert cells_run > 14 and (failing, expected) == (0, 1), result.stdout.str()[-3000:]
-    result.assert_outcomes(passed=cells_run - 1, xfailed=1)
-    xfailed = r"^XFAIL resume-matrix::hf_trainer_recipe\[workers2-auto-save2op\d+:power\]"
-    assert re.search(xfailed, result.stdout.str(), re.M), result.stdout.str()[-3000:]
+    assert_one_smoke_xfail(result, 14, r"hf_trainer_recipe\[workers2-auto-save2op\d+:power\]")
 
 
 def test_recipe_glue_is_at_most_ten_lines_and_the_page_includes_it():

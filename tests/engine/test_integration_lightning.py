@@ -13,11 +13,11 @@ project passes ``pytest --resume-matrix``.
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 
 import pytest
+from recipe_session import matrix_counts
 
 pytest.importorskip("torch")
 pytest.importorskip("torchdata")
@@ -48,7 +48,6 @@ from pytest_resume_check.targets import resume_target  # noqa: E402
 STATE_COMPONENTS = (STATE_MODEL, STATE_OPTIMIZERS, STATE_LR_SCHEDULERS, STATE_FIT_LOOP)
 RECIPE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "recipes" / "lightning"
 RECIPE_FILES = ("conftest.py", "trainer.py", "pytest.ini")
-MATRIX_SUMMARY = re.compile(r"resume matrix: (\d+) cells, (\d+) failing, (\d+) expected failures")
 
 E2 = {"id": "e2"}  # 40 inputs in batches of 8: five steps per epoch, two epochs
 E2_FIX = {"id": "e2-fix", "fix_epoch_end": True}
@@ -488,12 +487,10 @@ def test_recipe_project_passes_its_resume_matrix(pytester: pytest.Pytester):
         shutil.copy(RECIPE / name, pytester.path / name)
     result = pytester.runpytest_subprocess("--resume-matrix", "-p", "no:cacheprovider", "-q",
                                            "--resume-matrix-seed=1", timeout=300)
-    summary = next((m.groups() for line in result.outlines if (m := MATRIX_SUMMARY.search(line))), None)
-    assert summary is not None, result.stdout.str()
     # 2 cases x (auto: 10 steps, 2 unsaved, 1 double; path: steps 1, 5, 10, ckpt5+1, 1 double), and the crash
     # cells the harness adds by default, if any; the cells that resume from step 5 are Lightning's epoch skip,
     # declared in the glue. The trainer's own choice of checkpoint is right in every cell.
-    cells_run, failing, expected = map(int, summary)
+    cells_run, failing, expected = matrix_counts(result)
     assert cells_run >= 36 and (failing, expected) == (0, 8)
     result.assert_outcomes(passed=cells_run - 8, xfailed=8)
     assert result.ret == 0
