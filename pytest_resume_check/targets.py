@@ -293,6 +293,7 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         raise TargetError(f"target {name!r}: unknown resume mode(s) {bad}; use {list(RESUME_MODES)}")
     if kw["isolation"] not in ISOLATIONS:
         raise TargetError(f"target {name!r}: isolation must be one of {list(ISOLATIONS)}")
+    crash_save = _crash_save(name, kw.get("crash_save", CRASH_SMOKE))
     return Target(
         name=name,
         fn=func,
@@ -306,7 +307,7 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         auto_preload=_flag(name, "auto_preload", kw.get("auto_preload", True)),
         isolation=kw["isolation"],
         expected_failures=tuple(kw["expected_failures"]),
-        crash_save=_crash_save(name, kw.get("crash_save", CRASH_SMOKE)),
+        crash_save=crash_save,
         state_tolerance=_tolerance(name, kw.get("state_tolerance")),
         hang_timeout=_hang_timeout(name, kw.get("hang_timeout")),
         command=kw.get("command"),
@@ -315,7 +316,7 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         elastic_state=_flag(name, "elastic_state", kw.get("elastic_state", False)),
         early_stop=_early_stop(name, kw.get("early_stop", EARLY_STOP_EPOCH)),
         **_distributed(name, kw.get("world_size", 1), kw.get("elastic", ()), kw.get("preemption", ()),
-                       _crash_save(name, kw.get("crash_save", CRASH_SMOKE))),
+                       crash_save),
     )
 
 
