@@ -36,6 +36,11 @@ MAX_WIDTH = 100
 TIME_NOTE = ("resume-check: runs spent {share:.0%} of their time before their first step (median {median:.1f} s"
              "{where}); preload the modules your trainer imports, and a warm-up for what it builds on first use: "
              "preload=(\"torch\", \"my_trainer\", \"my_trainer:warm_up\") (docs/writing-a-target.md){why}")
+#: The same, when the target that spent most is a command target: its program starts afresh every run.
+TIME_NOTE_COMMAND = ("resume-check: runs spent {share:.0%} of their time before their first step (median {median:.1f} s"
+                     "{where}); a command target's program is a fresh process each run and pays its own imports "
+                     "every time, which no preload spares; a trainer written in Python runs faster as a Python "
+                     "target (docs/recipes/command.md, Cost)")
 TIME_NOTE_WHERE = ", most in target {target!r}"
 #: Appended when the fork server could not preload a target's module by itself (``auto_preload``).
 TIME_NOTE_WHY = "; not preloaded by itself: {notes}"
@@ -109,6 +114,8 @@ def time_note(costs: dict[str, Any] | None) -> str | None:
         return None
     slowest = max(targets, key=lambda name: sum(targets[name]["starts"]))
     where = TIME_NOTE_WHERE.format(target=slowest) if len(targets) > 1 else ""
+    if targets[slowest].get("command"):
+        return TIME_NOTE_COMMAND.format(share=started / seconds, median=median, where=where)
     notes = (costs or {}).get("not_preloaded", [])
     why = TIME_NOTE_WHY.format(notes="; ".join(notes)) if notes else ""
     manual = [repr(name) for name, t in targets.items() if not t.get("auto_preload", True)]

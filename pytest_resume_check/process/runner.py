@@ -47,6 +47,8 @@ class StartCosts:
     seconds: dict[str, float] = field(default_factory=dict)
     #: Targets declared with ``auto_preload=False``.
     manual: set[str] = field(default_factory=set)
+    #: Command targets (their program is a fresh process per run, which no preload of ours can spare).
+    commands: set[str] = field(default_factory=set)
 
     def add(self, target: Target, record: RunRecord) -> None:
         """Count one finished run of ``target``."""
@@ -57,12 +59,15 @@ class StartCosts:
         self.seconds[target.name] = self.seconds.get(target.name, 0.0) + record.seconds
         if not target.auto_preload:
             self.manual.add(target.name)
+        if target.command is not None:
+            self.commands.add(target.name)
 
     def to_json(self, notes: Sequence[str] = ()) -> dict[str, Any]:
         """Plain data (it may cross a process boundary): ``{"targets": {name: {"starts": [...], "seconds":
-        s, "auto_preload": bool}}, "not_preloaded": [what auto_preload could not do, one line each]}``."""
+        s, "auto_preload": bool, "command": bool}}, "not_preloaded": [what auto_preload could not do, one line
+        each]}``."""
         targets = {name: {"starts": [round(x, 4) for x in starts], "seconds": round(self.seconds[name], 4),
-                          "auto_preload": name not in self.manual}
+                          "auto_preload": name not in self.manual, "command": name in self.commands}
                    for name, starts in self.starts.items()}
         return {"targets": targets, "not_preloaded": list(notes)}
 

@@ -236,3 +236,13 @@ def test_the_note_names_the_slowest_target_and_what_kept_it_from_being_preloaded
     assert summary.TIME_NOTE_WHERE.format(target="t") in note
     assert summary.TIME_NOTE_WHY.format(notes="conftest: ImportError: no module named x") in note
     assert note.endswith(summary.TIME_NOTE_MANUAL.format(targets="'t'"))
+
+
+def test_for_a_command_target_the_note_says_no_preload_helps():
+    """A command target's program starts afresh every run (the zero-change recipe: 2.3 s of torch import a
+    run): advising preload= would send the user the wrong way."""
+    figures = costs([2.3] * 10, 27.0)
+    figures["targets"]["t"]["command"] = True
+    note = summary.time_note(figures)
+    assert note == summary.TIME_NOTE_COMMAND.format(share=23 / 27, median=2.3, where="")
+    assert "preload=" not in note and "no preload spares" in note
