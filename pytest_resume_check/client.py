@@ -197,9 +197,19 @@ class Run:
 
 def connect() -> Run:
     """The run context of this process: connected when the harness started it, inactive otherwise."""
+    channel = harness_channel()
+    if channel is None:
+        return Run()
+    return Run(*channel)
+
+
+def harness_channel() -> tuple[dict[str, Any], socket.socket] | None:
+    """The run's facts and the harness's socket when the harness started this process (None otherwise),
+    taken once: the variable naming the socket leaves the environment, so a program this one starts does
+    not find it."""
     fd = os.environ.get(FD_ENV)
     if not fd:
-        return Run()
+        return None
     try:
         context = json.loads(os.environ.get(CONTEXT_ENV) or "{}")
         sock = socket.socket(fileno=int(fd))
@@ -208,7 +218,7 @@ def connect() -> Run:
         raise ProtocolError(f"resume-check: {FD_ENV}={fd!r} is not the harness's socket ({exc}); unset it to run "
                             "the script without the harness") from exc
     os.environ.pop(FD_ENV, None)  # not for this process's own children
-    return Run(context, sock)
+    return context, sock
 
 
 def plain_ids(ids: Iterable[Any]) -> list[Any]:

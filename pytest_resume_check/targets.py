@@ -103,12 +103,16 @@ class Contract:
     ledgers: tuple[str, ...] = ("consumed",)
 
     def describe(self) -> str:
+        if not self.ledgers:
+            return "no inputs reported: the checkpoint each resume restored, crash consistency, final outputs"
         kind = "exactly-once, same order" if self.ordered else "exactly-once, any order"
         return f"{kind} on {' and '.join(self.ledgers)}"
 
 
 EXACTLY_ONCE_ORDERED = Contract(ordered=True)
 EXACTLY_ONCE = Contract(ordered=False)
+#: A program that reports no inputs (a zero-change command target): no ledger is judged.
+CHECKPOINTS_ONLY = Contract(ledgers=())
 
 
 def _contract(value: Contract | str) -> Contract:
@@ -345,6 +349,8 @@ ERR_PREEMPTION = ("target {name!r}: preemption={value!r} must list grace periods
                   "preemption=[5.0]); SIGTERM is sent, SIGKILL that long after")
 ERR_PREEMPT_COMMAND = ("target {name!r}: preemption= is not supported on a command target yet (SIGTERM would reach the "
                        "harness's side of the run, not your program); declare it on a Python target")
+ERR_ZERO_CHANGE_RANKS = ("target {name!r}: checkpoints= (a program that reports nothing) runs one process; for "
+                         "ranks, report through pytest_resume_check.client (docs/recipes/command.md)")
 ERR_CRASH_RANKS = ("target {name!r}: crash_save= is not supported with world_size > 1 (file faults are injected in one "
                    "process); declare the crash axis on a one-rank target")
 
@@ -401,6 +407,8 @@ def command_target(
     steps: int | Callable[[Mapping[str, Any]], int],
     cwd: str | Path | None = None,
     env: Mapping[str, str] | None = None,
+    checkpoints: str | None = None,
+    outputs: Sequence[str] = (),
     **options: Any,
 ) -> Target:
     """Declare a target that runs a program: ``resume_target.command(["{python}", "train.py", "--out",
@@ -412,6 +420,14 @@ def command_target(
     ``env`` added to the environment. The program reports through :mod:`pytest_resume_check.client` (or
     its line protocol). Every other option is :func:`resume_target`'s; ``preload`` is rarely useful, as
     the program is a fresh process.
+
+    A Python program that reports nothing (a *zero-change* target) names instead where its checkpoints
+    appear, ``checkpoints="step_*.pt"`` (a glob relative to ``{checkpoint_dir}``): each checkpoint it
+    publishes is a step, it is killed at those, and the checkpoint it restores is the one it opens (see
+    :mod:`pytest_resume_check.child.watch`); ``steps`` is then the number of checkpoints an uninterrupted run
+    publishes. Without ``{resume_path}`` in the command it is resumed in ``auto`` mode only. ``outputs``:
+    the files the program delivers (globs relative to ``{checkpoint_dir}``), compared with the
+    uninterrupted run's after the program exits, for any command target.
     """
     import sys as _sys
 
@@ -423,9 +439,15 @@ def command_target(
     except Exception as exc:
         raise TargetError(ERR_CASES.format(name=name, error=describe_error(exc))) from exc
     declared_in = _sys._getframe(1).f_globals.get("__file__")
-    spec = command_spec(name, argv, cwd, env, cases, declared_in)
+    spec = command_spec(name, argv, cwd, env, cases, declared_in, checkpoints, outputs)
     if options.get("preemption"):
         raise TargetError(ERR_PREEMPT_COMMAND.format(name=name))
+    if spec.checkpoints is not None:
+        if options.get("world_size", 1) != 1 or options.get("elastic"):
+            raise TargetError(ERR_ZERO_CHANGE_RANKS.format(name=name))
+        if "resume_modes" not in options and not any("{resume_path}" in a for a in spec.argv):
+            options["resume_modes"] = (RESUME_AUTO,)  # the program cannot be told which checkpoint to take
+        options.setdefault("contract", CHECKPOINTS_ONLY)
     target: Target = resume_target(run_command, name=name, steps=steps, cases=cases, **options)
     return target.with_options(command=spec)
 

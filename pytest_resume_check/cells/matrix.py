@@ -158,6 +158,18 @@ def distributed_points(steps: int, boundaries: Sequence[int], mode: str, world_s
     return points
 
 
+def at_checkpoints(points: Sequence[tuple[str, tuple[KillSpec, ...]]]) -> list[tuple[str, tuple[KillSpec, ...]]]:
+    """The kill points of a zero-change target, whose steps are its checkpoints: each kill moved to the checkpoint
+    it follows (a kill between two checkpoints is a crash point of the next save, which crash cells cover), those
+    before any checkpoint dropped, each point once, in order."""
+    out: list[tuple[str, tuple[KillSpec, ...]]] = []
+    for mode, kills in points:
+        moved = tuple(replace(k, extra_steps=0) for k in kills)
+        if all(k.checkpoint_step > 0 for k in moved) and (mode, moved) not in out:
+            out.append((mode, moved))
+    return out
+
+
 def _double_kills(steps: int, mode: str) -> list[tuple[KillSpec, ...]]:
     """Runs killed twice: the second kill lands in the already resumed run."""
     if steps < 3:
@@ -180,6 +192,8 @@ def cells(target: Target, mode: str, seed: int) -> list[Cell]:
         if target.world_size > 1 or target.elastic or target.preemption:
             points += distributed_points(steps, boundaries, mode, target.world_size, target.elastic,
                                          target.preemption)
+        if target.command is not None and target.command.checkpoints is not None:
+            points = at_checkpoints(points)
         singles = {(m, k[0].checkpoint_step) for m, k in points
                    if len(k) == 1 and k[0] == KillSpec(k[0].checkpoint_step)}
         for resume_mode, kills in points:

@@ -11,6 +11,7 @@ that group unless it leaves it; then the run's token finds it).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import select
@@ -22,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_resume_check.child.watch import CONTEXT_CHECKPOINTS
 from pytest_resume_check.client import CONTEXT_ENV, FD_ENV, PROTOCOL_VERSION
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.errors import TargetError
@@ -30,12 +32,19 @@ from pytest_resume_check.records.plan import CommandSpec
 from pytest_resume_check.records.state import combine
 from pytest_resume_check.run import RunContext
 
+#: The folder whose ``sitecustomize`` installs the watcher of zero-change targets in their program.
+STARTUP = Path(__file__).parent / "startup"
+
 #: What ``{name}`` in a command's arguments can name (``{case[key]}`` reads one case parameter).
 PLACEHOLDERS = ("python", "checkpoint_dir", "resume_mode", "resume_path", "seed", "is_resume", "case", "case_id")
 
 ERR_PLACEHOLDER = ("command target {name!r}: argument {arg!r} {problem}; placeholders are "
                    + ", ".join("{{" + p + "}}" for p in PLACEHOLDERS) + " and {{case[key]}} (write {{{{ and }}}} "
                    "for literal braces)")
+ERR_UNWATCHED = ("the command {argv} exited with code 0 and nothing watched its checkpoints: the watcher of "
+                 "zero-change targets runs in a Python program started by the interpreter running pytest "
+                 "({{python}}) with the PYTHONPATH the harness gives it; start the program so, or report through "
+                 "pytest_resume_check.client")
 ERR_SILENT = ("the command {argv} exited with code 0 without reporting anything; it must report through "
               "pytest_resume_check.client (run = client.connect(); run.consumed(...); run.step_end(...)) or the "
               "line protocol on the socket in ${fd_env}")
@@ -90,7 +99,11 @@ def run_command(run: RunContext) -> None:
                "resume_path": str(run.resume_path) if run.resume_path else None, "seed": run.seed,
                "case": dict(run.case), "is_resume": run.is_resume,
                "faults": run.plan.faults.to_json() if run.plan.faults is not None else None}
-    env = {**os.environ, **dict(spec.env), FD_ENV: str(theirs.fileno()), CONTEXT_ENV: json.dumps(context)}
+    env = {**os.environ, **dict(spec.env), FD_ENV: str(theirs.fileno())}
+    if spec.checkpoints is not None:  # zero-change: the program's checkpoint files are its reports
+        context[CONTEXT_CHECKPOINTS] = spec.checkpoints
+        env["PYTHONPATH"] = os.pathsep.join([str(STARTUP), *filter(None, [env.get("PYTHONPATH")])])
+    env[CONTEXT_ENV] = json.dumps(context)
     try:
         proc = subprocess.Popen(argv, cwd=spec.cwd, env=env, pass_fds=(theirs.fileno(),))
     except OSError as exc:
@@ -109,7 +122,41 @@ def run_command(run: RunContext) -> None:
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         raise CommandFailed(f"its last output lines:\n{_tail(run.plan.log_path)}\nthe command {argv} {how}")
     if calls == 0:
+        if spec.checkpoints is not None:
+            tail = _tail(run.plan.log_path)
+            raise CommandFailed(f"its last output lines:\n{tail}\n{ERR_UNWATCHED.format(argv=argv)}")
         raise CommandFailed(ERR_SILENT.format(argv=argv, fd_env=FD_ENV))
+    if spec.outputs:
+        run.final(output_digests(run.checkpoint_dir, spec.outputs))
+
+
+#: What a declared output that a run did not write digests to.
+MISSING = "missing"
+
+
+def output_digests(folder: str | os.PathLike[str], patterns: Sequence[str]) -> dict[str, str]:
+    """The final outputs of a run: each file matching one of ``patterns`` (globs relative to ``folder``; a
+    folder stands for the files in it) by its path, with the SHA-256 of its bytes; a pattern that matches
+    nothing is its own component, :data:`MISSING`."""
+    root = Path(folder)
+    found: dict[str, str] = {}
+    for pattern in patterns:
+        paths = sorted(root.glob(pattern))
+        if not paths:
+            found[pattern] = MISSING
+        for path in paths:
+            files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+            for file in files:
+                found[file.relative_to(root).as_posix()] = _file_digest(file)
+    return found
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _tail(log_path: str, lines: int = 15) -> str:
@@ -288,9 +335,30 @@ def _leaves(call: str, value: Any) -> dict[str, dict[str, str]]:
     return {str(name): dict(leaves) for name, leaves in value.items()}
 
 
+ERR_GLOB = ("command target {name!r}: {option}={value!r} {problem}; give {what} as a glob relative to the run's "
+            "checkpoint folder ({{checkpoint_dir}}), e.g. {example}")
+
+
+def _glob(name: str, option: str, value: Any, what: str, example: str) -> str:
+    """A glob relative to the checkpoint folder, checked."""
+    problem = None
+    if not isinstance(value, str) or not value.strip():
+        problem = "is not a non-empty string"
+    elif os.path.isabs(value) or ".." in Path(value).parts:
+        problem = "leaves the checkpoint folder"
+    elif "{" in value:
+        problem = "holds a placeholder, which globs do not take"
+    if problem is not None:
+        raise TargetError(ERR_GLOB.format(name=name, option=option, value=value, problem=problem, what=what,
+                                          example=example))
+    return Path(value).as_posix()
+
+
 def command_spec(name: str, argv: Sequence[str], cwd: str | os.PathLike[str] | None, env: Mapping[str, str] | None,
-                 cases: Sequence[Mapping[str, Any]], declared_in: str | None) -> CommandSpec:
-    """Validate a command target's program and where it runs (relative to the declaring file's folder)."""
+                 cases: Sequence[Mapping[str, Any]], declared_in: str | None, checkpoints: str | None = None,
+                 outputs: Sequence[str] = ()) -> CommandSpec:
+    """Validate a command target's program and where it runs (relative to the declaring file's folder), and
+    for a zero-change target where its checkpoints and outputs appear."""
 
     if isinstance(argv, (str, bytes)) or not argv:
         raise TargetError(f"command target {name!r}: give the command as a list of arguments, e.g. "
@@ -302,5 +370,10 @@ def command_spec(name: str, argv: Sequence[str], cwd: str | os.PathLike[str] | N
     if not folder.is_dir():
         raise TargetError(f"command target {name!r}: cwd {str(folder)!r} is not a folder; give cwd= relative to "
                           f"{base} or absolute")
+    if checkpoints is not None:
+        checkpoints = _glob(name, "checkpoints", checkpoints, "where its checkpoints appear", "'step_*.pt'")
+    if isinstance(outputs, (str, bytes)):
+        outputs = [outputs]
+    globs = tuple(_glob(name, "outputs", o, "each file it delivers", "['model.pt']") for o in outputs)
     return CommandSpec(tuple(str(a) for a in argv), str(folder.resolve()),
-                       tuple((str(k), str(v)) for k, v in (env or {}).items()))
+                       tuple((str(k), str(v)) for k, v in (env or {}).items()), checkpoints, globs)

@@ -30,7 +30,7 @@ from pytest_resume_check.records.state import CAPTURED, drawn_after, first_diffe
 
 MSG_STALE = ("STALE_RESUME: run {run} resumed from {got} but {want} was the newest checkpoint whose save "
              "completed before the crash ({why}); the work saved since is trained again")
-MSG_STALE_PUBLISHED = ("STALE_RESUME: run {run} {got} but {want} was published before the kill: {lost} step{s} "
+MSG_STALE_PUBLISHED = ("STALE_RESUME: run {run} {got} but {want} was published before the kill: {lost} {unit}{s} "
                        "of training lost")
 MSG_UNPUBLISHED = ("PROTOCOL: run {run} reported resuming from step {step}, but no run before it got past step "
                    "{reached}; report the step of the checkpoint actually loaded")
@@ -54,20 +54,29 @@ MSG_PREEMPTED = ("STALE_RESUME: run {run} got SIGTERM at the end of step {step} 
 NOT_REPORTED = "not reported"
 
 
-def checkpoint_name(step: int, path: str | None) -> str:
+def checkpoint_name(step: int, path: str | None, unit: str = "step") -> str:
     """``global_step_4`` (the folder's name), ``checkpoint_3 (step 4)`` (a name whose last number is not the
-    step it holds: Accelerate numbers its folders from 0) or ``the checkpoint of step 4``."""
+    step it holds: Accelerate numbers its folders from 0) or ``the checkpoint of step 4``. ``unit``:
+    ``checkpoint`` where the steps are a program's checkpoints (a zero-change target: ``step_10.pt
+    (checkpoint 5)``)."""
     if not path:
-        return f"the checkpoint of step {step}"
+        return f"the checkpoint of {unit} {step}"
     name = os.path.basename(os.path.normpath(path))
     numbers = re.findall(r"\d+", name)
-    return name if numbers and int(numbers[-1]) == step else f"{name} (step {step})"
+    return name if numbers and int(numbers[-1]) == step else f"{name} ({unit} {step})"
 
 
-def checkpoint_and_step(step: int, path: str | None) -> str:
+def checkpoint_and_step(step: int, path: str | None, unit: str = "step") -> str:
     """``step_9 (step 9)``: :func:`checkpoint_name` with the step it holds, said once."""
-    name = checkpoint_name(step, path)
-    return name if not path or name.endswith(f"(step {step})") else f"{name} (step {step})"
+    name = checkpoint_name(step, path, unit)
+    return name if not path or name.endswith(f"({unit} {step})") else f"{name} ({unit} {step})"
+
+
+def step_unit(rec: RunRecord) -> str:
+    """What a step of ``rec``'s target is: ``checkpoint`` for a zero-change program, whose steps are the
+    checkpoints it publishes, else ``step``."""
+    command = rec.plan.command
+    return "checkpoint" if command is not None and command.checkpoints is not None else "step"
 
 
 def judge_restored(runs: Sequence[RunRecord], newest_complete: int | None = None) -> list[Finding]:
@@ -102,11 +111,12 @@ def judge_restored(runs: Sequence[RunRecord], newest_complete: int | None = None
             return [Finding(PROTOCOL, MSG_UNPUBLISHED.format(run=index + 1, step=got, reached=reached))]
         if published and got < published[-1][0]:
             want_step, want_path = published[-1]
-            what = (f"resumed from {checkpoint_and_step(got, rec.resumed_path)}" if got
+            unit = step_unit(rec)
+            what = (f"resumed from {checkpoint_and_step(got, rec.resumed_path, unit)}" if got
                     else "started fresh (resumed step 0)")
             lost = want_step - got
             return [Finding(STALE_RESUME, MSG_STALE_PUBLISHED.format(
-                run=index + 1, got=what, want=checkpoint_name(want_step, want_path), lost=lost,
+                run=index + 1, got=what, want=checkpoint_name(want_step, want_path, unit), lost=lost, unit=unit,
                 s="" if lost == 1 else "s"), step=got)]
     return []
 

@@ -100,6 +100,9 @@ MSG_EMPTY = ("PROTOCOL: the reference run reported no {kind} inputs; the target 
 MSG_SILENT_IO = ("SILENT_IO_ERROR: an injected {error} at file operation {op} of the save of step {step} did not "
                  "fail the run ({what}); the checkpoint may be incomplete and nobody knows")
 MSG_STEPS = "PROTOCOL: the target declares {declared} steps for this case but its reference run took {actual}"
+MSG_CHECKPOINTS = ("PROTOCOL: the target declares steps={declared}, the checkpoints an uninterrupted run publishes, "
+                   "but its reference run published {actual} matching {glob!r} in {{checkpoint_dir}}; give the number "
+                   "it publishes, or the glob of its checkpoint files' final names")
 MSG_CALLS = "PROTOCOL: {who} {what}"
 #: Appended to a failing run's headline when its error is a full disk.
 DISK_FULL = "; the disk is full (No space left on device): free space there or point --basetemp at a bigger disk"
@@ -149,6 +152,10 @@ def judge_reference(first: RunRecord, second: RunRecord | None, declared_steps: 
         if not Ledger.from_events(first.events, kind):
             return [Finding(PROTOCOL, MSG_EMPTY.format(kind=kind))]
     if declared_steps is not None and first.last_step != declared_steps:
+        command = first.plan.command
+        if command is not None and command.checkpoints is not None:
+            return [Finding(PROTOCOL, MSG_CHECKPOINTS.format(declared=declared_steps, actual=first.last_step,
+                                                             glob=command.checkpoints))]
         return [Finding(PROTOCOL, MSG_STEPS.format(declared=declared_steps, actual=first.last_step))]
     if second is not None:
         for kind in contract.ledgers:
@@ -273,9 +280,24 @@ def _restored_checkpoint(judging: _Judging) -> bool:
 def _ledgers(judging: _Judging) -> bool:
     """``LOST``, ``DUPLICATED``, ``EPOCH``, ``REORDERED``: each ledger the contract names against the
     reference's. ``PROTOCOL`` when a resumed run never reported where it resumed (ends the judging)."""
+    if not judging.contract.ledgers:
+        return _resumes(judging)
     for kind in judging.contract.ledgers:
         if _ledger(judging, kind):
             return True
+    return False
+
+
+def _resumes(judging: _Judging) -> bool:
+    """A target that reports no inputs (a zero-change program): only that every resumed run reported what it
+    restored, and the labels of its resumes (``PROTOCOL`` if one did not: ends the judging)."""
+    runs = judging.runs
+    try:
+        _, resumed_from = compose([r.events for r in runs], "consumed")
+    except ResumeReportMissing as exc:
+        return judging.add(Finding(PROTOCOL, MSG_PROTOCOL.format(detail=exc)))
+    judging.verdict.resumed_from = resumed_from
+    judging.verdict.resume_labels = [resume_label(r.resumed_step, r.resumed_path) for r in runs[1:]]
     return False
 
 

@@ -113,6 +113,12 @@ class CommandSpec:
     argv: tuple[str, ...]
     cwd: str | None = None
     env: tuple[tuple[str, str], ...] = ()
+    #: Zero-change targets: the glob (relative to the checkpoint folder) of the checkpoints the program
+    #: publishes without reporting (see :mod:`pytest_resume_check.child.watch`); None: the program reports.
+    checkpoints: str | None = None
+    #: Files the program delivers (globs relative to the checkpoint folder), digested after it exits as the
+    #: run's final outputs.
+    outputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ COMMAND_TESTS = "engine/test_command_targets.py"
 LIGHTNING_TESTS = "engine/test_integration_lightning.py"
 HF_TESTS = "engine/test_integration_hf_trainer.py"
 ACCELERATE_TESTS = "engine/test_integration_accelerate.py"
+ZERO_CHANGE_RECIPE_TEST = "engine/test_zero_change.py::test_recipe_project_passes_and_a_planted_name_sort_is_caught"
 #: Example files the pages include, each run by a test below.
 TESTED_EXAMPLES = {
     "planted/conftest.py": "test_report_page_quotes_real_verdicts_of_the_planted_example",
@@ -57,6 +58,8 @@ TESTED_EXAMPLES = {
     "recipes/command/conftest.py:glue": f"{COMMAND_TESTS}::test_recipe_project_passes_and_a_planted_bash_bug_is_caught",
     "recipes/command/conftest.py:bash": f"{COMMAND_TESTS}::test_recipe_project_passes_and_a_planted_bash_bug_is_caught",
     "recipes/command/train.sh": f"{COMMAND_TESTS}::test_recipe_project_passes_and_a_planted_bash_bug_is_caught",
+    "recipes/zero_change/conftest.py:glue": ZERO_CHANGE_RECIPE_TEST,
+    "recipes/zero_change/train.py": ZERO_CHANGE_RECIPE_TEST,
     "recipes/lightning/conftest.py:glue": f"{LIGHTNING_TESTS}::test_recipe_project_passes_its_resume_matrix",
     "recipes/lightning/trainer.py": f"{LIGHTNING_TESTS}::test_recipe_project_passes_its_resume_matrix",
     "recipes/accelerate/conftest.py": f"{ACCELERATE_TESTS}::test_recipe_matrix_passes",
@@ -139,10 +142,10 @@ def text_block_after(page: str, marker: str) -> list[str]:
 @requires("mkdocs", "material")
 def test_mkdocs_build_is_strict_clean(tmp_path):
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
-                           "-d", str(tmp_path / "site")], capture_output=True, text=True, cwd=ROOT,
+                           "-d", str(tmp_path / "startup")], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "site" / "img" / "html-report.png").is_file()
+    assert (tmp_path / "startup" / "img" / "html-report.png").is_file()
 
 
 def test_code_on_the_pages_is_included_from_tested_files():

@@ -114,6 +114,7 @@ def test_wheel_ships_both_packages_typed_and_the_license(wheel):
     assert {"pytest_resume_check/py.typed", "agentlightning/py.typed"} <= names
     assert {"pytest_resume_check/plugin/__init__.py", "agentlightning/verl/trainer.py"} <= names
     assert any(n.startswith("pytest_resume_check/report/assets/") and n.endswith(".css") for n in names)
+    assert "pytest_resume_check/child/startup/sitecustomize.py" in names  # zero-change targets' watcher starts there
     (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
     assert "MIT License" in archive.read(license_file).decode()
     assert not [n for n in names if n.startswith(("tests/", "docs/"))], "the wheel holds only the two packages"

@@ -1,0 +1,111 @@
+"""The same unmodified training script under resume-check (a zero-change command target) and under ckpt-chaos
+0.1.8, side by side: what each flags and what a point costs. Prints figures; asserts nothing.
+
+    python benchmarks/zero_change_vs_ckpt_chaos.py [--variants correct,in-place,by-name] [--ckpt-chaos PATH]
+
+The script is docs/examples/recipes/zero_change/train.py (torch, 12 training steps, a checkpoint every second
+step, the trained model written at the end), unchanged, in three variants chosen by its own flags:
+
+- ``correct``: atomic saves (temporary file, fsync, rename), the newest checkpoint by step number;
+- ``in-place``: ``torch.save`` to the checkpoint's final name (a crash can leave it torn);
+- ``by-name``: the newest checkpoint by sorted name, so ``step_8.pt`` wins over ``step_10.pt``.
+
+resume-check runs ``pytest --resume-matrix`` (the default quick matrix with its crash smoke cells, serial) on a
+project whose conftest declares the script with ``checkpoints="step_*.pt"`` and ``outputs=["model.pt"]``.
+ckpt-chaos runs ``ckpt-chaos run --checkpoint-glob {out}/step_*.pt --step-regex ... --result-file
+{out}/model.pt --fail-on HARD_FAIL,SILENT_DIVERGENCE,LOST_WORK`` (its contract mode, the closest to what the
+harness judges), from a virtual environment of its own (``--ckpt-chaos`` names its executable; without it, one
+is made in a temporary folder with ``pip install ckpt-chaos==0.1.8``). The two tools alternate per variant.
+A "point" is one cell for resume-check and one crash point for ckpt-chaos; the cost per point is the tool's
+wall time over its points (each includes its reference runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "docs" / "examples" / "recipes" / "zero_change" / "train.py"
+VARIANTS = {"correct": [], "in-place": ["--save", "in-place"], "by-name": ["--pick", "name"]}
+CKPT_CHAOS = "ckpt-chaos==0.1.8"
+
+CONFTEST = """from pytest_resume_check import resume_target
+
+script = resume_target.command(
+    ["{{python}}", "train.py", "--out", "{{checkpoint_dir}}", "--seed", "{{seed}}", *{flags!r}],
+    name="unchanged_script", steps=6, checkpoints="step_*.pt", outputs=["model.pt"],
+)
+"""
+
+
+def ckpt_chaos_executable(given: str | None, scratch: Path) -> str:
+    if given:
+        return given
+    venv = scratch / "ckpt-chaos-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", CKPT_CHAOS], check=True)
+    return str(venv / "bin" / "ckpt-chaos")
+
+
+def resume_check(flags: list[str], folder: Path) -> dict:
+    folder.mkdir(parents=True)
+    (folder / "train.py").write_text(SCRIPT.read_text())
+    (folder / "conftest.py").write_text(CONFTEST.format(flags=flags))
+    (folder / "pytest.ini").write_text("[pytest]\nresume_matrix_targets = unchanged_script\n")
+    report = folder / "matrix.json"
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "pytest", "--resume-matrix", "-q", "-p", "no:cacheprovider",
+                    "--resume-matrix-seed=1", f"--resume-matrix-json={report}", f"--basetemp={folder / 'tmp'}"],
+                   cwd=folder, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    cells = json.loads(report.read_text())["cells"]
+    failing = [c for c in cells if not c["passed"]]
+    kinds: dict[str, int] = {}
+    for cell in failing:
+        kinds[cell["categories"][0]] = kinds.get(cell["categories"][0], 0) + 1
+    return {"points": len(cells), "flagged": len(failing), "kinds": kinds, "seconds": seconds}
+
+
+def ckpt_chaos(executable: str, flags: list[str], folder: Path) -> dict:
+    folder.mkdir(parents=True)
+    (folder / "train.py").write_text(SCRIPT.read_text())
+    started = time.perf_counter()
+    done = subprocess.run([executable, "run", "--checkpoint-glob", "{out}/step_*.pt", "--step-regex",
+                           r"resumed from step (\d+)", "--result-file", "{out}/model.pt", "--fail-on",
+                           "HARD_FAIL,SILENT_DIVERGENCE,LOST_WORK", "--", sys.executable, "train.py", "--out", "{out}",
+                           *flags], cwd=folder, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"\b([A-Z_]{4,}): (\d+)", done.stdout.splitlines()[-1])}
+    kinds = {k: n for k, n in counts.items() if k != "PASS"}
+    return {"points": sum(counts.values()), "flagged": sum(kinds.values()), "kinds": kinds, "seconds": seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--ckpt-chaos", default=None, help="the ckpt-chaos executable (default: a fresh venv)")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="zero-change-bench-") as scratch:
+        executable = ckpt_chaos_executable(args.ckpt_chaos, Path(scratch))
+        for variant in args.variants.split(","):
+            flags = VARIANTS[variant]
+            ours = resume_check(flags, Path(scratch) / variant / "resume-check")
+            theirs = ckpt_chaos(executable, flags, Path(scratch) / variant / "ckpt-chaos")
+            rows += [(variant, "resume-check", ours), (variant, "ckpt-chaos", theirs)]
+    print(f"{'variant':<9} {'tool':<13} {'points':>6} {'flagged':>7} {'wall s':>7} {'s/point':>7}  what was flagged")
+    for variant, tool, r in rows:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(r["kinds"].items())) or "-"
+        print(f"{variant:<9} {tool:<13} {r['points']:>6} {r['flagged']:>7} {r['seconds']:>7.1f} "
+              f"{r['seconds'] / max(1, r['points']):>7.2f}  {kinds}")
+
+
+if __name__ == "__main__":
+    main()

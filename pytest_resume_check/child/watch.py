@@ -1,0 +1,361 @@
+"""Zero-change command targets: an unmodified Python program's checkpoint files are its reports.
+
+A command target declared with ``checkpoints="step_*.pt"`` (a glob relative to the run's checkpoint folder)
+makes no client calls. The harness puts ``startup/`` first on the program's ``PYTHONPATH``; its
+``sitecustomize`` calls :func:`install` when the interpreter starts, which connects to the harness and
+makes, from the program's own file operations, the reports the program does not make:
+
+- A checkpoint is **published** when a path matching the glob gets its final name: renamed or replaced into
+  place (a file or a folder), closed after being written in place, or written by ``torch.save``. The n-th
+  publication of a job is its step n: ``step_end(n)`` then ``checkpoint_published(n, path)``, so kills and
+  snapshots happen right there, and the file operations since the previous publication are the save that
+  crash cells fault.
+- The checkpoint a run **restored** is the last matching one it opened for reading before its own first
+  publication (a program that falls back from a damaged checkpoint to an older one is credited with the older
+  one), reported as ``resumed(k, path)`` before that publication (or at exit), k being its publication
+  number. The numbers live in an index file beside the checkpoints (:data:`INDEX`), written by this module
+  with the functions it does not wrap; a matching file the index does not know (a save that was never
+  published) counts as the one after the newest it knows. A run that opened none resumed step 0.
+
+Nothing else can be known without the program's own reports: no ledger of inputs, no state. What the job
+delivers (``outputs=``) is digested by the harness after the program exits (:mod:`.command`). The watcher
+acts only in the process that installed it (a forked worker inherits the wrappers, not the reports).
+"""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import fnmatch
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import io
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from pytest_resume_check import client
+
+#: The field of the run's context that holds the checkpoint glob (set only for zero-change targets).
+CONTEXT_CHECKPOINTS = "checkpoints"
+#: The index of published checkpoints, by path relative to the checkpoint folder, kept in that folder.
+INDEX = ".resume-check-checkpoints.json"
+INDEX_VERSION = 1
+_WRITING = "wax+"
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+# The functions as they were before anything wrapped them: the index is written with these, so it is
+# never an operation of the program's save.
+_real_open = builtins.open
+_real_replace = os.replace
+_real_fsync = os.fsync
+
+
+class Watcher:
+    """Turns the file operations of one process into the reports of a command target (module docstring)."""
+
+    def __init__(self, run: client.Run, pattern: str):
+        self.run = run
+        self.pattern = pattern
+        self.pid = os.getpid()
+        self.root = os.path.realpath(run.checkpoint_dir or ".")
+        self.roots = [self.root]  # where a restored checkpoint may lie: ours, and the folder a path resume names
+        if run.resume_path:
+            above = os.path.realpath(run.resume_path)
+            for _ in range(pattern.count("/") + 1):
+                above = os.path.dirname(above)
+            if above != self.root:
+                self.roots.append(above)
+        self.prefixes = {os.path.abspath(r) for r in (run.checkpoint_dir or ".", *self.roots)} | set(self.roots)
+        self.lock = threading.RLock()
+        self.indexes: dict[str, dict[str, int]] = {}
+        self.restored: tuple[str, str] | None = None  # (root, checkpoint relative to it)
+        self.reported = False
+        self.base = 0  # the step the run resumed at
+        self.published = 0  # checkpoints this run published
+        self._originals: list[tuple[Any, str, Any]] = []
+
+    # -- what a path is ------------------------------------------------------------------------------
+    def _relative(self, path: Any) -> tuple[str, str] | None:
+        """(root, path relative to it) for a path inside one of the roots, None otherwise (cheap for others)."""
+        try:
+            text = os.fsdecode(os.fspath(path))
+        except TypeError:
+            return None
+        absolute = os.path.abspath(text)
+        if not any(absolute.startswith(p + os.sep) for p in self.prefixes):
+            return None
+        real = os.path.realpath(absolute)
+        for root in self.roots:
+            if real.startswith(root + os.sep):
+                return root, os.path.relpath(real, root)
+        return None
+
+    def _is_checkpoint(self, rel: str) -> bool:
+        return os.path.basename(rel) != INDEX and matches(rel, self.pattern)
+
+    def _checkpoint_holding(self, rel: str) -> str | None:
+        """The checkpoint ``rel`` is or lies in (a file of a checkpoint folder), None if none."""
+        parts = rel.split(os.sep)
+        for end in range(len(parts), 0, -1):
+            head = os.sep.join(parts[:end])
+            if self._is_checkpoint(head):
+                return head
+        return None
+
+    def _ours(self) -> bool:
+        return os.getpid() == self.pid
+
+    # -- events --------------------------------------------------------------------------------------
+    def opened_for_reading(self, path: Any) -> None:
+        if self.published or self.reported or not self._ours():
+            return
+        found = self._relative(path)
+        if found is None:
+            return
+        checkpoint = self._checkpoint_holding(found[1])
+        if checkpoint is not None:
+            with self.lock:
+                self.restored = (found[0], checkpoint)
+
+    def wrote(self, path: Any) -> None:
+        """``path`` got its final name and content: a publication when it is a checkpoint of this run."""
+        if not self._ours():
+            return
+        found = self._relative(path)
+        if found is None or found[0] != self.root or not self._is_checkpoint(found[1]):
+            return
+        rel = found[1]
+        with self.lock:
+            self.report_resumed()
+            self.published += 1
+            step = self.base + self.published
+            index = self._index(self.root)
+            index[rel] = step
+            self._write_index(index)
+            self.run.step_end(step)
+            self.run.checkpoint_published(step, os.path.join(self.root, rel))  # the recorder's save ends here
+            if self.run._recorder is not None:
+                self.run._recorder.start(step + 1)  # crash cells: what the program does next is the next save
+
+    def report_resumed(self) -> None:
+        """``resumed`` once: the checkpoint restored (see the module docstring), or step 0."""
+        with self.lock:
+            if self.reported:
+                return
+            self.reported = True
+            if self.restored is None:
+                self.run.resumed(0)
+                return
+            root, rel = self.restored
+            index = self._index(root)
+            self.base = index.get(rel) or max(index.values(), default=0) + 1
+            self.run.resumed(self.base, os.path.join(root, rel))
+
+    # -- the index -----------------------------------------------------------------------------------
+    def _index(self, root: str) -> dict[str, int]:
+        if root not in self.indexes:
+            self.indexes[root] = read_index(root)
+        return self.indexes[root]
+
+    def _write_index(self, index: dict[str, int]) -> None:
+        path = os.path.join(self.root, INDEX)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with _real_open(temporary, "w", encoding="utf-8") as f:
+            json.dump({"version": INDEX_VERSION, "checkpoints": index}, f)
+            f.flush()
+            _real_fsync(f.fileno())
+        _real_replace(temporary, path)
+
+    # -- installation --------------------------------------------------------------------------------
+    def _wrap(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+        original = getattr(owner, name)
+        self._originals.append((owner, name, original))
+        setattr(owner, name, make(original))
+
+    def install(self) -> None:
+        """Wrap the file functions of this process (on top of the crash cells' recorder, which then sees
+        every operation before the publication it completes)."""
+        opener = self._open_wrapper
+        self._wrap(builtins, "open", opener)
+        io.open = builtins.open  # one function, as in the interpreter
+        self._wrap(os, "open", self._os_open_wrapper)
+        for name in ("replace", "rename"):
+            self._wrap(os, name, self._move_wrapper)
+        if "torch" in sys.modules:
+            self.wrap_torch(sys.modules["torch"])
+        else:
+            sys.meta_path.insert(0, _WhenImported("torch", self.wrap_torch))
+
+    def uninstall(self) -> None:
+        """Put back what :meth:`install` wrapped (tests)."""
+        for owner, name, original in reversed(self._originals):
+            setattr(owner, name, original)
+        io.open = builtins.open
+        self._originals = []
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _WhenImported)]
+
+    def wrap_torch(self, torch: Any) -> None:
+        if getattr(torch, "save", None) is not None:
+            self._wrap(torch, "save", self._torch_save_wrapper)
+
+    def _open_wrapper(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+            result = real(file, mode, *args, **kwargs)
+            if isinstance(file, (str, bytes, os.PathLike)):
+                if any(c in mode for c in _WRITING):
+                    found = self._relative(file) if self._ours() else None
+                    if found is not None and found[0] == self.root and self._is_checkpoint(found[1]):
+                        return _PublishedOnClose(result, self, file)
+                else:
+                    self.opened_for_reading(file)
+            return result
+
+        return open_
+
+    def _os_open_wrapper(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+            fd = real(path, flags, *args, **kwargs)
+            if not flags & _WRITE_FLAGS:
+                self.opened_for_reading(path)
+            return int(fd)
+
+        return os_open
+
+    def _move_wrapper(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def move(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+            real(src, dst, *args, **kwargs)
+            self.wrote(dst)
+
+        return move
+
+    def _torch_save_wrapper(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+            real(obj, f, *args, **kwargs)
+            if isinstance(f, (str, bytes, os.PathLike)):
+                self.wrote(f)
+
+        return save
+
+
+class _PublishedOnClose:
+    """A checkpoint file written in place: published when it is closed."""
+
+    def __init__(self, raw: Any, watcher: Watcher, path: Any):
+        self._raw = raw
+        self._watcher = watcher
+        self._path = path
+
+    def close(self) -> None:
+        if self._raw.closed:
+            return
+        self._raw.close()
+        self._watcher.wrote(self._path)
+
+    def __enter__(self) -> _PublishedOnClose:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # a program that leaves closing to the garbage collector
+        raw = self.__dict__.get("_raw")
+        if raw is not None and not raw.closed:
+            self.close()
+
+    def __iter__(self) -> Any:
+        return iter(self._raw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+class _WhenImported(importlib.abc.MetaPathFinder):
+    """Calls ``then(module)`` once the module ``name`` has been executed (torch, imported by the program
+    after start-up: importing it here would cost every run a second)."""
+
+    def __init__(self, name: str, then: Callable[[Any], None]):
+        self.name = name
+        self.then = then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        loader = spec.loader if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        execute = loader.exec_module
+        then = self.then
+
+        def exec_module(module: Any) -> None:
+            execute(module)
+            then(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def matches(rel: str, pattern: str) -> bool:
+    """Whether the relative path ``rel`` matches the glob ``pattern`` part by part (``*`` never spans a
+    folder: ``ckpt_*`` matches ``ckpt_3``, not the files inside it)."""
+    parts, wanted = rel.split(os.sep), pattern.split("/")
+    return len(parts) == len(wanted) and all(fnmatch.fnmatchcase(p, w) for p, w in zip(parts, wanted))
+
+
+def read_index(root: str) -> dict[str, int]:
+    """The publication numbers of the checkpoints in ``root`` (empty when it has no index)."""
+    try:
+        with _real_open(os.path.join(root, INDEX), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    found = data.get("checkpoints") if isinstance(data, dict) else None
+    if not isinstance(found, dict):
+        return {}
+    return {str(k): int(v) for k, v in found.items() if isinstance(v, int)}
+
+
+def install() -> Watcher | None:
+    """Start watching this process when the harness started it as a zero-change target (None otherwise:
+    outside the harness, or in a program the watched one starts)."""
+    if not os.environ.get(client.CONTEXT_ENV) or not os.environ.get(client.FD_ENV):
+        return None
+    try:
+        pattern = json.loads(os.environ[client.CONTEXT_ENV]).get(CONTEXT_CHECKPOINTS)
+    except ValueError:
+        return None
+    if not pattern:
+        return None
+    run = client.connect()
+    watcher = Watcher(run, str(pattern))
+    if run._recorder is not None:
+        run._recorder.start(1)  # crash cells fault a save of the first run, which starts fresh
+    watcher.install()
+    atexit.register(_at_exit, watcher)
+    return watcher
+
+
+def _at_exit(watcher: Watcher) -> None:
+    if watcher._ours():
+        try:
+            watcher.report_resumed()
+        except client.ProtocolError:
+            pass
+
+
+def run_hidden_sitecustomize(own_file: str) -> None:
+    """Take our folder off ``sys.path`` and run the ``sitecustomize`` it hid, if there is one."""
+    folder = os.path.dirname(os.path.abspath(own_file))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != folder]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", sys.path)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
