@@ -9,23 +9,28 @@ in every repetition (order rotated):
 
 - ``forked``: a Python target that calls ``train_script.main(argv, run)`` with its ``RunContext``, in a
   child forked from the preloaded fork server (what a Python target costs);
-- ``command``: ``script_example``'s command, a fresh interpreter per run (``python -m ...``) reporting
-  over the socket through ``pytest_resume_check.client``;
-- ``command+torch``: the same command with ``-c "import torch"`` first, i.e. a script that imports torch
-  (with --torch; torch must be installed).
+- ``command``: ``script_example``'s command (``{python} -m ...``, reporting through
+  ``pytest_resume_check.client``), which runs in the run's own process, forked from the server that
+  preloaded what the script imports (issue 30);
+- ``command fresh``: the same with ``fresh_interpreter=True``: a fresh interpreter per run, reporting over
+  the socket (every command before issue 30);
+- with --torch, ``torch script`` and ``torch script fresh``: a script file that imports torch at its top and
+  then runs the same ``main`` (torch must be installed), in the run's process and as its own process.
 
-A command target is a fresh interpreter per run: its start-up (and every import the script makes) is
-paid by every run, where a forked target pays it once in the fork server. Figures are medians over the
-repetitions; the ratio is the median of per-repetition ratios to ``forked``.
+A fresh interpreter pays its start-up (and every import the script makes) in every run, where a program run
+in the run's process pays them once in the fork server. Figures are medians over the repetitions; the
+ratio is the median of per-repetition ratios to ``forked``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from pytest_resume_check.builtin import train_script
@@ -50,17 +55,21 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--torch", action="store_true", help="also a command that imports torch")
     args = parser.parse_args()
+    spec = script_example.command
     targets = {"forked": resume_target(in_process, name="forked", steps=12, preload=("pytest_resume_check.builtin."
                                                                                      "train_script",)),
-               "command": script_example}
-    if args.torch:
-        spec = script_example.command
-        torch_argv = ("{python}", "-c", "import runpy, sys, torch; sys.argv[0] = 'train_script'; "
-                      "runpy.run_module('pytest_resume_check.builtin.train_script', run_name='__main__')") \
-            + spec.argv[3:]
-        targets["command+torch"] = script_example.with_options(
-            name="command_torch", command=CommandSpec(torch_argv, spec.cwd, spec.env))
+               "command": script_example,
+               "command fresh": script_example.with_options(name="command_fresh",
+                                                            command=replace(spec, fresh_interpreter=True))}
     root = Path(tempfile.mkdtemp(prefix="command-cost-"))
+    if args.torch:
+        script = root / "torch_script.py"
+        script.write_text("import torch\n\nfrom pytest_resume_check.builtin import train_script\n\n"
+                          "if __name__ == '__main__':\n    train_script.main()\n")
+        torch_spec = CommandSpec(("{python}", str(script)) + spec.argv[3:], spec.cwd, spec.env)
+        targets["torch script"] = script_example.with_options(name="torch_script", command=torch_spec)
+        targets["torch script fresh"] = script_example.with_options(
+            name="torch_script_fresh", command=replace(torch_spec, fresh_interpreter=True))
     runner = Runner(seed=1, hang_timeout=120)
     seconds: dict[str, list[float]] = {name: [] for name in targets}
     names = list(targets)
@@ -77,11 +86,12 @@ def main() -> None:
                 sys.exit(f"{name}: the run ended {record.outcome}: {record.describe()}")
             if rep:
                 seconds[name].append(took)
-    print(f"per uninterrupted run of 12 steps, median of {args.reps} (python {sys.version.split()[0]}):")
+    print(f"per uninterrupted run of 12 steps, median of {args.reps} (python {sys.version.split()[0]}, "
+          f"load {os.getloadavg()[0]:.1f}):")
     base = seconds["forked"]
     for name, values in seconds.items():
         ratio = statistics.median(v / b for v, b in zip(values, base))
-        print(f"  {name:14s} {statistics.median(values) * 1000:8.1f} ms   {ratio:5.2f}x forked")
+        print(f"  {name:18s} {statistics.median(values) * 1000:8.1f} ms   {ratio:5.2f}x forked")
 
 
 if __name__ == "__main__":

@@ -195,8 +195,15 @@ class Run:
         self._recorder.install()
 
 
+#: The run context of a program the harness runs in a run's own process (set there by
+#: :mod:`pytest_resume_check.child.command`): what :func:`connect` returns in that process.
+_in_process: Run | None = None
+
+
 def connect() -> Run:
     """The run context of this process: connected when the harness started it, inactive otherwise."""
+    if _in_process is not None:
+        return _in_process
     channel = harness_channel()
     if channel is None:
         return Run()

@@ -409,6 +409,7 @@ def command_target(
     env: Mapping[str, str] | None = None,
     checkpoints: str | None = None,
     outputs: Sequence[str] = (),
+    fresh_interpreter: bool = False,
     **options: Any,
 ) -> Target:
     """Declare a target that runs a program: ``resume_target.command(["{python}", "train.py", "--out",
@@ -428,6 +429,11 @@ def command_target(
     publishes. Without ``{resume_path}`` in the command it is resumed in ``auto`` mode only. ``outputs``:
     the files the program delivers (globs relative to ``{checkpoint_dir}``), compared with the
     uninterrupted run's after the program exits, for any command target.
+
+    A command ``{python} script.py ...`` or ``{python} -m module ...`` runs in the run's own process, forked
+    from the fork server that preloaded what the script imports, as a fresh interpreter would start it
+    (``sys.argv``, ``__main__``, working folder, environment); ``fresh_interpreter=True`` starts it as a
+    process of its own instead (a script that needs a pristine interpreter: one it re-executes, say).
     """
     import sys as _sys
 
@@ -439,7 +445,9 @@ def command_target(
     except Exception as exc:
         raise TargetError(ERR_CASES.format(name=name, error=describe_error(exc))) from exc
     declared_in = _sys._getframe(1).f_globals.get("__file__")
-    spec = command_spec(name, argv, cwd, env, cases, declared_in, checkpoints, outputs)
+    if not isinstance(fresh_interpreter, bool):
+        raise TargetError(f"target {name!r}: fresh_interpreter={fresh_interpreter!r} must be True or False")
+    spec = command_spec(name, argv, cwd, env, cases, declared_in, checkpoints, outputs, fresh_interpreter)
     if options.get("preemption"):
         raise TargetError(ERR_PREEMPT_COMMAND.format(name=name))
     if spec.checkpoints is not None:

@@ -11,7 +11,10 @@ that group unless it leaves it; then the run's token finds it).
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
+import importlib.util
 import json
 import os
 import select
@@ -23,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_resume_check import client
 from pytest_resume_check.child.watch import CONTEXT_CHECKPOINTS
 from pytest_resume_check.client import CONTEXT_ENV, FD_ENV, PROTOCOL_VERSION
 from pytest_resume_check.records import events as ev
@@ -30,7 +34,7 @@ from pytest_resume_check.records.errors import TargetError
 from pytest_resume_check.records.names import case_id
 from pytest_resume_check.records.plan import CommandSpec
 from pytest_resume_check.records.state import combine
-from pytest_resume_check.run import RunContext
+from pytest_resume_check.run import Converged, RunContext
 
 #: The folder whose ``sitecustomize`` installs the watcher of zero-change targets in their program.
 STARTUP = Path(__file__).parent / "startup"
@@ -94,30 +98,17 @@ def run_command(run: RunContext) -> None:
         raise CommandFailed("run_command is the target function of command targets; declare one with "
                             "resume_target.command([...])")
     argv = fill(spec.argv, placeholder_values(run))
-    ours, theirs = socket.socketpair()
     context = {"protocol": PROTOCOL_VERSION, "checkpoint_dir": str(run.checkpoint_dir), "resume_mode": run.resume_mode,
                "resume_path": str(run.resume_path) if run.resume_path else None, "seed": run.seed,
                "case": dict(run.case), "is_resume": run.is_resume,
                "faults": run.plan.faults.to_json() if run.plan.faults is not None else None}
-    env = {**os.environ, **dict(spec.env), FD_ENV: str(theirs.fileno())}
     if spec.checkpoints is not None:  # zero-change: the program's checkpoint files are its reports
         context[CONTEXT_CHECKPOINTS] = spec.checkpoints
-        env["PYTHONPATH"] = os.pathsep.join([str(STARTUP), *filter(None, [env.get("PYTHONPATH")])])
-    env[CONTEXT_ENV] = json.dumps(context)
-    try:
-        proc = subprocess.Popen(argv, cwd=spec.cwd, env=env, pass_fds=(theirs.fileno(),))
-    except OSError as exc:
-        raise CommandFailed(f"the command {argv} could not start: {exc}") from exc
-    finally:
-        theirs.close()
-    try:
-        calls = _serve(run, ours, proc)
-        code = proc.wait()
-    finally:
-        if proc.poll() is None:  # the run stopped early (converged, step limit, an error): end the program too
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-        ours.close()
+    program = python_program(spec)
+    if program is not None:
+        code, calls = _run_in_process(run, spec, program, argv, context)
+    else:
+        code, calls = _run_process(run, spec, argv, context)
     if code != 0:
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         raise CommandFailed(f"its last output lines:\n{_tail(run.plan.log_path)}\nthe command {argv} {how}")
@@ -157,6 +148,214 @@ def _file_digest(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _run_process(run: RunContext, spec: CommandSpec, argv: list[str], context: dict[str, Any]) -> tuple[int, int]:
+    """Start the program as a process of its own with the socket; its exit code and how many calls it made."""
+    ours, theirs = socket.socketpair()
+    env = {**os.environ, **dict(spec.env), FD_ENV: str(theirs.fileno()), CONTEXT_ENV: json.dumps(context)}
+    if spec.checkpoints is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(STARTUP), *filter(None, [env.get("PYTHONPATH")])])
+    try:
+        proc = subprocess.Popen(argv, cwd=spec.cwd, env=env, pass_fds=(theirs.fileno(),))
+    except OSError as exc:
+        raise CommandFailed(f"the command {argv} could not start: {exc}") from exc
+    finally:
+        theirs.close()
+    try:
+        calls = _serve(run, ours, proc)
+        code = proc.wait()
+    finally:
+        if proc.poll() is None:  # the run stopped early (converged, step limit, an error): end the program too
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        ours.close()
+    return code, calls
+
+
+#: How a Python program is named after ``{python}``: a script's path, or ``-m`` and a module.
+SCRIPT, MODULE = "script", "module"
+#: The package whose import says a program reports through the client (which works in the run's process).
+CLIENT_PACKAGE = "pytest_resume_check"
+
+
+def python_program(spec: CommandSpec) -> tuple[str, str] | None:
+    """(:data:`SCRIPT`, path) or (:data:`MODULE`, name) when the command is ``{python} script.py ...`` or
+    ``{python} -m module ...`` (placeholders allowed after it) of a program that reports through
+    ``pytest_resume_check.client`` (it imports it) or reports nothing (``checkpoints=``): such a program may
+    run in the run's own process. None when it needs a process of its own: another program, interpreter
+    options or ``PYTHON*`` variables in ``env``, one that speaks the line protocol on the socket itself,
+    ``fresh_interpreter=True``."""
+    named = _named_program(spec)
+    if named is None or spec.fresh_interpreter or any(key.startswith("PYTHON") for key, _ in spec.env):
+        return None  # PYTHONPATH and the like change how an interpreter starts: give it one
+    source = _source(spec, named)
+    if source is None:
+        return None
+    if spec.checkpoints is None and CLIENT_PACKAGE not in _imported(source[1], anywhere=True):
+        return None
+    return named
+
+
+def _named_program(spec: CommandSpec) -> tuple[str, str] | None:
+    argv = spec.argv
+    if len(argv) < 2 or argv[0] != "{python}" or "{" in argv[1]:
+        return None
+    if argv[1] == "-m":
+        return (MODULE, argv[2]) if len(argv) > 2 and "{" not in argv[2] and not argv[2].startswith("-") else None
+    return (SCRIPT, argv[1]) if argv[1].endswith(".py") else None
+
+
+@functools.lru_cache(maxsize=64)
+def _source(spec: CommandSpec, named: tuple[str, str]) -> tuple[Path, ast.Module] | None:
+    """The program's file and its parsed source (None when it cannot be found, read or parsed). Reading it
+    imports nothing but the packages above a ``-m`` module."""
+    kind, name = named
+    try:
+        if kind == MODULE:
+            found = importlib.util.find_spec(name)
+            if found is None or not found.origin or not found.origin.endswith(".py"):
+                return None
+            path = Path(found.origin)
+        else:
+            path = Path(spec.cwd or os.getcwd()) / name
+        return path, ast.parse(path.read_bytes())
+    except (ImportError, ValueError, OSError, SyntaxError):
+        return None
+
+
+def _imported(tree: ast.Module, anywhere: bool = False) -> list[str]:
+    """The top-level names of the absolute imports of a module: its top-level statements (also inside a
+    top-level ``try``), or ``anywhere`` in it."""
+    names: list[str] = []
+    nodes = list(ast.walk(tree)) if anywhere else list(tree.body)
+    while nodes:
+        node = nodes.pop(0)
+        if isinstance(node, ast.Try) and not anywhere:
+            nodes[:0] = node.body
+        elif isinstance(node, ast.Import):
+            names += [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module.split(".")[0])
+    return list(dict.fromkeys(names))
+
+
+@functools.lru_cache(maxsize=64)
+def program_imports(spec: CommandSpec) -> list[tuple[str, str]]:
+    """The installed packages a program that runs in the run's process (:func:`python_program`) imports at
+    its top level, as (top-level name, file): the fork server imports them for it, as it imports a Python
+    target's module (``auto_preload``). Its own modules (beside the script, or in the working folder) are
+    left to each run: importing them may have effects. Read from the source; nothing is imported here."""
+    named = python_program(spec)
+    source = _source(spec, named) if named is not None else None
+    if source is None:
+        return []
+    path, tree = source
+    local = {path.parent.resolve(), Path(spec.cwd or os.getcwd()).resolve()}
+    out: list[tuple[str, str]] = []
+    for top in _imported(tree):
+        try:
+            found = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            continue
+        origin = found.origin if found is not None else None
+        if origin is None or origin in ("built-in", "frozen") or top == "__future__":
+            continue
+        where = Path(origin).resolve()
+        if not local & {where.parent, where.parent.parent}:
+            out.append((top, origin))
+    return out
+
+
+def _run_in_process(run: RunContext, spec: CommandSpec, program: tuple[str, str], argv: list[str],
+                    context: dict[str, Any]) -> tuple[int, int]:
+    """Run a Python program in this process, forked from the fork server that already imported what it
+    imports (issue 30: a fresh interpreter importing torch cost 3.4 s a run), as a fresh interpreter would
+    start it: its ``sys.argv``, ``__main__``, ``sys.path[0]``, working folder and environment; its
+    ``client.connect()`` returns a context whose calls go straight to this run's ``RunContext`` (the same
+    answers the socket would carry); a zero-change program's watcher is installed around it; the exit
+    functions it registers run when it ends, after the threads it started and did not make daemons. Its exit
+    code and how many calls it made."""
+    import atexit
+    import runpy
+    import threading
+    import traceback
+
+    from pytest_resume_check.child import watch
+
+    os.chdir(spec.cwd or os.getcwd())
+    os.environ.update(dict(spec.env))
+    os.environ[CONTEXT_ENV] = json.dumps(context)
+    local = LocalRun(run, context)
+    client._in_process = local
+    atexit._clear()  # what the fork server registered is not the program's
+    if spec.checkpoints is not None:
+        watcher = watch.Watcher(local, spec.checkpoints, recorder=run._recorder)
+        if run._recorder is not None:
+            run._recorder.start(1)
+        watcher.install()
+        atexit.register(watcher.report_resumed)
+    kind, name = program
+    sys.argv = [name, *argv[3 if kind == MODULE else 2:]]
+    before = set(threading.enumerate())
+    hooks = list(getattr(threading, "_threading_atexits", ()))  # what concurrent.futures registers at exit
+    code = 0
+    try:
+        if kind == MODULE:
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(name, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(name)))
+            runpy.run_path(name, run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except Converged:
+        raise  # an early stop: the run ends here, as for a Python target
+    except BaseException:  # what the interpreter prints for an uncaught exception, and its exit code
+        traceback.print_exc()
+        code = 1
+    # As an interpreter ends: the threading module's exit hooks, then a wait for the threads that are no
+    # daemons (an executor finishes its queued saves), then the exit functions.
+    for hook in reversed([h for h in getattr(threading, "_threading_atexits", ()) if h not in hooks]):
+        hook()
+    for thread in threading.enumerate():
+        if thread not in before and not thread.daemon and thread is not threading.current_thread():
+            thread.join()
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return code, local.calls
+
+
+def _exit_code(value: Any) -> int:
+    """The exit code ``sys.exit(value)`` gives a process (a message is printed and gives 1)."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    print(value, file=sys.stderr)
+    return 1
+
+
+class LocalRun(client.Run):
+    """The client's run context of a program running in the run's own process: each call is the line the
+    socket would carry, answered by the ``RunContext`` directly (:func:`_reply`), and counted. It records no
+    file operations itself: the run's recorder sees the program's saves."""
+
+    def __init__(self, run: RunContext, context: Mapping[str, Any]):
+        super().__init__({**context, "faults": None})
+        self.active = True
+        self.calls = 0
+        self._run = run
+
+    def _call(self, call: str, **fields: Any) -> Any:
+        self.calls += 1
+        answer = _reply(self._run, json.dumps({"call": call, **fields}).encode("utf-8"))
+        if not answer["ok"]:
+            raise client.ProtocolError(f"resume-check refused {call}: {answer['error']}")
+        return answer.get("value")
 
 
 def _tail(log_path: str, lines: int = 15) -> str:
@@ -229,7 +428,17 @@ def _serve(run: RunContext, sock: socket.socket, proc: subprocess.Popen[bytes]) 
 
 
 def _answer(run: RunContext, sock: socket.socket, raw: bytes, problem: str | None = None) -> None:
-    """Make the call ``raw`` names and send the program its answer; a line that is no call is a protocol
+    """Make the call ``raw`` names and send the program its answer (:func:`_reply`)."""
+    answer = _reply(run, raw, problem)
+    try:
+        sock.setblocking(True)
+        sock.sendall((json.dumps(answer) + "\n").encode("utf-8"))
+    except OSError:  # the program is gone; its calls so far are recorded
+        pass
+
+
+def _reply(run: RunContext, raw: bytes, problem: str | None = None) -> dict[str, Any]:
+    """Make the call the line ``raw`` names; the answer for the program. A line that is no call is a protocol
     violation the program is told about."""
     try:
         if problem is not None:
@@ -244,11 +453,7 @@ def _answer(run: RunContext, sock: socket.socket, raw: bytes, problem: str | Non
                 f"({what}); each line is one JSON object such as " '{"call": "step_end", "step": 3}')
         run._violation(text)
         answer = {"ok": False, "error": text}
-    try:
-        sock.setblocking(True)
-        sock.sendall((json.dumps(answer) + "\n").encode("utf-8"))
-    except OSError:  # the program is gone; its calls so far are recorded
-        pass
+    return answer
 
 
 #: Calls only the client makes, and only in crash cells (where it records the program's own save).
@@ -356,7 +561,7 @@ def _glob(name: str, option: str, value: Any, what: str, example: str) -> str:
 
 def command_spec(name: str, argv: Sequence[str], cwd: str | os.PathLike[str] | None, env: Mapping[str, str] | None,
                  cases: Sequence[Mapping[str, Any]], declared_in: str | None, checkpoints: str | None = None,
-                 outputs: Sequence[str] = ()) -> CommandSpec:
+                 outputs: Sequence[str] = (), fresh_interpreter: bool = False) -> CommandSpec:
     """Validate a command target's program and where it runs (relative to the declaring file's folder), and
     for a zero-change target where its checkpoints and outputs appear."""
 
@@ -376,4 +581,5 @@ def command_spec(name: str, argv: Sequence[str], cwd: str | os.PathLike[str] | N
         outputs = [outputs]
     globs = tuple(_glob(name, "outputs", o, "each file it delivers", "['model.pt']") for o in outputs)
     return CommandSpec(tuple(str(a) for a in argv), str(folder.resolve()),
-                       tuple((str(k), str(v)) for k, v in (env or {}).items()), checkpoints, globs)
+                       tuple((str(k), str(v)) for k, v in (env or {}).items()), checkpoints, globs,
+                       bool(fresh_interpreter))

@@ -58,8 +58,10 @@ _real_fsync = os.fsync
 class Watcher:
     """Turns the file operations of one process into the reports of a command target (module docstring)."""
 
-    def __init__(self, run: client.Run, pattern: str):
+    def __init__(self, run: client.Run, pattern: str, recorder: Any = None):
         self.run = run
+        #: Crash cells: the recorder of the program's file operations (the client's, by default).
+        self.recorder = recorder if recorder is not None else run._recorder
         self.pattern = pattern
         self.pid = os.getpid()
         self.root = os.path.realpath(run.checkpoint_dir or ".")
@@ -139,8 +141,8 @@ class Watcher:
             self._write_index(index)
             self.run.step_end(step)
             self.run.checkpoint_published(step, os.path.join(self.root, rel))  # the recorder's save ends here
-            if self.run._recorder is not None:
-                self.run._recorder.start(step + 1)  # crash cells: what the program does next is the next save
+            if self.recorder is not None:
+                self.recorder.start(step + 1)  # crash cells: what the program does next is the next save
 
     def report_resumed(self) -> None:
         """``resumed`` once: the checkpoint restored (see the module docstring), or step 0."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_resume_check.child.command import program_imports
 from pytest_resume_check.process import starter
 from pytest_resume_check.process import supervisor as sv
 from pytest_resume_check.process.layout import Layout
@@ -128,6 +129,9 @@ class Runner:
     def run(self, plan: RunPlan, target: Target, on_pause: Callable[[int], None] | None = None) -> RunRecord:
         """One supervised child run."""
         isolation = self.isolation or target.isolation
+        if target.command is not None and target.auto_preload:  # what a Python program imports, as for a module
+            for module, file in program_imports(target.command):
+                starter.add_auto(module, file)
         # Adds them to the server's preload (and the module that declares the target, with auto_preload).
         starter.check_preload(target.name, target.preload, isolation,
                               declared_in=target.ref[:2] if target.auto_preload else None)

@@ -119,6 +119,9 @@ class CommandSpec:
     #: Files the program delivers (globs relative to the checkpoint folder), digested after it exits as the
     #: run's final outputs.
     outputs: tuple[str, ...] = ()
+    #: Start ``{python} script.py`` as a process of its own even though it could run in the run's process,
+    #: forked from the preloaded server (see :func:`pytest_resume_check.child.command.python_program`).
+    fresh_interpreter: bool = False
 
 
 @dataclass(frozen=True)

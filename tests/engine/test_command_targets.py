@@ -10,6 +10,7 @@ fails, garbles the protocol or leaves a process behind gets a clear verdict and 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -244,3 +245,37 @@ def test_a_line_longer_than_the_harness_reads_is_one_violation_and_the_next_call
     assert sum(e.kind == "protocol" for e in result.reference.events) == 1
     log = Path(result.reference.plan.log_path).read_text()
     assert "answer: {'ok': False" in log and "answer: {'ok': True, 'value': None}" in log
+
+
+FACTS = Path(__file__).resolve().parents[1] / "support" / "interpreter_facts.py"
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_script_run_in_the_runs_process_sees_what_a_fresh_interpreter_gives_it(engine, tmp_path, code):
+    """issue 30: ``{python} script.py`` of a client program runs in the run's process, forked from the preloaded
+    server; its arguments, __main__, __file__, working folder, sys.path[0], environment, exit functions and exit
+    code are those of the same script started as a process of its own (fresh_interpreter=True)."""
+    from pytest_resume_check.child.command import python_program
+    from pytest_resume_check.process.layout import Layout
+
+    seen = {}
+    for fresh in (False, True):
+        target = resume_target.command(["{python}", FACTS.name, str(code), "--out", "{checkpoint_dir}"],
+                                       name=f"facts_{code}_{'fresh' if fresh else 'forked'}", steps=1,
+                                       cwd=FACTS.parent, env={"FACTS_VALUE": "x"}, fresh_interpreter=fresh)
+        assert (python_program(target.command) is None) is fresh
+        plan = engine.runner.plan(target, {}, Layout(tmp_path).fresh(tmp_path / target.name), 0)
+        record = engine.runner.run(plan, target)
+        out = Path(plan.checkpoint_dir)
+        facts = json.loads((out / "facts.json").read_text())
+        assert facts["argv"][2] == str(out)
+        facts["argv"][2] = "OUT"  # each run's own folder
+        seen[fresh] = (record.outcome, (out / "exit_functions_ran").exists() and (out / "thread_finished").exists(),
+                       record.error.splitlines()[-1].split(" exited ")[-1] if record.error else None, facts)
+    assert seen[False] == seen[True]
+    outcome, ran, exited, facts = seen[False]
+    assert ran  # the exit function the script registered ran, and the thread it started finished
+    assert exited == (f"with code {code}" if code else None) and outcome == ("raised" if code else "done")
+    assert facts == {"argv": [str(code), "--out", "OUT"], "argv0": FACTS.name, "name": "__main__",
+                     "file": FACTS.name, "cwd": str(FACTS.parent), "path0": str(FACTS.parent), "env": "x",
+                     "connected": True}
