@@ -430,10 +430,12 @@ def command_target(
     the files the program delivers (globs relative to ``{checkpoint_dir}``), compared with the
     uninterrupted run's after the program exits, for any command target.
 
-    A command ``{python} script.py ...`` or ``{python} -m module ...`` runs in the run's own process, forked
-    from the fork server that preloaded what the script imports, as a fresh interpreter would start it
-    (``sys.argv``, ``__main__``, working folder, environment); ``fresh_interpreter=True`` starts it as a
-    process of its own instead (a script that needs a pristine interpreter: one it re-executes, say).
+    A command ``{python} script.py ...`` or ``{python} -m module ...`` whose program reports through the
+    client (or reports nothing) runs in the run's own process, forked from the fork server that preloaded
+    what the script imports, as a fresh interpreter would start it (``sys.argv``, ``__main__``, working
+    folder, environment; see :func:`pytest_resume_check.child.command.python_program`);
+    ``fresh_interpreter=True`` starts it as a process of its own instead (a script that needs a pristine
+    interpreter: one it re-executes, say).
     """
     import sys as _sys
 

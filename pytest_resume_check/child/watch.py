@@ -1,9 +1,10 @@
 """Zero-change command targets: an unmodified Python program's checkpoint files are its reports.
 
 A command target declared with ``checkpoints="step_*.pt"`` (a glob relative to the run's checkpoint folder)
-makes no client calls. The harness puts ``startup/`` first on the program's ``PYTHONPATH``; its
-``sitecustomize`` calls :func:`install` when the interpreter starts, which connects to the harness and
-makes, from the program's own file operations, the reports the program does not make:
+makes no client calls. A :class:`Watcher` makes, from the program's own file operations, the reports the
+program does not make. Where the program runs in the run's own process, :mod:`.command` installs it around
+the program; where it is a process of its own, the harness puts ``startup/`` first on its ``PYTHONPATH``, whose
+``sitecustomize`` calls :func:`install` when the interpreter starts, which connects to the harness:
 
 - A checkpoint is **published** when a path matching the glob gets its final name: renamed or replaced into
   place (a file or a folder), closed after being written in place, or written by ``torch.save``. The n-th
