@@ -1,11 +1,14 @@
 """Cost of reporting training state (``run.state``). Prints figures; asserts nothing.
 
-    python benchmarks/state_cost.py [--reps 30] [--matrix-reps 2] [--quick] [--skip-matrix]
+    python benchmarks/state_cost.py [--reps 30] [--matrix-reps 2] [--quick] [--skip-matrix] [--throughput-mb 1024]
 
+0. What a leaf digest of one big tensor costs (1 GB by default): MB/s of XXH3-128 (the digests where the
+   ``xxhash`` package is installed), of SHA-256 (where it is not) and of a plain memory copy, side by side.
 1. Per-step cost of ``RunContext.state`` in process, for an ``nn.Linear(1000, 1000)`` (1.0M parameters)
    trained with Adam on the CPU (state: model, optimizer with both Adam moments, torch's global RNG):
    (a) the training step alone; (b) step + ``run.state`` digesting every leaf (a reference or resumed
-   run); (c) the same call in a run whose state is not compared (a first run that will be killed);
+   run; ``b256``: the same with SHA-256 digests, as where ``xxhash`` is missing); (c) the same call in a
+   run whose state is not compared (a first run that will be killed);
    (d) tolerance mode writing the plain values (the first reference run); (e) tolerance mode comparing
    with the values (d) wrote, every step. Each mode has its own identically seeded model, so (e) sees
    exactly (d)'s values and compares every leaf. The modes are interleaved in each repetition (order
@@ -25,6 +28,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -40,10 +44,11 @@ from typing import Any
 HERE = Path(__file__).resolve().parent.parent
 OLD_COMMIT = "de17445"
 TARGETS = ("builtin_loop", "agentlightning_async")
-MODES = ("a", "b", "c", "d", "e")
+MODES = ("a", "b", "b256", "c", "d", "e")
 LABELS = {
     "a": "training step alone",
     "b": "+ state, exact (digests)",
+    "b256": "+ state, exact, SHA-256 digests",
     "c": "+ state, report_state=False",
     "d": "+ state, tolerance, writing",
     "e": "+ state, tolerance, comparing",
@@ -117,23 +122,31 @@ def state_cost(reps: int, steps_per_rep: int, threads: int) -> dict[str, Any]:
     runs = {
         "a": (None, None),
         "b": context(report_state=True),
+        "b256": context(report_state=True),
         "c": context(report_state=False),
         "d": context(report_state=True, state_tolerance=tol, state_values_dir=str(values)),
         "e": context(report_state=True, state_tolerance=tol, state_reference_dir=str(values), is_resume=False),
     }
     trainers = {m: _Trainer(torch) for m in MODES}
 
+    from pytest_resume_check.records import state as records_state
+
+    fast = records_state._hasher
+
     def block(mode: str) -> float:
         trainer, (run, _) = trainers[mode], runs[mode]
+        # (b256): the digests made where xxhash is missing, side by side with (b)'s
+        records_state._hasher = (lambda: ("", hashlib.sha256)) if mode == "b256" else fast  # type: ignore
         started = time.perf_counter()
         for _ in range(steps_per_rep):
             trainer.train_step()
             if run is not None:
                 run.state(trainer.step, trainer.components())
-        return (time.perf_counter() - started) / steps_per_rep
+        took = (time.perf_counter() - started) / steps_per_rep
+        records_state._hasher = fast
+        return took
 
-    # Context figure: sha256 of the same tensor bytes in one pass (the floor of what (b) hashes).
-    import hashlib
+    # Context figure: sha256 of the same tensor bytes in one pass.
 
     def sha_alone() -> float:
         t = trainers["a"]
@@ -147,7 +160,7 @@ def state_cost(reps: int, steps_per_rep: int, threads: int) -> dict[str, Any]:
                 h.update(memoryview(v.detach().contiguous().reshape(-1).numpy()).cast("B"))
         return (time.perf_counter() - started) / steps_per_rep
 
-    units = [["a"], ["b"], ["c"], ["d", "e"], ["sha"]]
+    units = [["a"], ["b"], ["b256"], ["c"], ["d", "e"], ["sha"]]
     times: dict[str, list[float]] = {m: [] for m in [*MODES, "sha"]}
     for rep in range(reps + 1):  # repetition 0 warms up (Adam's state, first pickle) and is not kept
         order = units[rep % len(units):] + units[:rep % len(units)]
@@ -184,18 +197,49 @@ def print_state_cost(r: dict[str, Any], reps: int, steps_per_rep: int) -> None:
           f"{r['threads']} torch threads")
     print(f"   state reported: model, optimizer, rng = {r['state_bytes'] / 1e6:.1f} MB of tensors per step")
     print(f"   median over {reps} interleaved repetitions of {steps_per_rep} steps each")
-    print("       mode                              ms/step   ratio to (a)   extra ms/step")
+    print("          mode                              ms/step   ratio to (a)   extra ms/step")
     base = statistics.median(t["a"])
     for m in MODES:
         med = statistics.median(t[m])
         ratio = statistics.median(x / a for x, a in zip(t[m], t["a"]))
-        print(f"   ({m}) {LABELS[m]:<32} {med * 1000:8.2f}   {ratio:10.2f}x   {(med - base) * 1000:+10.2f}")
+        mode = f"({m})"
+        print(f"   {mode:<6} {LABELS[m]:<32} {med * 1000:8.2f}   {ratio:10.2f}x   {(med - base) * 1000:+10.2f}")
     sha = statistics.median(t["sha"])
     print(f"   context: sha256 of the same tensor bytes alone, one pass: {sha * 1000:.2f} ms "
           f"({r['state_bytes'] / sha / 1e6:.0f} MB/s)")
     s = r["sinks"]
     print(f"   checks: (b) sent {s['b'].states} STATE events; (c) sent {s['c'].states}; (d) sent {s['d'].states}; "
           f"(e) compared {s['e'].compared} of {s['e'].states} steps, {s['e'].not_close} component(s) not close")
+
+
+def throughput(megabytes: int, reps: int = 3) -> dict[str, float]:
+    """MB/s of a leaf digest of one float32 tensor of ``megabytes`` MB, XXH3-128 and SHA-256, and of a plain
+    memory copy of it (``clone``), best of ``reps`` each, interleaved."""
+    import torch
+
+    from pytest_resume_check.records import state as records_state
+
+    tensor = torch.randn(megabytes * (1 << 20) // 4)
+    fast = records_state._hasher
+    kinds = {"xxh3-128": fast, "sha256": lambda: ("", hashlib.sha256)}
+    best = {name: float("inf") for name in [*kinds, "copy"]}
+    for _ in range(reps):
+        for name, hasher in kinds.items():
+            records_state._hasher = hasher  # type: ignore
+            started = time.perf_counter()
+            records_state.leaf_digest(tensor)
+            best[name] = min(best[name], time.perf_counter() - started)
+        records_state._hasher = fast
+        started = time.perf_counter()
+        tensor.clone()
+        best["copy"] = min(best["copy"], time.perf_counter() - started)
+    return {name: megabytes * (1 << 20) / 1e6 / seconds for name, seconds in best.items()}
+
+
+def print_throughput(r: dict[str, float], megabytes: int) -> None:
+    print(f"\n0. digest throughput, one float32 tensor of {megabytes} MB (best of 3, interleaved)")
+    for name, rate in r.items():
+        print(f"   {name:<9} {rate:9.0f} MB/s   {r['copy'] / rate:5.2f}x a memory copy's time")
 
 
 # -- 2. bundled matrix, before vs after -----------------------------------------------------------
@@ -312,13 +356,17 @@ def main() -> None:
                         help="torch threads in part 1 (1: on a busy machine more threads mostly wait on each other)")
     parser.add_argument("--matrix-reps", type=int, default=2, help="pytest invocations per tree and target")
     parser.add_argument("--quick", action="store_true", help="smoke run: 5 repetitions, builtin_loop once each")
-    parser.add_argument("--skip-matrix", action="store_true", help="only part 1")
+    parser.add_argument("--skip-matrix", action="store_true", help="only parts 0 and 1")
+    parser.add_argument("--throughput-mb", type=int, default=1024, help="tensor size of part 0 (0: skip it)")
     args = parser.parse_args()
-    reps, matrix_reps, targets = args.reps, args.matrix_reps, TARGETS
+    targets: tuple[str, ...] = TARGETS
+    reps, matrix_reps = args.reps, args.matrix_reps
     if args.quick:
         reps, matrix_reps, targets = 5, 1, ("builtin_loop",)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; python {sys.version.split()[0]}")
 
+    if args.throughput_mb:
+        print_throughput(throughput(args.throughput_mb), args.throughput_mb)
     r = state_cost(reps, args.steps, args.threads)
     print_state_cost(r, reps, args.steps)
     if not args.skip_matrix:

@@ -26,7 +26,7 @@ from pytest_resume_check.categories import NONDETERMINISTIC, PROTOCOL, STALE_RES
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.plan import RESUME_DISABLED, SIGNAL_TERM
 from pytest_resume_check.records.results import Finding, Outcome, RunRecord, StepState
-from pytest_resume_check.records.state import CAPTURED, drawn_after, first_differing_key
+from pytest_resume_check.records.state import CAPTURED, digest_kind, drawn_after, first_differing_key
 
 MSG_STALE = ("STALE_RESUME: run {run} resumed from {got} but {want} was the newest checkpoint whose save "
              "completed before the crash ({why}); the work saved since is trained again")
@@ -49,6 +49,10 @@ MSG_RANKS_DISAGREE = ("STALE_RESUME: rank {rank} of run {run} resumed from {got}
 MSG_PREEMPTED = ("STALE_RESUME: run {run} got SIGTERM at the end of step {step} and {what} within its {grace:g} s "
                  "grace period; run {next} {got}: {lost} step{s} of training lost. A trainer that saves on SIGTERM "
                  "must publish that checkpoint before the grace period ends")
+
+MSG_DIGEST_KINDS = ("PROTOCOL: run {run} digested its state with {got} but the reference run with {want}, so the two "
+                    "cannot be compared; give the program's interpreter what the one running pytest has (pip "
+                    "install xxhash), or take it from both")
 
 #: Shown as the key of a component one side did not report at that step.
 NOT_REPORTED = "not reported"
@@ -204,6 +208,24 @@ def judge_state(reference: RunRecord, runs: Sequence[RunRecord], labels: Sequenc
             return Finding(STATE_DIVERGED, MSG_STATE_DIVERGED.format(
                 step=where, when=when, label=label, what=describe(differ, agree, later)), step=step)
     return None
+
+
+def judge_digest_kinds(reference: RunRecord, runs: Sequence[RunRecord]) -> Finding | None:
+    """``PROTOCOL`` when a resumed run's state leaves were digested with another kind of digest than the
+    reference's (a program digesting its own leaves with an interpreter that lacks ``xxhash``, say): such
+    digests differ whatever the state, so they must not read as ``STATE_DIVERGED``."""
+    want = _digest_kinds(reference)
+    for index, rec in enumerate(runs[1:], start=2):
+        got = _digest_kinds(rec)
+        if want and got and got != want:
+            return Finding(PROTOCOL, MSG_DIGEST_KINDS.format(run=index, got=" and ".join(sorted(got)),
+                                                             want=" and ".join(sorted(want))))
+    return None
+
+
+def _digest_kinds(rec: RunRecord) -> set[str]:
+    states = [s for by_step in rec.states_by_rank.values() for s in by_step.values()] + list(rec.finals.values())
+    return {digest_kind(d) for s in states for leaves in s.leaves.values() for d in leaves.values()}
 
 
 def judge_final(reference: RunRecord, runs: Sequence[RunRecord], labels: Sequence[str]) -> Finding | None:

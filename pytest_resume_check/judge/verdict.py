@@ -59,6 +59,7 @@ from pytest_resume_check.judge.state_verdict import (  # noqa: F401  (MSG_* re-e
     MSG_STATE_NONDETERMINISTIC,
     MSG_UNPUBLISHED,
     checkpoint_name,
+    judge_digest_kinds,
     judge_final,
     judge_ranks_agree,
     judge_reference_state,
@@ -353,6 +354,9 @@ def _state(judging: _Judging) -> bool:
     labels = judging.verdict.resume_labels
     findings = judging.verdict.findings
     inputs_differ = [f.step for f in findings if f.category in LEDGER_CATEGORIES and f.step is not None]
+    kinds = judge_digest_kinds(judging.reference, judging.runs)
+    if kinds is not None:
+        return judging.add(kinds)
     state = judge_state(judging.reference, judging.runs, labels, elastic=elastic)
     if state is not None and not (inputs_differ and state.step is not None
                                   and state.step >= _restored_before(judging, min(inputs_differ))):

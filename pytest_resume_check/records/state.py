@@ -7,12 +7,18 @@ replaced by what those return, mappings and sequences are walked, and tensors, n
 plain values are leaves. A leaf's digest covers its type, shape, dtype and exact bytes; a component's
 digest covers its leaves' keys and digests. Two states are equal only if every byte agrees.
 
+Digests are XXH3-128 (the ``xxhash`` package, which verl brings and the torch extra installs: issue 30, a
+12 MB Adam state made a step 1.79x slower under SHA-256), or SHA-256 where ``xxhash`` is missing. The kind
+is part of the digest (``x3:`` before an XXH3 digest), so digests of two kinds never pass for a difference
+of state: :func:`digest_kind` names it and the judge refuses to compare across kinds.
+
 No torch or numpy import at module level: values are inspected by duck typing, and numpy is imported
 only to compare values under a tolerance.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import pickle
@@ -22,8 +28,11 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-#: Length of a digest in hex characters.
+#: Length of a digest in hex characters (its kind's prefix aside).
 DIGEST_CHARS = 32
+#: The digest kinds, and the prefix that marks a digest of the fast kind.
+KIND_XXH3, KIND_SHA256 = "xxh3-128", "sha256"
+XXH3_PREFIX = "x3:"
 #: The component a target's own ``run.state_digest(step, digest)`` is reported as.
 DIGEST_COMPONENT = "state_digest"
 
@@ -74,11 +83,27 @@ def flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, value
 
 
+@functools.lru_cache(maxsize=1)
+def _hasher() -> tuple[str, Any]:
+    """(prefix, constructor) of this process's digests: XXH3-128 when ``xxhash`` imports, else SHA-256."""
+    try:
+        import xxhash
+    except ImportError:
+        return "", hashlib.sha256
+    return XXH3_PREFIX, xxhash.xxh3_128
+
+
+def digest_kind(digest: str) -> str:
+    """:data:`KIND_XXH3` or :data:`KIND_SHA256`: how ``digest`` was made."""
+    return KIND_XXH3 if digest.startswith(XXH3_PREFIX) else KIND_SHA256
+
+
 def leaf_digest(value: Any) -> str:
     """Digest of one leaf: type, shape, dtype and exact bytes for tensors and arrays, repr otherwise."""
-    h = hashlib.sha256()
+    prefix, new = _hasher()
+    h = new()
     _feed_leaf(h, value)
-    return h.hexdigest()[:DIGEST_CHARS]
+    return prefix + h.hexdigest()[:DIGEST_CHARS]
 
 
 def leaf_digests(value: Any) -> dict[str, str]:
@@ -88,10 +113,11 @@ def leaf_digests(value: Any) -> dict[str, str]:
 
 def combine(leaves: Mapping[str, str]) -> str:
     """The component's digest from its leaves' digests (keys included, so a renamed key differs)."""
-    h = hashlib.sha256()
+    prefix, new = _hasher()
+    h = new()
     for path, digest in leaves.items():
         h.update(path.encode() + b"\0" + digest.encode() + b"\0")
-    return h.hexdigest()[:DIGEST_CHARS]
+    return prefix + h.hexdigest()[:DIGEST_CHARS]
 
 
 def first_differing_key(a: Mapping[str, str], b: Mapping[str, str]) -> str | None:
@@ -167,6 +193,16 @@ def _tensor_bytes(value: Any) -> memoryview:
         return memoryview(flat.view(torch.uint8).numpy()).cast("B")
 
 
+def _array_bytes(value: Any) -> Any:
+    """A numpy array's exact bytes, without a copy when it is contiguous (``tobytes()`` always copies)."""
+    if not value.flags.c_contiguous:
+        value = value.copy(order="C")
+    try:
+        return memoryview(value).cast("B")
+    except (TypeError, ValueError):  # dtypes the buffer protocol does not carry (datetime64, say)
+        return value.tobytes()
+
+
 def _tensor_array(value: Any) -> Any:
     array = value.detach().cpu()
     try:
@@ -186,7 +222,7 @@ def _feed_leaf(h: Any, value: Any) -> None:
             h.update(repr(value.tolist()).encode())
         else:
             h.update(f"A{value.shape}{value.dtype}".encode())
-            h.update(value.tobytes())
+            h.update(_array_bytes(value))
     elif isinstance(value, (bytes, bytearray)):
         h.update(b"B" + bytes(value))
     else:

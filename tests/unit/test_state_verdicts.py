@@ -234,3 +234,64 @@ def test_a_checkpoint_complete_on_disk_but_not_yet_published_at_the_kill_may_be_
     # A background saver finished step_4 on disk; its publication had not reached the harness yet.
     killed = record([*steps(1, 5), published(2)], Outcome.KILLED, kill=KillSpec(2, 3))
     assert vd.judge(REFERENCE, [killed, resumed_run(4)], Contract()).passed
+
+
+# -- digest kinds (issue 30) -----------------------------------------------------------------------
+
+@pytest.fixture
+def without_xxhash(monkeypatch):
+    """This process's digests as where ``xxhash`` is not installed (SHA-256)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "xxhash", None)  # import xxhash raises ImportError
+    st._hasher.cache_clear()
+    yield
+    st._hasher.cache_clear()
+
+
+def test_a_digest_says_its_kind(monkeypatch):
+    import sys
+
+    pytest.importorskip("xxhash")
+    st._hasher.cache_clear()
+    fast = st.leaf_digest([1.0, 2.0])
+    assert fast.startswith(st.XXH3_PREFIX) and st.digest_kind(fast) == st.KIND_XXH3
+    assert len(fast) == len(st.XXH3_PREFIX) + st.DIGEST_CHARS
+    monkeypatch.setitem(sys.modules, "xxhash", None)
+    st._hasher.cache_clear()
+    try:
+        plain = st.leaf_digest([1.0, 2.0])
+    finally:
+        st._hasher.cache_clear()
+    assert st.digest_kind(plain) == st.KIND_SHA256 and len(plain) == st.DIGEST_CHARS
+
+
+def test_a_numpy_leaf_is_digested_by_its_values_whatever_its_memory_layout():
+    np = pytest.importorskip("numpy")
+    grid = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert st.leaf_digest(grid[:, ::2]) == st.leaf_digest(np.ascontiguousarray(grid[:, ::2]))
+    assert st.leaf_digest(grid.T) != st.leaf_digest(grid)  # another shape
+    assert st.leaf_digest(np.array(3.0)) != st.leaf_digest(np.array(4.0))  # 0-d arrays too
+
+
+def test_states_digested_with_two_kinds_are_refused_not_called_diverged(without_xxhash):
+    """A program whose interpreter lacks xxhash digests its own leaves with SHA-256 (the client's leaves):
+    compared with a reference digested with XXH3 every leaf would differ, whatever the state."""
+    resumed_events = [resumed(4), *steps(5, 6, model)]  # SHA-256 leaves
+    st._hasher.cache_clear()
+    reference_leaves = record([e if e.kind != ev.STATE else state(e.step, tag="x3") for e in REFERENCE.events])
+    fake_fast = {"x": st.XXH3_PREFIX + "0" * st.DIGEST_CHARS}
+    for event in reference_leaves.events:
+        if event.kind == ev.STATE:
+            event.extra[ev.STATE_LEAVES] = {"tag": fake_fast}
+    verdict = vd.judge(reference_leaves, [first_run(), record(resumed_events, is_resume=True)], Contract())
+    assert verdict.categories == [vd.PROTOCOL]
+    assert verdict.headline == st_verdict_message(2, "sha256", "xxh3-128")
+    same_kind = record(steps(1, 6, model))  # SHA-256 too: judged as before
+    assert vd.judge(same_kind, [first_run(), record(resumed_events, is_resume=True)], Contract()).passed
+
+
+def st_verdict_message(run, got, want):
+    from pytest_resume_check.judge.state_verdict import MSG_DIGEST_KINDS
+
+    return MSG_DIGEST_KINDS.format(run=run, got=got, want=want)
