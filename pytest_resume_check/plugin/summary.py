@@ -36,11 +36,12 @@ MAX_WIDTH = 100
 TIME_NOTE = ("resume-check: runs spent {share:.0%} of their time before their first step (median {median:.1f} s"
              "{where}); preload the modules your trainer imports, and a warm-up for what it builds on first use: "
              "preload=(\"torch\", \"my_trainer\", \"my_trainer:warm_up\") (docs/writing-a-target.md){why}")
-#: The same, when the target that spent most is a command target: its program starts afresh every run.
+#: The same, when the target that spent most is a command target whose program is a process of its own.
 TIME_NOTE_COMMAND = ("resume-check: runs spent {share:.0%} of their time before their first step (median {median:.1f} s"
-                     "{where}); a command target's program is a fresh process each run and pays its own imports "
-                     "every time, which no preload spares; a trainer written in Python runs faster as a Python "
-                     "target (docs/recipes/command.md, Cost)")
+                     "{where}); the program of a command target starts as a process of its own each run and pays its "
+                     "own imports every time, which no preload spares; a Python script that reports through "
+                     "pytest_resume_check.client, started as {{python}} script.py, runs in the run's process with "
+                     "its imports preloaded (docs/recipes/command.md, Cost)")
 TIME_NOTE_WHERE = ", most in target {target!r}"
 #: Appended when the fork server could not preload a target's module by itself (``auto_preload``).
 TIME_NOTE_WHY = "; not preloaded by itself: {notes}"

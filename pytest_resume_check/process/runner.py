@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_resume_check.child.command import program_imports
+from pytest_resume_check.child.command import program_imports, python_program
 from pytest_resume_check.process import starter
 from pytest_resume_check.process import supervisor as sv
 from pytest_resume_check.process.layout import Layout
@@ -48,7 +48,8 @@ class StartCosts:
     seconds: dict[str, float] = field(default_factory=dict)
     #: Targets declared with ``auto_preload=False``.
     manual: set[str] = field(default_factory=set)
-    #: Command targets (their program is a fresh process per run, which no preload of ours can spare).
+    #: Command targets whose program is a process of its own each run (no preload of ours can spare its
+    #: imports; a Python program run in the run's process gets them preloaded).
     commands: set[str] = field(default_factory=set)
 
     def add(self, target: Target, record: RunRecord) -> None:
@@ -60,7 +61,7 @@ class StartCosts:
         self.seconds[target.name] = self.seconds.get(target.name, 0.0) + record.seconds
         if not target.auto_preload:
             self.manual.add(target.name)
-        if target.command is not None:
+        if target.command is not None and python_program(target.command) is None:
             self.commands.add(target.name)
 
     def to_json(self, notes: Sequence[str] = ()) -> dict[str, Any]:

@@ -239,8 +239,8 @@ def test_the_note_names_the_slowest_target_and_what_kept_it_from_being_preloaded
 
 
 def test_for_a_command_target_the_note_says_no_preload_helps():
-    """A command target's program starts afresh every run (the zero-change recipe: 2.3 s of torch import a
-    run): advising preload= would send the user the wrong way."""
+    """A command target whose program is a process of its own starts afresh every run (the zero-change recipe as
+    a fresh interpreter: 2.3 s of torch import a run): advising preload= would send the user the wrong way."""
     figures = costs([2.3] * 10, 27.0)
     figures["targets"]["t"]["command"] = True
     note = summary.time_note(figures)
