@@ -32,7 +32,8 @@ from pytest_resume_check.records.faults import (
     FileOp,
 )
 
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+#: The ``os.open`` flags of an open for writing.
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _KILLING = (MODE_CRASH, MODE_POWER, MODE_TORN)
 
 
@@ -187,7 +188,7 @@ def _open_wrapper(rec: Recorder, real: Callable[..., Any]) -> Callable[..., Any]
 
 def _os_open_wrapper(rec: Recorder, real: Callable[..., Any]) -> Callable[..., Any]:
     def os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        if flags & _WRITE_FLAGS:
+        if flags & WRITE_FLAGS:
             rec.op("open", path)
         return real(path, flags, *args, **kwargs)
 
@@ -232,11 +233,34 @@ def _torch_save_wrapper(rec: Recorder, real: Callable[..., Any]) -> Callable[...
     return save
 
 
-class _TrackedFile:
+class FileProxy:
+    """A file object that stands for ``raw``: everything but ``close`` (and what a subclass adds) goes to it,
+    and ``with`` closes through :meth:`close`."""
+
+    def __init__(self, raw: Any):
+        self._raw = raw
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def __enter__(self) -> FileProxy:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __iter__(self) -> Any:
+        return iter(self._raw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+class _TrackedFile(FileProxy):
     """A file object whose write, fsync-relevant size and close are recorded."""
 
     def __init__(self, raw: Any, rec: Recorder, rel: str | None):
-        self._raw = raw
+        super().__init__(raw)
         self._rec = rec
         self._rel = rel
 
@@ -256,18 +280,6 @@ class _TrackedFile:
             _close_dropping_buffer(self._raw)
             raise
         self._raw.close()
-
-    def __enter__(self) -> _TrackedFile:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __iter__(self) -> Any:
-        return iter(self._raw)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._raw, name)
 
 
 def _close_dropping_buffer(raw: Any) -> None:

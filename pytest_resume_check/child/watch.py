@@ -40,6 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_resume_check import client
+from pytest_resume_check.child.recorder import WRITE_FLAGS, FileProxy
 
 #: The field of the run's context that holds the checkpoint glob (set only for zero-change targets).
 CONTEXT_CHECKPOINTS = "checkpoints"
@@ -47,7 +48,6 @@ CONTEXT_CHECKPOINTS = "checkpoints"
 INDEX = ".resume-check-checkpoints.json"
 INDEX_VERSION = 1
 _WRITING = "wax+"
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 # The functions as they were before anything wrapped them: the index is written with these, so it is
 # never an operation of the program's save.
@@ -223,7 +223,7 @@ class Watcher:
     def _os_open_wrapper(self, real: Callable[..., Any]) -> Callable[..., Any]:
         def os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
             fd = real(path, flags, *args, **kwargs)
-            if not flags & _WRITE_FLAGS:
+            if not flags & WRITE_FLAGS:
                 self.opened_for_reading(path)
             return int(fd)
 
@@ -245,11 +245,11 @@ class Watcher:
         return save
 
 
-class _PublishedOnClose:
+class _PublishedOnClose(FileProxy):
     """A checkpoint file written in place: published when it is closed."""
 
     def __init__(self, raw: Any, watcher: Watcher, path: Any):
-        self._raw = raw
+        super().__init__(raw)
         self._watcher = watcher
         self._path = path
 
@@ -259,22 +259,10 @@ class _PublishedOnClose:
         self._raw.close()
         self._watcher.wrote(self._path)
 
-    def __enter__(self) -> _PublishedOnClose:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
     def __del__(self) -> None:  # a program that leaves closing to the garbage collector
         raw = self.__dict__.get("_raw")
         if raw is not None and not raw.closed:
             self.close()
-
-    def __iter__(self) -> Any:
-        return iter(self._raw)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._raw, name)
 
 
 class _WhenImported(importlib.abc.MetaPathFinder):
