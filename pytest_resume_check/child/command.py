@@ -290,11 +290,7 @@ def _run_in_process(run: RunContext, spec: CommandSpec, program: tuple[str, str]
     client._in_process = local
     atexit._clear()  # what the fork server registered is not the program's
     if spec.checkpoints is not None:
-        watcher = watch.Watcher(local, spec.checkpoints, recorder=run._recorder)
-        if run._recorder is not None:
-            run._recorder.start(1)
-        watcher.install()
-        atexit.register(watcher.report_resumed)
+        watch.start(local, spec.checkpoints, recorder=run._recorder)
     kind, name = program
     sys.argv = [name, *argv[3 if kind == MODULE else 2:]]
     before = set(threading.enumerate())

@@ -80,7 +80,6 @@ class Watcher:
         self.reported = False
         self.base = 0  # the step the run resumed at
         self.published = 0  # checkpoints this run published
-        self._originals: list[tuple[Any, str, Any]] = []
 
     # -- what a path is ------------------------------------------------------------------------------
     def _relative(self, path: Any) -> tuple[str, str] | None:
@@ -175,16 +174,14 @@ class Watcher:
         _real_replace(temporary, path)
 
     # -- installation --------------------------------------------------------------------------------
-    def _wrap(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
-        original = getattr(owner, name)
-        self._originals.append((owner, name, original))
-        setattr(owner, name, make(original))
+    @staticmethod
+    def _wrap(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+        setattr(owner, name, make(getattr(owner, name)))
 
     def install(self) -> None:
         """Wrap the file functions of this process (on top of the crash cells' recorder, which then sees
         every operation before the publication it completes)."""
-        opener = self._open_wrapper
-        self._wrap(builtins, "open", opener)
+        self._wrap(builtins, "open", self._open_wrapper)
         io.open = builtins.open  # one function, as in the interpreter
         self._wrap(os, "open", self._os_open_wrapper)
         for name in ("replace", "rename"):
@@ -193,14 +190,6 @@ class Watcher:
             self.wrap_torch(sys.modules["torch"])
         else:
             sys.meta_path.insert(0, _WhenImported("torch", self.wrap_torch))
-
-    def uninstall(self) -> None:
-        """Put back what :meth:`install` wrapped (tests)."""
-        for owner, name, original in reversed(self._originals):
-            setattr(owner, name, original)
-        io.open = builtins.open
-        self._originals = []
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _WhenImported)]
 
     def wrap_torch(self, torch: Any) -> None:
         if getattr(torch, "save", None) is not None:
@@ -323,10 +312,16 @@ def install() -> Watcher | None:
         return None
     if not pattern:
         return None
-    run = client.connect()
-    watcher = Watcher(run, str(pattern))
-    if run._recorder is not None:
-        run._recorder.start(1)  # crash cells fault a save of the first run, which starts fresh
+    return start(client.connect(), str(pattern))
+
+
+def start(run: client.Run, pattern: str, recorder: Any = None) -> Watcher:
+    """Watch this process for ``run`` from now on: its file functions wrapped, the save of checkpoint 1
+    watched in crash cells (a faulted run starts fresh), what it resumed reported at exit if nothing did
+    before."""
+    watcher = Watcher(run, pattern, recorder)
+    if watcher.recorder is not None:
+        watcher.recorder.start(1)
     watcher.install()
     atexit.register(_at_exit, watcher)
     return watcher
