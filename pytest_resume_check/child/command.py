@@ -179,6 +179,7 @@ SCRIPT, MODULE = "script", "module"
 CLIENT_PACKAGE = "pytest_resume_check"
 
 
+@functools.lru_cache(maxsize=64)
 def python_program(spec: CommandSpec) -> tuple[str, str] | None:
     """(:data:`SCRIPT`, path) or (:data:`MODULE`, name) when the command is ``{python} script.py ...`` or
     ``{python} -m module ...`` (placeholders allowed after it) of a program that reports through
