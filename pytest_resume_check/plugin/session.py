@@ -67,7 +67,7 @@ class MatrixSession:
     @property
     def engine(self) -> Any:
         """The session's engine, made at its first use (by a cell, or by recording a target's save while
-        collecting), with the cells collected so far."""
+        collecting); it learns the cells to run when collection ends (:meth:`pytest_collection_finish`)."""
         if self._engine is None:
             from pytest_resume_check.engine import Engine
 
@@ -117,7 +117,6 @@ class MatrixSession:
         """Add the matrix's cells to the items (only the named ones when cells are named)."""
         node = ResumeMatrix.from_parent(session, name=MATRIX_NODE, nodeid=MATRIX_NODE, matrix=self)
         cells = node.collect()
-        self.cells = [item.cell for item in cells if isinstance(item, ResumeCell)]
         # Report the cells as collected, so "collected N items" and the deselected counts include them.
         collected: list[pytest.Item | pytest.Collector] = list(cells)
         self.config.hook.pytest_collectreport(report=pytest.CollectReport(node.nodeid, "passed", None, collected))
@@ -126,6 +125,15 @@ class MatrixSession:
             self._select(names, cells, items)
         else:
             items.extend(cells)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """The cells that will run (after selection by name, ``-k`` or ``-m``) go to the engine, so a
+        group's shared first run pauses at their kill steps only. The engine may already exist: recording
+        a target's save while collecting makes it, and it used to keep the empty list of that moment,
+        which turned every shared first run off."""
+        self.cells = [item.cell for item in session.items if isinstance(item, ResumeCell)]
+        if self._engine is not None:
+            self._engine.register(self.cells)
 
     def _select(self, names: list[str], cells: list[pytest.Item], items: list[pytest.Item]) -> None:
         """Exactly the cells ``names`` (and, for pasted node ids, the tests of any paths given with them)."""

@@ -55,6 +55,29 @@ def test_a_save_written_in_place_fails_the_default_smoke_cells_and_nothing_else(
     assert f"{len(cells) - 4} passed" in out.splitlines()[-1]
 
 
+def test_cells_killed_after_a_checkpoint_still_share_their_first_run_beside_smoke_cells(tmp_path):
+    """Recording the save for the smoke cells made the engine while collecting, and it kept the empty cell
+    list of that moment: every cell then ran a first run of its own (issue 30, found by the disk
+    benchmark). Each run leaves a file when it starts; a group's cells killed right after a checkpoint
+    (``ckptN``) must have started one first run between them."""
+    report, flags = tmp_path / "cells.json", tmp_path / "flags"
+    flags.mkdir()
+    path = project(tmp_path / "p")
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "--resume-matrix",
+               f"--resume-matrix-json={report}"]
+    done = subprocess.run(command, cwd=path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(path), "TRAINER_FLAG_DIR": str(flags)})
+    cells = json.loads(report.read_text())["cells"]
+    assert len(cells) > 8, done.stdout[-2000:]
+    single = [c for c in cells if re.fullmatch(r"ckpt\d+", c["kill"])]
+    groups = {c["resume_mode"] for c in single}
+    assert len(single) > len(groups) >= 1
+    listed = sum(len(c["runs"]) for c in cells)  # a shared first run is listed by each of its cells
+    references, recorded_saves = 2, 1  # one uninterrupted run per resume mode; the save of step 2
+    started = len(list(flags.iterdir()))
+    assert started == listed + references + recorded_saves - (len(single) - len(groups)), done.stdout[-2000:]
+
+
 def test_the_rerun_line_of_a_failing_smoke_cell_runs_that_cell_alone(tmp_path):
     path = project(tmp_path / "p")
     code, out = pytest_in(path, "--resume-matrix", "-p", "no:xdist", "-k", "save2op10")
