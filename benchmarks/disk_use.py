@@ -1,11 +1,13 @@
 """Bytes a matrix session leaves on disk. Prints figures; asserts nothing.
 
-    python benchmarks/disk_use.py [--steps 8] [--mb 20]
+    python benchmarks/disk_use.py [--steps 8] [--mb 20] [--mode full]
 
 Runs a small torch-free target whose checkpoints hold ``--mb`` MB each through
 ``pytest --resume-matrix`` twice, each session with its own ``--basetemp``: once all green, once with a
 case whose resume loses an input (its failing cells must keep what reproduces them). For each it
-prints the bytes left under the session's folder and the peak seen while the session ran (polled).
+prints the bytes left under the session's folder and the peak seen while the session ran (polled; a file
+linked twice counts once, as the disk holds it), against one run's checkpoints (steps x MB): the shared
+first run's snapshots must stay within a small multiple of that, not grow with its square.
 """
 
 from __future__ import annotations
@@ -20,7 +22,26 @@ import time
 from pathlib import Path
 
 TRAINER = textwrap.dedent('''
+    import os
+    import shutil
+
     STEPS = {steps}
+
+
+    def write(path, data):  # durable: what a power cut keeps is what was fsynced
+        with open(path, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+
+
+    def fsync_folder(path):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
 
     def train(run):
         latest = run.checkpoint_dir / "latest"
@@ -35,25 +56,31 @@ TRAINER = textwrap.dedent('''
             if step != skip:
                 run.consumed([step], step=step, epoch=0)
             run.step_end(step)
-            if run.should_checkpoint(step):
-                folder = run.checkpoint_dir / f"s{{step}}"
-                folder.mkdir(exist_ok=True)
-                (folder / "weights.bin").write_bytes(b"w" * {size})
-                (folder / "step").write_text(str(step))
-                latest.write_text(str(step))
+            if run.should_checkpoint(step):  # written aside, then renamed: a kill mid-save leaves no half
+                folder, scratch = run.checkpoint_dir / f"s{{step}}", run.checkpoint_dir / f"s{{step}}.tmp"
+                shutil.rmtree(scratch, ignore_errors=True)
+                scratch.mkdir()
+                write(scratch / "weights.bin", b"w" * {size})
+                write(scratch / "step", str(step).encode())
+                fsync_folder(scratch)
+                os.replace(scratch, folder)
+                write(run.checkpoint_dir / "latest.tmp", str(step).encode())
+                os.replace(run.checkpoint_dir / "latest.tmp", latest)
+                fsync_folder(run.checkpoint_dir)
                 run.checkpoint_published(step, folder)
 ''')
 
 
 def size_of(path: Path) -> int:
-    total = 0
+    sizes = {}
     for root, _, names in os.walk(path):
         for name in names:
             try:
-                total += os.lstat(os.path.join(root, name)).st_size
+                info = os.lstat(os.path.join(root, name))
             except OSError:
-                pass
-    return total
+                continue
+            sizes[(info.st_dev, info.st_ino)] = info.st_size
+    return sum(sizes.values())
 
 
 def session(workdir: Path, cases: str, label: str) -> None:
@@ -67,18 +94,21 @@ def session(workdir: Path, cases: str, label: str) -> None:
         " preload=('disk_trainer',))\n")
     (project / "pytest.ini").write_text("[pytest]\nresume_matrix_targets = disk\n")
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--resume-matrix", "-m",
-               "resume_matrix", f"--basetemp={base}"]
-    proc = subprocess.Popen(command, cwd=project, env={**os.environ, "PYTHONPATH": str(project)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peak = 0
-    while proc.poll() is None:
-        peak = max(peak, size_of(base))
-        time.sleep(0.05)
-    out = proc.stdout.read() if proc.stdout else ""
+               "resume_matrix", f"--basetemp={base}", f"--resume-matrix-mode={ARGS.mode}"]
+    log = workdir / f"{label}.log"  # a file, not a pipe: a long report would fill the pipe and stop pytest
+    with open(log, "w") as output:
+        proc = subprocess.Popen(command, cwd=project, env={**os.environ, "PYTHONPATH": str(project)},
+                                stdout=output, stderr=subprocess.STDOUT)
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, size_of(base))
+            time.sleep(0.05)
+    out = log.read_text()
     summary = out.strip().splitlines()[-1] if out.strip() else "(no output)"
     kept = size_of(base / "resume-matrix0")
-    print(f"{label:<16} checkpoints {ARGS.mb} MB, {ARGS.steps} steps: kept {kept / 1e6:8.1f} MB after the session, "
-          f"peak {peak / 1e6:8.1f} MB while it ran  | {summary}")
+    one_run = ARGS.steps * ARGS.mb
+    print(f"{label:<16} checkpoints {ARGS.mb} MB, {ARGS.steps} steps ({one_run} MB a run): kept {kept / 1e6:8.1f} MB "
+          f"after the session, peak {peak / 1e6:8.1f} MB while it ran ({peak / 1e6 / one_run:.1f}x a run)  | {summary}")
 
 
 def main() -> None:
@@ -91,5 +121,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--mb", type=int, default=20)
+    parser.add_argument("--mode", default="full", help="matrix mode (full: a kill after every step)")
     ARGS = parser.parse_args()
     main()

@@ -1,8 +1,12 @@
 """Shared first runs: cells of one (target, case, resume mode) that are killed right after a checkpoint
 differ only in the step, so one first run serves them all.
 
-That run checkpoints at every kill step of the group and pauses after each while the harness copies
-the checkpoint directory (exactly what a kill at that moment would leave on disk). Each cell then
+That run checkpoints at every kill step of the group and pauses after each while the harness takes a
+snapshot of the checkpoint directory (exactly what a kill at that moment would leave on disk). A file
+whose bytes did not change since the previous snapshot is a hard link to that snapshot's copy, so the
+snapshots of a group cost the bytes its checkpoints hold once (linear in the kill steps, where a copy
+per pause was quadratic); a cell that takes a snapshot over makes the files it still shares its own
+before its runs may write to them in place. Each cell then
 starts from its copy, with the first run's events up to its checkpoint as its own first run, and its
 log up to there: the log's length at the pause, when a kill would have come (the run goes on writing
 past it, to the group's later kill points, which never happened in this cell's job).
@@ -22,6 +26,7 @@ from pytest_resume_check.process.runner import Runner
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.plan import RESUME_AUTO, KillSpec
 from pytest_resume_check.records.results import Outcome, RunRecord
+from pytest_resume_check.records.state import new_hasher
 
 
 @dataclass
@@ -69,6 +74,7 @@ class SharedFirstRuns:
         # Moved, not copied: each snapshot serves the one cell killed at its step, and a copy per cell
         # would keep the disk use of a group quadratic in its kill steps until the session ends.
         shutil.move(snapshot, out)
+        _own_files(out)
         events, published = [], None
         # Up to the pause at this checkpoint: by then every rank had reported the step's end (what a kill
         # there would have left on the channel, too).
@@ -105,13 +111,96 @@ class SharedFirstRuns:
                                 pause_steps=steps)
         live = Path(plan.checkpoint_dir)
         log_sizes: dict[int, int] = {}
+        seen: dict[str, _Copy] = {}
 
         def snapshot(step: int) -> None:  # the run's processes are stopped meanwhile (supervisor)
             log_sizes[step] = _size(Path(plan.log_path))  # what a kill here would have left in the log
-            shutil.copytree(live, Layout.snapshot(workdir, step), symlinks=True)
+            _snapshot(live, Layout.snapshot(workdir, step), seen)
 
         record = self.runner.run(plan, cell.target, on_pause=snapshot)
         return _Prefix(record, workdir, live, log_sizes) if record.outcome == Outcome.KILLED else None
+
+
+@dataclass(frozen=True)
+class _Copy:
+    """A file as the last snapshot holds it: where, its size, time and mode, and its bytes' hash."""
+
+    path: str
+    stat: tuple[int, int, int]
+    digest: bytes
+
+
+_CHUNK = 1 << 20
+
+
+def _snapshot(live: Path, dest: Path, seen: dict[str, _Copy]) -> None:
+    """Copy ``live`` to ``dest`` as a kill now would leave it (times and modes kept, symlinks as links);
+    ``seen`` (by relative path, updated) holds the previous snapshot's files, and one that is the same
+    again, bytes, time and mode, is linked, not copied. The bytes are compared, not only the time: a
+    trainer may rewrite a file in place within one tick of the file clock."""
+    dest.mkdir(parents=True)
+    folders = []
+    for root, dirs, files in os.walk(live):
+        rel_root = os.path.relpath(root, live)
+        target_root = dest / rel_root
+        folders.append((root, target_root))
+        for name in dirs:
+            source = os.path.join(root, name)
+            if os.path.islink(source):  # os.walk does not descend into it: kept as the link it is
+                os.symlink(os.readlink(source), target_root / name)
+            else:
+                (target_root / name).mkdir()
+        for name in files:
+            source, target = os.path.join(root, name), str(target_root / name)
+            if os.path.islink(source):
+                os.symlink(os.readlink(source), target)
+                continue
+            rel = os.path.normpath(os.path.join(rel_root, name))
+            try:
+                seen[rel] = _link_or_copy(source, target, seen.get(rel))
+            except FileNotFoundError:  # gone while walking (a thread of the run that was not stopped)
+                seen.pop(rel, None)
+    for folder, copy in reversed(folders):  # after their files: a trainer may sort folders by time
+        shutil.copystat(folder, copy)
+
+
+def _link_or_copy(source: str, target: str, before: _Copy | None) -> _Copy:
+    info = os.stat(source)
+    stat = (info.st_size, info.st_mtime_ns, info.st_mode)
+    if before is not None and before.stat == stat and _hash_of(source) == before.digest:
+        try:
+            os.link(before.path, target)
+            return replace(before, path=target)
+        except OSError:  # links not allowed here: copied below
+            pass
+    hasher = new_hasher()
+    with open(source, "rb") as src, open(target, "wb") as out:
+        while chunk := src.read(_CHUNK):
+            hasher.update(chunk)
+            out.write(chunk)
+    shutil.copystat(source, target)
+    return _Copy(target, stat, hasher.digest())
+
+
+def _hash_of(path: str) -> bytes:
+    hasher = new_hasher()
+    with open(path, "rb") as src:
+        while chunk := src.read(_CHUNK):
+            hasher.update(chunk)
+    return hasher.digest()
+
+
+def _own_files(folder: Path) -> None:
+    """Give each file under ``folder`` that is still a hard link shared with another snapshot a copy of
+    its own, so a run that rewrites it in place changes this cell's file only."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            info = os.lstat(path)
+            if info.st_nlink > 1 and not os.path.islink(path):
+                private = path + ".resume-check-own"
+                shutil.copy2(path, private)
+                os.replace(private, path)
 
 
 def _size(path: Path) -> int:

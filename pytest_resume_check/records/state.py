@@ -93,6 +93,11 @@ def _hasher() -> tuple[str, Any]:
     return XXH3_PREFIX, xxhash.xxh3_128
 
 
+def new_hasher() -> Any:
+    """A fresh hash object of this process's kind (``update``, ``digest``), for bytes outside a state."""
+    return _hasher()[1]()
+
+
 def digest_kind(digest: str) -> str:
     """:data:`KIND_XXH3` or :data:`KIND_SHA256`: how ``digest`` was made."""
     return KIND_XXH3 if digest.startswith(XXH3_PREFIX) else KIND_SHA256
