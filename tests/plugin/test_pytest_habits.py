@@ -6,43 +6,17 @@ one of ``project_trainer.py``, so these run in every environment.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from _pytest.mark.expression import Expression
+from project_session import pytest_in
+from project_session import write_project as project
 
 from pytest_resume_check.process.runner import Runner
 from pytest_resume_check.report import summary
 from pytest_resume_check.targets import TargetError, resume_target
-
-TRAINER = Path(__file__).resolve().parents[1] / "support" / "project_trainer.py"
-CASES = "[{'id': 'ok'}, {'id': 'bug', 'skip': True}]"
-
-
-def project(path: Path, cases: str = CASES, name: str = "files", **options: str) -> Path:
-    """A project whose conftest declares one target of the torch-free trainer (no pytest.ini); its save is
-    written in place, so without crash smoke cells unless ``crash_save`` is given."""
-    options.setdefault("crash_save", "False")
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "project_trainer.py").write_text(TRAINER.read_text())
-    extra = "".join(f", {k}={v}" for k, v in options.items())
-    (path / "conftest.py").write_text(
-        "import project_trainer\nfrom pytest_resume_check import resume_target\n"
-        f"t = resume_target(project_trainer.train, name={name!r}, steps=project_trainer.STEPS, cases={cases}, "
-        f"preload=('project_trainer',){extra})\n")
-    return path
-
-
-def pytest_in(path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:randomly", *args], cwd=path,
-                          env={**os.environ, "PYTHONPATH": str(path), "COLUMNS": "200", **(env or {})},
-                          capture_output=True, text=True, timeout=600)
-    return done.returncode, done.stdout + done.stderr
 
 
 def failed_ids(out: str) -> list[str]:
