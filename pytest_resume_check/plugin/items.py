@@ -143,6 +143,8 @@ class ResumeCell(pytest.Item):
         #: The cell's ``CellResult`` once judged; its JSON (with the rerun command) once run.
         self.result: Any = None
         self.cell_json: dict[str, Any] | None = None
+        #: Why the cell is skipped unrun (``--resume-matrix-budget`` left it out); None: it runs.
+        self.left_out: str | None = None
         self.add_marker(MARKER)
         if cell.xfail_reason:
             self.add_marker(pytest.mark.xfail(reason=cell.xfail_reason, strict=True,
@@ -154,6 +156,8 @@ class ResumeCell(pytest.Item):
         from pytest_resume_check.report import text as report
         from pytest_resume_check.targets import TargetError
 
+        if self.left_out is not None:
+            pytest.skip(self.left_out)
         rerun = self.matrix.rerun_command(self.name)
         try:
             result = self.matrix.engine.run_cell(self.cell)

@@ -37,6 +37,7 @@ from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT
 #: ``records.names``, which messages below the plugin read; nothing below the plugin names these.
 OPT_REPRO = "--resume-matrix-repro"
 OPT_STEP_SUMMARY = "--resume-matrix-step-summary"
+OPT_BUDGET = "--resume-matrix-budget"
 #: The file GitHub Actions gives each step for its summary (Markdown, appended to); the default of
 #: ``--resume-matrix-step-summary``.
 GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
@@ -57,6 +58,8 @@ HELP_HTML = "write a self-contained HTML report (heatmaps, timelines of failing 
 HELP_ISOLATION = "how children start for every target: 'forkserver' (preloaded) or 'spawn'"
 HELP_REPRO = ("write a standalone reproduction of each failing cell into DIR/<cell>: the declaring conftest "
               "(and the project modules it uses), a pytest.ini, and a README.md with the headline and the command")
+HELP_BUDGET = ("spend at most RUNS trainer runs: the matrix's cells that reveal most (epoch boundaries, first and "
+               "last steps, buffered steps, double kills, one crash cell...) run, the rest are skipped and listed")
 HELP_STEP_SUMMARY = (f"append the matrix's summary in Markdown to this file (default: ${GITHUB_STEP_SUMMARY}, the "
                      "step summary GitHub Actions gives each step; /dev/null: none)")
 
@@ -79,6 +82,8 @@ ERR_SEED_NO_CACHE = ("{opt}=last: pytest's cache is disabled (-p no:cacheprovide
 DEPRECATED_MODE = ("{old} is deprecated: use {new} (a bare {opt} can no longer swallow the path after it); "
                    "the old spelling still works for now")
 ERR_HANG = "{opt}={value!r} must be a positive number of seconds (e.g. {opt}=60), or 0 or inf for no limit"
+ERR_BUDGET = ("{opt}={value!r} is not a budget; give the most trainer runs the matrix may make, a whole number of "
+              "at least 1 (e.g. {opt}=50)")
 ERR_ISOLATION = "{opt}={value!r} is not an isolation; use " + " or ".join(map(repr, ISOLATIONS))
 
 
@@ -104,6 +109,8 @@ class Settings:
     repro_dir: str | None = None
     #: The Markdown file the summary is appended to (GitHub's step summary); None: none.
     step_summary: str | None = None
+    #: At most this many trainer runs (``--resume-matrix-budget``); None: the whole matrix.
+    budget: int | None = None
 
 
 #: The session's settings, set in ``pytest_configure`` whether or not the matrix is on.
@@ -128,6 +135,7 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(OPT_EXHAUSTIVE, action="store_true", default=False, dest="resume_matrix_exhaustive",
                     help=HELP_EXHAUSTIVE)
     group.addoption(OPT_REPRO, default=None, dest="resume_matrix_repro", metavar="DIR", help=HELP_REPRO)
+    group.addoption(OPT_BUDGET, default=None, dest="resume_matrix_budget", metavar="RUNS", help=HELP_BUDGET)
     group.addoption(OPT_STEP_SUMMARY, default=None, dest="resume_matrix_step_summary", metavar="PATH",
                     help=HELP_STEP_SUMMARY)
     parser.addini("resume_matrix", "matrix mode to run without the command-line flag: quick or full")
@@ -140,6 +148,7 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("resume_matrix_exhaustive", HELP_EXHAUSTIVE, type="bool", default=False)
     parser.addini("resume_matrix_repro", HELP_REPRO)
     parser.addini("resume_matrix_step_summary", HELP_STEP_SUMMARY)
+    parser.addini("resume_matrix_budget", HELP_BUDGET)
 
 
 def read_settings(config: pytest.Config) -> Settings:
@@ -149,6 +158,7 @@ def read_settings(config: pytest.Config) -> Settings:
     mode = _mode(config, bool(node_ids))  # checked in this order: the first bad value is the one named
     hang = _hang_timeout(config)
     isolation = _isolation(config)
+    budget = _budget(config)
     return Settings(
         mode=mode,
         seed=_seed(config),
@@ -163,6 +173,7 @@ def read_settings(config: pytest.Config) -> Settings:
         node_ids=node_ids,
         repro_dir=_setting(config, "resume_matrix_repro"),
         step_summary=_setting(config, "resume_matrix_step_summary") or os.environ.get(GITHUB_STEP_SUMMARY) or None,
+        budget=budget,
     )
 
 
@@ -248,6 +259,20 @@ def _hang_timeout(config: pytest.Config) -> float:
     except ValueError:
         raise pytest.UsageError(ERR_HANG.format(opt=OPT_HANG, value=hang)) from None
     return hang
+
+
+def _budget(config: pytest.Config) -> int | None:
+    value = _setting(config, "resume_matrix_budget")
+    if value is None:
+        return None
+    opt = OPT_BUDGET if config.getoption("resume_matrix_budget") is not None else "ini resume_matrix_budget"
+    try:
+        budget = int(str(value).strip())
+    except ValueError:
+        budget = 0
+    if budget < 1:
+        raise pytest.UsageError(ERR_BUDGET.format(opt=opt, value=value))
+    return budget
 
 
 def _isolation(config: pytest.Config) -> str | None:

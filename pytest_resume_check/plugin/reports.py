@@ -47,6 +47,14 @@ def cell_name(report: pytest.TestReport) -> str | None:
     return report.nodeid[len(NODE_PREFIX):] if report.nodeid.startswith(NODE_PREFIX) else None
 
 
+def skip_reason(report: pytest.TestReport) -> str:
+    """Why a test was skipped (``""`` for one that was not): the reason its skip marker gave."""
+    if not report.skipped or not isinstance(report.longrepr, tuple):
+        return ""
+    reason = str(report.longrepr[2])
+    return reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
+
+
 def failed_unjudged(report: pytest.TestReport) -> bool:
     """A report of a failure that carries no cell JSON (``???``: xdist's crashed worker)."""
     return carried(report) is None and report.failed and report.when in ("call", "???")

@@ -19,6 +19,7 @@ from pytest_resume_check.plugin.options import (
     CACHE_SEED,
     MATRIX_NODE,
     NODE_PREFIX,
+    OPT_BUDGET,
     OPT_CELL,
     OPT_SEED,
     Settings,
@@ -42,6 +43,12 @@ NOT_RECORDED = ("resume-check: {names}: crash-consistency cells not listed; how 
                 "file operations of the save, which only running the trainer can record (--collect-only runs "
                 "nothing)")
 
+#: The skip reason of a cell the budget leaves out (the summary finds these by its start).
+BUDGET_SKIP = ("left out by " + OPT_BUDGET + "={budget}: the {kept} cells that reveal most take {runs} of the "
+               "{total} runs of all {cells} cells")
+#: The summary's line under a budget: the skip reason, then every cell left out.
+BUDGET_LINE = "resume matrix: {reason}; {count} left out: {names}"
+
 
 class MatrixSession:
     """The hooks of a session with the matrix on, in the controller, a worker, or a run without xdist."""
@@ -56,6 +63,9 @@ class MatrixSession:
         #: Targets whose crash cells ``--co`` did not list: recording their save runs the trainer.
         self.unrecorded: list[str] = []
         self.cells: list[Any] = []
+        #: Cells the budget left out, from their skip reports, with the reason's figures.
+        self.left_out: list[str] = []
+        self.budget_reason = ""
         self._root: Path | None = None
         self._engine: Any = None
         cache = getattr(config, "cache", None)
@@ -131,9 +141,27 @@ class MatrixSession:
         group's shared first run pauses at their kill steps only. The engine may already exist: recording
         a target's save while collecting makes it, and it used to keep the empty list of that moment,
         which turned every shared first run off."""
-        self.cells = [item.cell for item in session.items if isinstance(item, ResumeCell)]
+        items = [item for item in session.items if isinstance(item, ResumeCell)]
+        if self.settings.budget is not None and not self._named_cells():  # named cells run as named
+            items = self._within_budget(items, self.settings.budget)
+        self.cells = [item.cell for item in items]
         if self._engine is not None:
             self._engine.register(self.cells)
+
+    @staticmethod
+    def _within_budget(items: list[ResumeCell], budget: int) -> list[ResumeCell]:
+        """The items of the cells that reveal most within ``budget`` runs; the others are skipped, each
+        with the same reason (every xdist worker cuts the same matrix: the cut is a function of the cells)."""
+        from pytest_resume_check.cells import budget as budgets
+
+        cut = budgets.cut([item.cell for item in items], budget)
+        kept = {id(cell) for cell in cut.kept}
+        reason = BUDGET_SKIP.format(budget=budget, kept=len(cut.kept), runs=cut.runs, total=cut.total_runs,
+                                    cells=len(items))
+        for item in items:
+            if id(item.cell) not in kept:
+                item.left_out = reason
+        return [item for item in items if id(item.cell) in kept]
 
     def _select(self, names: list[str], cells: list[pytest.Item], items: list[pytest.Item]) -> None:
         """Exactly the cells ``names`` (and, for pasted node ids, the tests of any paths given with them)."""
@@ -180,6 +208,10 @@ class MatrixSession:
                 self.broken.append(report.nodeid)
         if cell is not None:
             self.results.append(cell)
+        reason = reports.skip_reason(report)
+        if name is not None and reason.startswith(BUDGET_SKIP.split("{")[0]):
+            self.left_out.append(name)
+            self.budget_reason = reason
         if name is not None:
             reports.set_junit_classname(self.config, report)
 
@@ -205,8 +237,17 @@ class MatrixSession:
             pass
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.results and not hasattr(self.config, "workerinput"):
+        if hasattr(self.config, "workerinput"):
+            return
+        if self.results:
             summary.write_summary(terminalreporter, self.results, self.broken, self.settings)
+        if self.left_out:
+            by_target: dict[str, list[str]] = {}
+            for name in sorted(self.left_out):
+                by_target.setdefault(target_of(name), []).append(name[len(target_of(name)) + 1:-1])
+            names = "; ".join(f"{target}[{', '.join(ids)}]" for target, ids in by_target.items())
+            terminalreporter.write_line(BUDGET_LINE.format(reason=self.budget_reason, count=len(self.left_out),
+                                                           names=names))
 
     # -- pytest-xdist (its hooks exist only when it is installed) ------------------------------------
 
