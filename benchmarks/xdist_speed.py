@@ -5,7 +5,7 @@ default quick matrix (the main job). Prints figures; asserts nothing.
 
 The user's projects are a plain PyTorch loop declared the obvious way (the conftest of
 ``benchmarks/untuned_cost.py``: torch imported at the top, no ``preload``, default crash smoke cells),
-with 2 cases (34 cells) and 6 cases (98 cells); its ``latest`` pointer is made durable (fsync) so the
+with 2 cases (31 cells) and 6 cases (87 cells); its ``latest`` pointer is made durable (fsync) so the
 smoke cells pass. The main job is ``pytest --resume-matrix -m
 resume_matrix`` from this checkout (its ``tests/conftest.py`` declares the bundled targets; ``--target``
 narrows it). Each is run once without xdist (``-p no:xdist``) and once with ``-n 2`` per repetition,
@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE / "benchmarks"))
 from untuned_cost import CONFTEST  # noqa: E402  (the plain torch loop, declared as a user would)
 
-#: The user's projects: name -> cases of the plain loop (each case 16 cells, plus the first case's smoke cells).
+#: The user's projects: name -> cases of the plain loop (each case 14 cells, plus the first case's smoke cells).
 PROJECTS = {"small": 2, "medium": 6}
 
 
