@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pytest_resume_check.categories import NONDETERMINISTIC, PROTOCOL, STALE_RESUME, STATE_DIVERGED
 from pytest_resume_check.records import events as ev
@@ -79,7 +80,12 @@ def checkpoint_and_step(step: int, path: str | None, unit: str = "step") -> str:
 def step_unit(rec: RunRecord) -> str:
     """What a step of ``rec``'s target is: ``checkpoint`` for a zero-change program, whose steps are the
     checkpoints it publishes, else ``step``."""
-    command = rec.plan.command
+    return step_unit_of(rec.plan)
+
+
+def step_unit_of(declared: Any) -> str:
+    """:func:`step_unit` of a target or a run's plan (either carries the ``command`` it runs, or None)."""
+    command = declared.command
     return "checkpoint" if command is not None and command.checkpoints is not None else "step"
 
 

@@ -145,7 +145,8 @@ def _crash_grid(target: str, cells: Sequence[dict[str, Any]], width: int) -> lis
     """Fault kinds x file operations of one save (cells of one case and resume mode)."""
     first = cells[0]
     mode = "" if first["resume_mode"] == RESUME_AUTO else f", resume mode {first['resume_mode']}"
-    lines = [f"{target}: {len(cells)} crash-consistency cells of the save of step {fault_of(first).step} "
+    unit = first.get("step_unit", "step")  # a zero-change program's steps are its checkpoints
+    lines = [f"{target}: {len(cells)} crash-consistency cells of the save of {unit} {fault_of(first).step} "
              f"(case {first['case_id']}{mode}), columns are file operations"]
     rows: _Rows = {}
     placed = []

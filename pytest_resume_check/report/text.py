@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest_resume_check
 from pytest_resume_check.categories import HARNESS, status
+from pytest_resume_check.judge.state_verdict import step_unit_of
 from pytest_resume_check.judge.verdict import entry_marks, run_label
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.ledger import Ledger
@@ -296,6 +297,7 @@ def cell_json(result: CellResult) -> dict[str, Any]:
         "headline": v.headline,
         "known_finding": known_findings.known_finding_json(result),
         "resumed_from": v.resumed_from,
+        "step_unit": step_unit_of(result.cell.target),
         "state_diverged": v.state_diverged,
         "findings": [{"category": f.category, "headline": f.headline, "step": f.step} for f in v.findings],
         "reference": reference,
