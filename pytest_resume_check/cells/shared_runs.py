@@ -173,20 +173,19 @@ def _link_or_copy(source: str, target: str, before: _Copy | None) -> _Copy:
             return replace(before, path=target)
         except OSError:  # links not allowed here: copied below
             pass
-    hasher = new_hasher()
-    with open(source, "rb") as src, open(target, "wb") as out:
-        while chunk := src.read(_CHUNK):
-            hasher.update(chunk)
-            out.write(chunk)
+    digest = _hash_of(source, copy_to=target)
     shutil.copystat(source, target)
-    return _Copy(target, stat, hasher.digest())
+    return _Copy(target, stat, digest)
 
 
-def _hash_of(path: str) -> bytes:
+def _hash_of(path: str, copy_to: str | None = None) -> bytes:
+    """The hash of the bytes of ``path``, written to ``copy_to`` on the way when given."""
     hasher = new_hasher()
-    with open(path, "rb") as src:
+    with open(path, "rb") as src, open(copy_to or os.devnull, "wb") as out:
         while chunk := src.read(_CHUNK):
             hasher.update(chunk)
+            if copy_to:
+                out.write(chunk)
     return hasher.digest()
 
 

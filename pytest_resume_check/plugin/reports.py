@@ -48,7 +48,7 @@ def cell_name(report: pytest.TestReport) -> str | None:
 
 
 def skip_reason(report: pytest.TestReport) -> str:
-    """Why a test was skipped (``""`` for one that was not): the reason its skip marker gave."""
+    """Why a test was skipped (``""`` for one that was not): the reason given to its skip."""
     if not report.skipped or not isinstance(report.longrepr, tuple):
         return ""
     reason = str(report.longrepr[2])

@@ -46,8 +46,6 @@ NOT_RECORDED = ("resume-check: {names}: crash-consistency cells not listed; how 
 #: The skip reason of a cell the budget leaves out (the summary finds these by its start).
 BUDGET_SKIP = ("left out by " + OPT_BUDGET + "={budget}: the {kept} cells that reveal most take {runs} of the "
                "{total} runs of all {cells} cells")
-#: The summary's line under a budget: the skip reason, then every cell left out.
-BUDGET_LINE = "resume matrix: {reason}; {count} left out: {names}"
 
 
 class MatrixSession:
@@ -242,12 +240,7 @@ class MatrixSession:
         if self.results:
             summary.write_summary(terminalreporter, self.results, self.broken, self.settings)
         if self.left_out:
-            by_target: dict[str, list[str]] = {}
-            for name in sorted(self.left_out):
-                by_target.setdefault(target_of(name), []).append(name[len(target_of(name)) + 1:-1])
-            names = "; ".join(f"{target}[{', '.join(ids)}]" for target, ids in by_target.items())
-            terminalreporter.write_line(BUDGET_LINE.format(reason=self.budget_reason, count=len(self.left_out),
-                                                           names=names))
+            terminalreporter.write_line(summary.left_out_line(self.budget_reason, self.left_out))
 
     # -- pytest-xdist (its hooks exist only when it is installed) ------------------------------------
 

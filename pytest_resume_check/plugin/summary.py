@@ -29,6 +29,8 @@ ERR_STEP_SUMMARY = ("resume matrix: cannot append the step summary to {path}: {r
 #: Said instead of the summary when the step's file has little room left under GitHub's limit.
 STEP_SUMMARY_FULL = ("### {header}\n\nNo room for the grids and the failing cells: this step's summary is "
                      "nearly {limit} KiB, all GitHub shows.\n")
+#: The summary's line under a budget: the reason the cells left out were skipped with, then each by target.
+LEFT_OUT_LINE = "resume matrix: {reason}; {count} left out: {names}"
 #: The summary grid is at most this wide.
 MAX_WIDTH = 100
 #: Said last when the runs spent most of their time before their first step (issue 29: a target declared
@@ -86,6 +88,19 @@ def write_summary(tr: Any, results: Sequence[dict[str, Any]], broken: Sequence[s
     note = time_note(_start_costs(tr.config))
     if note:
         tr.write_line(note, yellow=True)
+
+
+def left_out_line(reason: str, names: Sequence[str]) -> str:
+    """One line naming every cell ``--resume-matrix-budget`` left out (``reason``: their skip reason),
+    grouped by target: ``t[a-auto-ckpt1, a-path-ckpt2]; u[...]``."""
+    from pytest_resume_check.records.kill_ids import target_of
+
+    by_target: dict[str, list[str]] = {}
+    for name in sorted(names):
+        target = target_of(name)
+        by_target.setdefault(target, []).append(name[len(target) + 1:-1])
+    grouped = "; ".join(f"{target}[{', '.join(ids)}]" for target, ids in by_target.items())
+    return LEFT_OUT_LINE.format(reason=reason, count=len(names), names=grouped)
 
 
 def _start_costs(config: pytest.Config) -> dict[str, Any] | None:
