@@ -1,8 +1,9 @@
 """Importing is free of effects, and cheap where a module promises it.
 
-Every module of ``pytest_resume_check`` and ``agentlightning`` is imported in a fresh interpreter that
-compares its own state before and after the import: no thread, no process, no signal handler, not a
-child subreaper, no frozen GC (house style, "Importing is free of effects": the first version made
+Every module of ``pytest_resume_check`` and ``agentlightning`` is imported in a child forked from an
+interpreter that imported every module from outside our packages first (what ours import: torch, verl,
+...), and the child compares its own state before and after the import: no thread, no process, no
+signal handler, not a child subreaper, no frozen GC (house style, "Importing is free of effects": the first version made
 every importer a subreaper and froze its GC). Engine modules also never import pytest. The lists come
 from walking the packages, so a new module is checked without being added anywhere.
 
@@ -14,9 +15,10 @@ from __future__ import annotations
 import json
 import os
 import pkgutil
+import select
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import pytest
 from optional import MISSING_REASON, requires
@@ -57,8 +59,9 @@ PRELOAD_ENTRIES = {
     "pytest_resume_check.process._preload_end": (SUBREAPER, FROZEN_GC),
 }
 
-#: Runs in a fresh interpreter: ``-c PROBE module report.json [first.json]``, where first.json lists
-#: modules to import before taking the baseline.
+#: Runs in a fresh interpreter: ``-c PROBE module report.json``, or as the zygote: ``-c PROBE --zygote
+#: folder first.json``, which imports the modules first.json lists and then probes each module named on
+#: its stdin in a forked child.
 PROBE = r"""
 import ctypes, gc, importlib, json, os, signal, sys, threading
 
@@ -97,21 +100,45 @@ def state():
     }
 
 
-module, report = sys.argv[1], sys.argv[2]
-if len(sys.argv) > 3:
+def probe(module):
+    # The state before and after importing module (or the dependency it found missing), and what it imported.
+    modules, before = set(sys.modules), state()
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        return {"missing": error.name}
+    # in the order they were imported
+    return {"before": before, "after": state(), "imported": [m for m in sys.modules if m not in modules]}
+
+
+if sys.argv[1] == "--zygote":
+    # Import every module first.json lists, then for each module name read from stdin fork a child that
+    # imports it and writes its report to the folder, and answer its exit status on stdout.
+    folder = sys.argv[2]
     with open(sys.argv[3]) as f:
         for first in json.load(f):
             try:
                 importlib.import_module(first)
-            except Exception:  # out of its usual order; the import below brings it anyway
+            except Exception:  # an optional dependency not installed: the module needing it says so
                 pass
-modules, before = set(sys.modules), state()
-try:
-    importlib.import_module(module)
-except ModuleNotFoundError as error:
-    result = {"missing": error.name}
-else:  # in the order they were imported
-    result = {"before": before, "after": state(), "imported": [m for m in sys.modules if m not in modules]}
+    for line in sys.stdin:
+        module = line.strip()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                result = probe(module)
+                with open(os.path.join(folder, module + ".json"), "w") as f:
+                    json.dump(result, f)
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status), flush=True)
+    sys.exit(0)
+
+module, report = sys.argv[1], sys.argv[2]
+result = probe(module)
 with open(report, "w") as f:  # not stdout: a preload entry points fd 1 at /dev/null
     json.dump(result, f)
 """
@@ -140,14 +167,68 @@ def clean_env() -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if key != WARMUP_ENV}
 
 
-def probe(module: str, folder, first: Sequence[str] = ()) -> dict:
-    """Import ``module`` in a fresh interpreter (after the modules ``first``) and return its report."""
-    report, first_file = folder / f"{module}.json", folder / f"{module}.first.json"
-    first_file.write_text(json.dumps(list(first)))
-    done = subprocess.run([sys.executable, "-c", PROBE, module, str(report), str(first_file)],
+def probe(module: str, folder) -> dict:
+    """Import ``module`` in a fresh interpreter and return its report."""
+    report = folder / f"{module}.json"
+    done = subprocess.run([sys.executable, "-c", PROBE, module, str(report)],
                           capture_output=True, text=True, env=clean_env(), timeout=600)
     assert done.returncode == 0, f"importing {module} failed:\n{done.stderr[-4000:]}"
     return json.loads(report.read_text())
+
+
+#: Run in a fresh interpreter: ``-c ALL_THEIRS modules.json out.json``: imports each of our modules (the
+#: preload entries aside) and lists the modules from outside our packages that came with them, in order.
+ALL_THEIRS = r"""
+import importlib, json, sys
+with open(sys.argv[1]) as f:
+    ours, skip, modules = json.load(f)
+for module in modules:
+    if module not in skip:
+        try:
+            importlib.import_module(module)
+        except Exception:  # its own test says why
+            pass
+with open(sys.argv[2], "w") as f:
+    json.dump([m for m in sys.modules if m.partition(".")[0] not in ours], f)
+"""
+
+
+class Zygote:
+    """One interpreter that has imported every module from outside our packages that any of ours imports,
+    and forks a child per module to probe: a probe then costs a fork and our module's own import, not
+    torch's and verl's again (they cost most of this file's time, twice per module that starts threads)."""
+
+    def __init__(self, folder):
+        self.folder = folder
+        spec, theirs = folder / "modules.json", folder / "theirs.json"
+        spec.write_text(json.dumps([sorted(OURS), sorted(PRELOAD_ENTRIES), MODULES]))
+        subprocess.run([sys.executable, "-c", ALL_THEIRS, str(spec), str(theirs)], check=True, env=clean_env(),
+                       timeout=600)
+        self.process = subprocess.Popen([sys.executable, "-c", PROBE, "--zygote", str(folder), str(theirs)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=clean_env())
+
+    def probe(self, module: str) -> dict:
+        """The report of importing ``module`` in a child forked from the zygote."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(module + "\n")
+        self.process.stdin.flush()
+        ready, _, _ = select.select([self.process.stdout], [], [], 600)  # generous: a import that hangs fails
+        assert ready, f"importing {module} did not finish in 600 s"
+        code = self.process.stdout.readline().strip()
+        assert code == "0", f"importing {module} in a forked probe failed (exit status {code!r})"
+        return json.loads((self.folder / f"{module}.json").read_text())
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory):
+    forked = Zygote(tmp_path_factory.mktemp("zygote"))
+    yield forked
+    forked.close()
 
 
 def skip_if_a_dependency_is_missing(module: str, result: dict) -> None:
@@ -184,19 +265,17 @@ def effects(before: dict, after: dict) -> dict[str, str]:
 # -- every module -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("module", MODULES)
-def test_importing_a_module_starts_nothing_and_changes_no_process_setting(module, tmp_path):
-    result = probe(module, tmp_path)
+def test_importing_a_module_starts_nothing_and_changes_no_process_setting(module, zygote):
+    # Some libraries start threads when imported (numpy's OpenBLAS pool, pyarrow's, torch's): effects of
+    # theirs, not of our code. The zygote imported every module from outside our packages before the
+    # baseline; what the import of ours changes after it is ours.
+    result = zygote.probe(module)
     skip_if_a_dependency_is_missing(module, result)
     found = effects(result["before"], result["after"])
-    theirs = [m for m in result["imported"] if m.partition(".")[0] not in OURS]
-    if found and theirs:
-        # Some libraries start threads when imported (numpy's OpenBLAS pool, pyarrow's, torch's):
-        # effects of theirs, not of our code. Measure again with every module from outside our packages
-        # that the import brought already imported before the baseline.
-        again = probe(module, tmp_path, first=theirs)
-        found = effects(again["before"], again["after"])
     unexpected = [text for name, text in found.items() if name not in PRELOAD_ENTRIES.get(module, ())]
     assert not unexpected, f"importing {module} " + "; ".join(unexpected)
+    theirs = [m for m in result["imported"] if m.partition(".")[0] not in OURS]
+    assert not theirs, f"the zygote did not import {theirs} before the baseline: their effects would count as ours"
 
 
 @pytest.mark.parametrize("module", ENGINE_MODULES)
