@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pytest_resume_check.cells.matrix import Cell
 from pytest_resume_check.records.plan import SIGNAL_KILL
@@ -48,12 +49,12 @@ class Cut:
     total_runs: int
 
 
-def features(cell: Cell) -> set[Hashable]:
+def features(cell: Cell) -> set[tuple[Any, ...]]:
     """What ``cell`` exercises, each feature keyed by its kind (see :data:`WEIGHTS`), target and case."""
     key = (cell.target.name, cell.case_id)
     boundaries = set(_asked(cell, "boundaries"))
     buffered = set(_asked(cell, "buffered"))
-    found: set[Hashable] = {("mode", *key, cell.resume_mode)}
+    found: set[tuple[Any, ...]] = {("mode", *key, cell.resume_mode)}
     for kill in cell.kills:
         if kill.fault is not None:
             found.add(("crash", cell.target.name))
@@ -83,18 +84,19 @@ def features(cell: Cell) -> set[Hashable]:
 
 def cut(cells: Sequence[Cell], budget: int) -> Cut:
     """The cells of ``cells`` that reveal most within ``budget`` runs (:func:`order`), the rest left out."""
-    ordered = order(cells)
     paid: set[Hashable] = set()
+    every: set[Hashable] = set()  # what the whole matrix pays, for its total
     kept: set[int] = set()
-    runs = 0
-    for index, cell in ordered:
+    runs = total = 0
+    for index, cell in order(cells):
+        total += _cost(cell, every)
+        every |= _paid_by(cell)
         cost = _cost(cell, paid)
         if runs + cost > budget:
             continue  # a cheaper cell further down may still fit
         runs += cost
         paid |= _paid_by(cell)
         kept.add(index)
-    total = _total_runs(cells)
     return Cut([c for i, c in enumerate(cells) if i in kept], [c for i, c in enumerate(cells) if i not in kept],
                runs, total)
 
@@ -102,7 +104,7 @@ def cut(cells: Sequence[Cell], budget: int) -> Cut:
 def order(cells: Sequence[Cell]) -> list[tuple[int, Cell]]:
     """(index in ``cells``, cell), most telling first: greedy by uncovered feature weight per added run."""
     remaining = {i: features(c) for i, c in enumerate(cells)}
-    covered: set[Hashable] = set()
+    covered: set[tuple[Any, ...]] = set()
     paid: set[Hashable] = set()
     out = []
     while remaining:
@@ -113,8 +115,8 @@ def order(cells: Sequence[Cell]) -> list[tuple[int, Cell]]:
     return out
 
 
-def _weight(found: set[Hashable]) -> float:
-    return sum(WEIGHTS[f[0]] for f in found if isinstance(f, tuple))
+def _weight(found: set[tuple[Any, ...]]) -> float:
+    return sum(WEIGHTS[kind] for kind, *_ in found)
 
 
 def _cost(cell: Cell, paid: set[Hashable]) -> int:
@@ -132,15 +134,6 @@ def _paid_by(cell: Cell) -> set[Hashable]:
     if any(k.fault is not None for k in cell.kills):
         found.add(("recorded-save", cell.target.name))
     return found
-
-
-def _total_runs(cells: Sequence[Cell]) -> int:
-    paid: set[Hashable] = set()
-    total = 0
-    for cell in cells:
-        total += _cost(cell, paid)
-        paid |= _paid_by(cell)
-    return total
 
 
 def _asked(cell: Cell, function: str) -> list[int]:
