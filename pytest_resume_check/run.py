@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any, Protocol
 from pytest_resume_check.client import plain_ids
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.plan import (  # noqa: F401  (re-exported: targets import them from here)
+    LAUNCHER_TORCHRUN,
     RESUME_AUTO,
     RESUME_DISABLED,
     RESUME_MODES,
@@ -158,7 +161,7 @@ class RunContext:
         if self._resumed_step is not None:
             self._violation(f"called run.resumed({int(step)}) a second time (it first said step {self._resumed_step})")
         self._resumed_step = int(step)
-        if path and self.plan.is_resume:
+        if path and (self.plan.is_resume or self.plan.restart):
             keep_restored(Path(path), Path(self.plan.log_path))
         self._sink.send(ev.Event(ev.RESUMED, step=int(step), path=str(path) if path else None))
 
@@ -337,9 +340,35 @@ class RunContext:
         if kill is not None and kill.signal == SIGNAL_TERM and self._control is not None and kill.fault is None:
             # Preemption: the supervisor sends SIGTERM to every rank, then lets this call return, so the
             # trainer's handler can save within the grace period; SIGKILL follows when it ends.
+            if self.plan.launcher == LAUNCHER_TORCHRUN and threading.current_thread() is threading.main_thread():
+                self._await_forwarded_term(ev.Event(ev.KILL_READY, text=why, extra={**extra, "signal": SIGNAL_TERM}))
+                return
             self._sink.send(ev.Event(ev.KILL_READY, text=why, extra={**extra, "signal": SIGNAL_TERM}))
             self._control.recv_bytes()
             return
         self._sink.send(ev.Event(ev.KILL_READY, text=why, extra=extra))
         while True:  # the supervisor's SIGKILL ends this process
             time.sleep(60)
+
+    def _await_forwarded_term(self, ready: ev.Event) -> None:
+        """Preemption under torchrun: the supervisor signals the agent, which forwards SIGTERM to its workers
+        in its own time, so this call returns only once the signal has reached this worker (or the grace
+        period is over); then the trainer's own handling of it happens, as it would have had the signal come
+        while the call blocked. Without this wait the trainer went on before the signal came and, at its last
+        step, finished without saving: a verdict decided by timing."""
+        arrived = threading.Event()
+        previous = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, lambda signum, frame: arrived.set())
+        try:
+            self._sink.send(ready)
+            self._control.recv_bytes()
+            grace = self.plan.kill.grace if self.plan.kill is not None else 0.0
+            arrived.wait(grace)  # a signal's handler runs during this wait (main thread)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if not arrived.is_set():
+            return
+        if callable(previous):
+            previous(signal.SIGTERM, None)
+        elif previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGTERM)  # what the signal would have done: end this worker

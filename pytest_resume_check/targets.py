@@ -27,7 +27,14 @@ from typing import Any
 
 from pytest_resume_check.records.errors import TargetError
 from pytest_resume_check.records.names import ISOLATION_FORKSERVER, ISOLATIONS, case_id
-from pytest_resume_check.records.plan import EARLY_STOP_EPOCH, EARLY_STOPS, CommandSpec
+from pytest_resume_check.records.plan import (
+    EARLY_STOP_EPOCH,
+    EARLY_STOPS,
+    LAUNCHER_HARNESS,
+    LAUNCHER_TORCHRUN,
+    LAUNCHERS,
+    CommandSpec,
+)
 from pytest_resume_check.run import RESUME_AUTO, RESUME_MODES, RESUME_PATH, RunContext
 
 ENTRY_POINT_GROUP = "pytest_resume_check.targets"
@@ -194,6 +201,12 @@ class Target:
     elastic_state: bool = False
     #: Where a resumed run may stop early once its state equals the reference's (see EARLY_STOPS).
     early_stop: str = EARLY_STOP_EPOCH
+    #: Who starts the ranks of each run: the harness (a fork per rank) or ``torchrun`` (torch's elastic
+    #: agent in the run's process, which starts and watches the workers; docs/distributed.md).
+    launcher: str = LAUNCHER_HARNESS
+    #: Under torchrun: how many times its agent may restart all workers within a run after one failed
+    #: (``--max-restarts``). With 1 or more, a cell that kills one worker is judged through the restart.
+    max_restarts: int = 0
 
     @property
     def ref(self) -> tuple[str, str, str]:
@@ -233,6 +246,8 @@ def resume_target(
     capture_rng: bool = True,
     elastic_state: bool = False,
     early_stop: str = EARLY_STOP_EPOCH,
+    launcher: str = LAUNCHER_HARNESS,
+    max_restarts: int = 0,
 ) -> Any:
     """Declare a target; usable as ``@resume_target(steps=...)`` or ``resume_target(fn, steps=...)``."""
 
@@ -260,6 +275,8 @@ def resume_target(
             capture_rng=capture_rng,
             elastic_state=elastic_state,
             early_stop=early_stop,
+            launcher=launcher,
+            max_restarts=max_restarts,
         )
 
     return build(fn) if fn is not None else build
@@ -321,6 +338,7 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         early_stop=_early_stop(name, kw.get("early_stop", EARLY_STOP_EPOCH)),
         **_distributed(name, kw.get("world_size", 1), kw.get("elastic", ()), kw.get("preemption", ()),
                        crash_save),
+        **_launcher(name, kw.get("launcher", LAUNCHER_HARNESS), kw.get("max_restarts", 0)),
     )
 
 
@@ -400,6 +418,27 @@ def _distributed(name: str, world: Any, elastic: Any, preemption: Any, crash_sav
     return {"world_size": world, "elastic": tuple(dict.fromkeys(sizes)), "preemption": tuple(dict.fromkeys(graces))}
 
 
+ERR_LAUNCHER = ("target {name!r}: launcher={value!r} is not one of " + ", ".join(map(repr, LAUNCHERS))
+                + " (the harness forks the ranks itself; torchrun runs torch's elastic agent, which starts them)")
+ERR_MAX_RESTARTS = ("target {name!r}: max_restarts={value!r} must be a whole number from 0 to {most} (how many times "
+                    "torchrun restarts the workers within a run), and needs launcher='torchrun'")
+ERR_TORCHRUN_COMMAND = ("target {name!r}: launcher='torchrun' is not supported on a command target yet; declare a "
+                        "Python target (the function each worker runs) with launcher='torchrun'")
+#: More restarts than this would only make a broken job take longer to fail.
+MAX_RESTARTS = 10
+
+
+def _launcher(name: str, launcher: Any, restarts: Any) -> dict[str, Any]:
+    """``launcher`` and ``max_restarts``, checked. Where torch is missing, torchrun's cells fail with the
+    fork server's line for a preload that cannot be imported (``torch.distributed.run``)."""
+    if launcher not in LAUNCHERS:
+        raise TargetError(ERR_LAUNCHER.format(name=name, value=launcher))
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or not 0 <= restarts <= MAX_RESTARTS or (
+            restarts and launcher != LAUNCHER_TORCHRUN):
+        raise TargetError(ERR_MAX_RESTARTS.format(name=name, value=restarts, most=MAX_RESTARTS))
+    return {"launcher": str(launcher), "max_restarts": int(restarts)}
+
+
 def command_target(
     argv: Sequence[str],
     *,
@@ -452,6 +491,8 @@ def command_target(
     spec = command_spec(name, argv, cwd, env, cases, declared_in, checkpoints, outputs, fresh_interpreter)
     if options.get("preemption"):
         raise TargetError(ERR_PREEMPT_COMMAND.format(name=name))
+    if options.get("launcher") == LAUNCHER_TORCHRUN:
+        raise TargetError(ERR_TORCHRUN_COMMAND.format(name=name))
     if spec.checkpoints is not None:
         if options.get("world_size", 1) != 1 or options.get("elastic"):
             raise TargetError(ERR_ZERO_CHANGE_RANKS.format(name=name))

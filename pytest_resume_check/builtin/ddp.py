@@ -50,6 +50,8 @@ BUGS = {
     "async_unawaited": ("the checkpoint is written with DCP's async_save and published before its future completes "
                         "(the background write starts only once publishing returned, so a kill at publication "
                         "always comes first, whatever the load)"),
+    "restart_fresh": ("it looks for a checkpoint only when the job was started as a resume (run.is_resume): a "
+                      "restart torchrun makes within the job has the same arguments, so it trains from the start"),
 }
 
 
@@ -227,7 +229,7 @@ class _Loop:
         if run.resume_mode == "path":
             return run.resume_path
         latest = run.checkpoint_dir / LATEST
-        if not latest.exists():
+        if not latest.exists() or (self.bug == "restart_fresh" and not run.is_resume):
             return None
         if self.bug == "stale_rank" and self.rank == 1:
             older = sorted((p for p in run.checkpoint_dir.glob("step_*") if (p / DATA_FILE).exists()),

@@ -77,6 +77,25 @@ ddp_loop = resume_target(
 )
 # --8<-- [end:ddp]
 
+# --8<-- [start:ddp_torchrun]
+#: The same loop launched by torchrun (its elastic agent, c10d rendezvous, its worker restarts): a worker
+#: killed alone is followed by torchrun restarting both, which must resume from the newest checkpoint.
+ddp_torchrun = resume_target(
+    ddp.correct_ddp,
+    name="ddp_torchrun",
+    steps=ddp.total_steps(DDP_WORLD_SIZE),
+    boundaries=lambda case: ddp.epoch_boundaries(DDP_WORLD_SIZE),
+    cases=({"id": "shuffle", "shuffle": True},),
+    world_size=DDP_WORLD_SIZE,
+    launcher="torchrun",
+    max_restarts=1,
+    resume_modes=("auto",),  # the loop's path mode is ddp_loop's: nothing launcher-specific to find there
+    elastic=(1,),
+    preemption=(2.0,),
+    preload=("torch", "torchdata.stateful_dataloader", "pytest_resume_check.builtin.ddp:warm_up"),
+)
+# --8<-- [end:ddp_torchrun]
+
 
 def _has_torch() -> bool:
     import importlib.util
@@ -85,5 +104,5 @@ def _has_torch() -> bool:
 
 
 #: The loop only where torch and torchdata are installed; the script needs nothing.
-TARGETS = ([builtin_loop, ddp_loop] if _has_torch() else []) + [script_example] + lightning_example.TARGETS \
-    + accelerate_example.TARGETS + hf_trainer_example.TARGETS
+TARGETS = ([builtin_loop, ddp_loop, ddp_torchrun] if _has_torch() else []) + [script_example] \
+    + lightning_example.TARGETS + accelerate_example.TARGETS + hf_trainer_example.TARGETS

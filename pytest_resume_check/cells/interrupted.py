@@ -16,7 +16,7 @@ from pytest_resume_check.process.runner import Runner
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.faults import INJECTED, MODE_CRASH, MODE_POWER, apply_after_kill
 from pytest_resume_check.records.plan import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, KillSpec
-from pytest_resume_check.records.results import Outcome, RunRecord
+from pytest_resume_check.records.results import Outcome, RunRecord, split_restarts
 from pytest_resume_check.targets import Target
 
 
@@ -53,7 +53,7 @@ def run_interrupted(runner: Runner, target: Target, case: Mapping[str, Any], kil
                            converge=converge if kill is None else None, report_state=index > 0,
                            state_reference_dir=state_reference if index > 0 else None, world_size=world)
         record = runner.run(plan, target)
-        runs.append(record)
+        runs.extend(split_restarts(record))  # torchrun's restarts within the run are resumes too
         if kill is not None and kill.fault is not None:
             if record.outcome == Outcome.KILLED:
                 extra = next((e.extra for e in record.events if e.kind == ev.KILL_READY), {})

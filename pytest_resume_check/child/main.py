@@ -25,7 +25,7 @@ from typing import Any
 
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.names import RUN_TOKEN_ENV
-from pytest_resume_check.records.plan import RunPlan
+from pytest_resume_check.records.plan import LAUNCHER_HARNESS, LAUNCHER_TORCHRUN, RunPlan
 from pytest_resume_check.run import Converged, RunContext
 from pytest_resume_check.targets import load_target_fn
 
@@ -53,9 +53,11 @@ class ConnectionSink:
     arrive in the order it sent them; a handler's come after those of the call it interrupted that were
     queued before it ran."""
 
-    def __init__(self, conn: Any, rank: int | None = None, lock_path: str | None = None):
+    def __init__(self, conn: Any, rank: int | None = None, lock_path: str | None = None,
+                 attempt: int | None = None):
         self._conn = conn
         self._rank = rank
+        self._attempt = attempt
         # Appends and pops of a deque and puts of a SimpleQueue are atomic and reentrant: a signal
         # handler may interrupt them and make its own.
         self._pending: collections.deque[bytes] = collections.deque()
@@ -73,8 +75,8 @@ class ConnectionSink:
         os.register_at_fork(after_in_child=self._start)
 
     def send(self, event: ev.Event) -> None:
-        if self._rank is not None:
-            event = dataclasses.replace(event, rank=self._rank)
+        if self._rank is not None or self._attempt is not None:
+            event = dataclasses.replace(event, rank=self._rank, attempt=self._attempt)
         self._pending.append(event.to_wire())
         if event.kind not in _BATCHED:
             self.flush()
@@ -152,12 +154,14 @@ def child_main(plan: RunPlan, conn: Any, control: Any = None) -> None:
     _drop_fork_server_pipe()
     _redirect_output(plan.log_path)
     _install_stack_dump(plan.log_path)  # the ranks of a multi-rank run inherit it from here
+    if plan.launcher == LAUNCHER_TORCHRUN:
+        _launch_torchrun(plan, conn, control)
     if plan.world_size > 1:
         _launch_ranks(plan, conn, control)
     if plan.master_port:  # a distributed target on one rank (an elastic resume to 1) still gets its group
         os.environ.update(_rank_env(plan, 0))
     # The lock file also for one process: a helper it forks that reports writes to the same channel.
-    _run_target(plan, ConnectionSink(conn, 0 if plan.master_port else None, plan.log_path), control)
+    _exit(_run_target(plan, ConnectionSink(conn, 0 if plan.master_port else None, plan.log_path), control))
 
 
 def _drop_fork_server_pipe() -> None:
@@ -183,8 +187,8 @@ def _rank_env(plan: RunPlan, rank: int) -> dict[str, str]:
             "LOCAL_RANK": str(rank), "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(plan.master_port)}
 
 
-def _run_target(plan: RunPlan, sink: ConnectionSink, control: Any, rank: int = 0) -> None:
-    """Build and drive the target in this process, report how it ended, and exit."""
+def _run_target(plan: RunPlan, sink: ConnectionSink, control: Any, rank: int = 0) -> int:
+    """Build and drive the target in this process and report how it ended; returns the exit code."""
     code = 0
     try:
         recorder = _recorder(plan, sink)
@@ -193,7 +197,7 @@ def _run_target(plan: RunPlan, sink: ConnectionSink, control: Any, rank: int = 0
         if recorder is not None:
             recorder.on_kill = run._await_kill
         fn(run)
-        if plan.world_size > 1:
+        if plan.world_size > 1 or plan.launcher != LAUNCHER_HARNESS:
             sink.flush()  # the launcher reports done once every rank has finished
         else:
             sink.send(ev.Event(ev.DONE))
@@ -209,7 +213,11 @@ def _run_target(plan: RunPlan, sink: ConnectionSink, control: Any, rank: int = 0
         code = EXIT_TARGET_RAISED
     _write_quietly(sys.stdout, "")
     _write_quietly(sys.stderr, "")
-    # Skip interpreter teardown: atexit handlers of a half-built trainer must not block the exit.
+    return code
+
+
+def _exit(code: int) -> None:
+    """Skip interpreter teardown: atexit handlers of a half-built trainer must not block the exit."""
     os._exit(code)
 
 
@@ -230,7 +238,7 @@ def _launch_ranks(plan: RunPlan, conn: Any, control: Any) -> None:
         if pid == 0:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.environ.update(_rank_env(plan, rank))
-            _run_target(plan, ConnectionSink(conn, rank, plan.log_path), control if rank == 0 else None, rank)
+            _exit(_run_target(plan, ConnectionSink(conn, rank, plan.log_path), control if rank == 0 else None, rank))
         pids[pid] = rank
     sink = ConnectionSink(conn, None, plan.log_path)
     sink.send(ev.Event(ev.RANKS, extra={"pids": sorted(pids, key=pids.__getitem__)}))
@@ -253,6 +261,89 @@ def _launch_ranks(plan: RunPlan, conn: Any, control: Any) -> None:
     if not failed:
         sink.send(ev.Event(ev.DONE))
     os._exit(EXIT_RANK_DIED if failed else 0)
+
+
+#: The script torchrun's agent runs in each worker (``--run-path``, in the worker forked from the agent):
+#: it calls :func:`torchrun_worker`.
+TORCHRUN_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrun_worker.py")
+#: The run a torchrun agent in this process drives: (plan, event channel, control channel). Set before the
+#: agent starts; its workers, forked from it, find it here.
+_torchrun_job: tuple[RunPlan, Any, Any] | None = None
+#: torch's switch off the rendezvous store its agent shares with the workers (see :func:`_launch_torchrun`).
+TORCHRUN_STORE_SHARING = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+#: The signals torchrun's agent handles (it raises in its own process); a worker gets the default actions
+#: back, as the fresh interpreter torchrun starts by default would have.
+_AGENT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def torchrun_argv(plan: RunPlan, log_dir: str) -> list[str]:
+    """torchrun's command line for a run of ``plan``: one node, ``--nproc-per-node`` the run's ranks, c10d
+    rendezvous on loopback at the run's port (its token as the rendezvous id), the declared
+    ``--max-restarts``, workers forked from the agent (``--start-method=fork --run-path``, so they start
+    from the preloaded server's imports in milliseconds instead of a fresh interpreter's seconds), torchrun's
+    own files under ``log_dir`` (in the cell's folder; by default it makes a folder in /tmp per run)."""
+    return ["--nnodes=1", f"--nproc-per-node={plan.world_size}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={LOOPBACK}:{plan.master_port}", f"--rdzv-id={plan.token or 'resume-check'}",
+            f"--max-restarts={plan.max_restarts}", "--monitor-interval=0.1", "--start-method=fork",
+            f"--log-dir={log_dir}", "--run-path", TORCHRUN_WORKER]
+
+
+def _launch_torchrun(plan: RunPlan, conn: Any, control: Any) -> None:
+    """This process as torchrun's agent (never returns): torchrun's own entry point
+    (``torch.distributed.run.main``) with :func:`torchrun_argv`; it rendezvouses, starts the workers, watches
+    them, restarts all of them when one fails while ``--max-restarts`` allows, forwards SIGTERM to them and
+    tears them down. Reports ``done`` when the job succeeded; when torchrun gave up (a worker failed with no
+    restart left), an error saying so. The workers stay in this process group."""
+    global _torchrun_job
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    _torchrun_job = (plan, conn, control)
+    # torchrun's agent shares its rendezvous store with the workers by default, and a restart's workers then
+    # find the keys of the attempt before (the addresses of its dead ranks: gloo fails to connect, or not,
+    # as the timing falls; pytorch/pytorch#135712). A store per rendezvous round, as torch advises, unless
+    # the target's environment chose otherwise.
+    os.environ.setdefault(TORCHRUN_STORE_SHARING, "1")
+    sink = ConnectionSink(conn, None, plan.log_path)
+    log_dir = os.path.join(os.path.dirname(plan.log_path), os.path.basename(plan.log_path) + ".torchrun")
+    try:
+        torchrun.main(torchrun_argv(plan, log_dir))
+    except ChildFailedError as failed:
+        # The agent gives up only once its restarts are used up: it made all of them.
+        rank, failure = failed.get_first_failure()
+        how = f"signal {-failure.exitcode}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+        text = (f"torchrun gave up after {plan.max_restarts} restart(s) (--max-restarts={plan.max_restarts}): "
+                f"rank {rank} ended with {how}")
+        _write_quietly(sys.stderr, f"[launcher] {text}\n")
+        sink.send(ev.Event(ev.ERROR, text=text, extra={"launcher": LAUNCHER_TORCHRUN}))
+        _exit(EXIT_RANK_DIED)
+    except BaseException as exc:  # torchrun itself failed, or its agent was signalled (preemption)
+        _write_quietly(sys.stderr, f"[launcher] torchrun raised {exc!r}\n{traceback.format_exc()}")
+        _exit(EXIT_RANK_DIED)
+    sink.send(ev.Event(ev.DONE))
+    _exit(0)
+
+
+def torchrun_worker() -> None:
+    """One worker of a torchrun job, forked from its agent: the run's plan (after a restart, a resume's: no
+    kill, no pause, its state compared, ``restart`` set), a channel stamped with its rank and attempt, its
+    pid reported, the target run; returns to torchrun when it finished, exits with the code otherwise."""
+    if _torchrun_job is None:
+        raise RuntimeError("torchrun_worker.py runs only in a worker of a torchrun job the harness started")
+    plan, conn, control = _torchrun_job
+    for signum in _AGENT_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    rank = int(os.environ["RANK"])
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    if restart:
+        plan = dataclasses.replace(plan, kill=None, pause_steps=frozenset(), checkpoint_steps=frozenset(),
+                                   report_state=True, faults=None, restart=restart)
+    sink = ConnectionSink(conn, rank, plan.log_path, attempt=restart or None)
+    sink.send(ev.Event(ev.RANKS, extra={"pid": os.getpid()}))
+    code = _run_target(plan, sink, control if rank == 0 and not restart else None, rank)
+    if code:
+        _exit(code)
 
 
 def _write_quietly(stream: Any, text: str) -> None:

@@ -19,7 +19,7 @@ from pytest_resume_check.process.layout import Layout
 from pytest_resume_check.process.services import Services
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.faults import FaultPlan
-from pytest_resume_check.records.plan import RESUME_AUTO, KillSpec, RunPlan
+from pytest_resume_check.records.plan import LAUNCHER_HARNESS, LAUNCHER_TORCHRUN, RESUME_AUTO, KillSpec, RunPlan
 from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT, Outcome, RunRecord
 from pytest_resume_check.targets import Target
 
@@ -107,7 +107,7 @@ class Runner:
         if kill is not None and kill.checkpoint_step:
             checkpoint_steps = (*checkpoint_steps, kill.checkpoint_step)
         world = int(world_size or target.world_size)
-        distributed = world > 1 or target.world_size > 1 or bool(target.elastic)
+        distributed = world > 1 or target.world_size > 1 or bool(target.elastic) or target.launcher != LAUNCHER_HARNESS
         if distributed:
             # One rank stopping early would leave the others waiting in a collective; after an elastic
             # resume the state cannot equal the reference's.
@@ -124,7 +124,8 @@ class Runner:
             state_reference_dir=state_reference_dir, token=uuid.uuid4().hex, step_limit=_step_limit(target, case),
             command=target.command, env=self.services.env_for(target, self.hang_limit_of(target)),
             world_size=world, master_port=free_port() if distributed else 0,
-            step_ranks=self._step_ranks.get((target.name, world)),
+            step_ranks=self._step_ranks.get((target.name, world)), launcher=target.launcher,
+            max_restarts=target.max_restarts,
         )
 
     def run(self, plan: RunPlan, target: Target, on_pause: Callable[[int], None] | None = None) -> RunRecord:
@@ -134,7 +135,8 @@ class Runner:
             for module, file in program_imports(target.command):
                 starter.add_auto(module, file)
         # Adds them to the server's preload (and the module that declares the target, with auto_preload).
-        starter.check_preload(target.name, target.preload, isolation,
+        preload = target.preload + (("torch.distributed.run",) if target.launcher == LAUNCHER_TORCHRUN else ())
+        starter.check_preload(target.name, preload, isolation,
                               declared_in=target.ref[:2] if target.auto_preload else None)
         record = sv.supervise(plan, isolation=isolation, hang_timeout=self.hang_limit_of(target), on_pause=on_pause)
         self.steps_executed += record.steps_run

@@ -24,8 +24,8 @@ from pytest_resume_check.process import starter
 from pytest_resume_check.process.sweep import PROC, group_not_stopped, sweep
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.names import OPT_HANG
-from pytest_resume_check.records.plan import SIGNAL_TERM, RunPlan
-from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT, Outcome, RunRecord
+from pytest_resume_check.records.plan import LAUNCHER_TORCHRUN, SIGNAL_TERM, RunPlan
+from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT, Outcome, RunRecord, last_attempt
 
 
 def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HANG_TIMEOUT,
@@ -164,6 +164,14 @@ def _on_kill_ready(watch: _Watch, event: ev.Event) -> bool:
     kill = record.plan.kill
     if kill is not None and event.extra.get("signal") == SIGNAL_TERM:
         _preempt(child, record, kill.grace)
+    elif kill is not None and kill.rank is not None and record.plan.restarts_in_job:
+        # torchrun restarts the workers within the run: what they do next is the resume (issue 31).
+        record.outcome = Outcome.CRASHED
+        _signal([int(event.extra["pid"])], signal.SIGKILL)
+        record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL",
+                                      extra={"signal": "kill", "rank": kill.rank, "pid": int(event.extra["pid"]),
+                                             "restart": True}))
+        return False
     elif kill is not None and kill.rank is not None and record.plan.world_size > 1:
         _kill_one_rank(child, record, kill.rank, int(event.extra["pid"]))
     elif kill is not None and kill.fault is None and record.plan.world_size > 1:
@@ -174,8 +182,12 @@ def _on_kill_ready(watch: _Watch, event: ev.Event) -> bool:
 
 
 def _on_end(watch: _Watch, event: ev.Event) -> bool:
-    """The run's last word (done, an error, converged): recorded, and the outcome decided from it."""
+    """The run's last word (done, an error, converged): recorded, and the outcome decided from it. Under
+    torchrun a worker's error is not: its agent may restart the workers, and the agent's own word (or its
+    exit) ends the run."""
     watch.record.events.append(event)
+    if watch.record.plan.launcher == LAUNCHER_TORCHRUN and event.rank is not None:
+        return False
     _finish(watch.record)
     return True
 
@@ -204,8 +216,13 @@ def _rank_pids(child: starter.Child, record: RunRecord) -> list[int]:
 def _rank_processes(child: starter.Child, record: RunRecord) -> list[tuple[int | None, int]]:
     """(rank, pid) of each process that runs the target: the ranks of a multi-rank run, or the child
     itself (rank None; also a launcher whose ranks' pids never came)."""
-    pids = next((e.extra.get("pids") for e in record.events if e.kind == ev.RANKS), None)
-    return list(enumerate(int(p) for p in pids)) if pids else [(None, child.pid)]
+    by_rank: dict[int, int] = {}
+    for e in record.events:  # the harness's launcher lists them; each torchrun worker reports its own
+        if e.kind == ev.RANKS:
+            by_rank.update(enumerate(int(p) for p in e.extra.get("pids", ())))
+            if "pid" in e.extra:
+                by_rank[e.rank or 0] = int(e.extra["pid"])  # a restart's worker replaces the one before
+    return sorted(by_rank.items()) if by_rank else [(None, child.pid)]
 
 
 #: Seconds a hung run's processes get, in all, to write their stacks into its log before they are killed.
@@ -272,11 +289,13 @@ def _signal(pids: list[int], signum: int) -> None:
 
 
 def _preempt(child: starter.Child, record: RunRecord, grace: float) -> None:
-    """Preemption: SIGTERM to every rank, let the reporting call return, and keep recording what the
-    run does until it exits or ``grace`` seconds have passed (the caller then SIGKILLs its group)."""
-    _signal(_rank_pids(child, record), signal.SIGTERM)
+    """Preemption: SIGTERM to every rank (to torchrun's agent, which forwards it to its workers), let the
+    reporting call return, and keep recording what the run does until it exits or ``grace`` seconds have
+    passed (the caller then SIGKILLs its group)."""
+    pids = [child.pid] if record.plan.launcher == LAUNCHER_TORCHRUN else _rank_pids(child, record)
+    _signal(pids, signal.SIGTERM)
     record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGTERM",
-                                  extra={"signal": SIGNAL_TERM, "grace": grace}))
+                                  extra={"signal": SIGNAL_TERM, "grace": grace, "pids": pids}))
     child.resume()
     _drain_until(child, record, time.monotonic() + grace)
 
@@ -423,11 +442,17 @@ def _decode(raw: bytes) -> list[ev.Event]:
 
 
 def _finish(record: RunRecord) -> None:
-    """The outcome of a run that ended by itself, from its last words: an error, done, or converged."""
-    kinds = [e.kind for e in record.events]
+    """The outcome of a run that ended by itself, from its last words: an error, done, or converged (of
+    its last attempt, when torchrun restarted its workers within the run)."""
+    # A restart torchrun made after the plan's kill is a resume; any other restart hides a failure.
+    events = last_attempt(record.events) if record.plan.kill is not None else record.events
+    kinds = [e.kind for e in events]
     if ev.ERROR in kinds:
         record.outcome = Outcome.RAISED
-        record.error = next(e.text for e in record.events if e.kind == ev.ERROR)
+        errors = [e.text or "" for e in events if e.kind == ev.ERROR]
+        # A worker's traceback, and last what its launcher made of it (torchrun: gave up after N restarts).
+        launcher = [e.text or "" for e in events if e.kind == ev.ERROR and e.rank is None and e.extra.get("launcher")]
+        record.error = "\n".join([errors[0], *launcher]) if launcher and errors[0] not in launcher else errors[0]
     elif ev.DONE in kinds:
         record.outcome = Outcome.DONE
     elif ev.CONVERGED in kinds:

@@ -62,7 +62,10 @@ class Event:
 
     ``ids`` is set for consumed/trained events, ``step`` for every step-related event, ``epoch`` for
     consumed/trained events, ``path`` for checkpoint/resumed events and ``text`` for log, error and
-    kill-ready events. ``rank`` is set by the ranks of a multi-rank run (None: a one-process run).
+    kill-ready events. ``rank`` is set by the ranks of a multi-rank run (None: a one-process run);
+    ``attempt`` by the workers of a torchrun job that torchrun restarted inside the run (its
+    ``TORCHELASTIC_RESTART_COUNT``; None: the job's first attempt, or an event of the launcher or the
+    supervisor, which belongs to the attempt of the event before it).
     """
 
     kind: str
@@ -73,6 +76,7 @@ class Event:
     text: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     rank: int | None = None
+    attempt: int | None = None
 
     def to_wire(self) -> bytes:
         """Encode as one JSON line."""

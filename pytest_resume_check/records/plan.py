@@ -19,6 +19,12 @@ RESUME_MODES = (RESUME_AUTO, RESUME_PATH, RESUME_DISABLED)
 SIGNAL_KILL = "kill"
 SIGNAL_TERM = "term"
 
+#: Who starts the ranks of a run: the harness itself (a fork per rank), or torchrun (torch's elastic agent,
+#: run in the run's process, which forks its workers; issue 31).
+LAUNCHER_HARNESS = "harness"
+LAUNCHER_TORCHRUN = "torchrun"
+LAUNCHERS = (LAUNCHER_HARNESS, LAUNCHER_TORCHRUN)
+
 
 @dataclass(frozen=True)
 class KillSpec:
@@ -175,6 +181,18 @@ class RunPlan:
     #: The ranks besides rank 0 that report their steps (learned from a finished run of the target; None:
     #: all). An all-ranks kill and a snapshot wait until each has reported the kill point's step end.
     step_ranks: tuple[int, ...] | None = None
+    #: Who starts the ranks (:data:`LAUNCHERS`); under torchrun, how many times its agent may restart the
+    #: workers inside the run (``--max-restarts``).
+    launcher: str = LAUNCHER_HARNESS
+    max_restarts: int = 0
+    #: Set in a torchrun worker that its agent restarted: the restart's number (the kill was the first
+    #: attempt's; the state of every restart is compared, as a resumed run's).
+    restart: int = 0
+
+    @property
+    def restarts_in_job(self) -> bool:
+        """A one-rank kill of this run is followed by torchrun restarting the workers within the run."""
+        return self.launcher == LAUNCHER_TORCHRUN and self.max_restarts > 0
 
     @property
     def watched_rank(self) -> int:

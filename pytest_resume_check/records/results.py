@@ -8,7 +8,7 @@ the reports read them. This module imports nothing that starts processes or judg
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -199,7 +199,12 @@ class RunRecord:
         return max(steps, default=0)
 
     def describe(self) -> str:
-        """``killed right after checkpoint of step 3 was published`` and the like."""
+        """``killed right after checkpoint of step 3 was published`` and the like (``torchrun's restart 1:
+        ran to the end`` for a restart torchrun made within a run)."""
+        what = self._describe_outcome()
+        return f"torchrun's restart {self.plan.restart}: {what}" if self.plan.restart else what
+
+    def _describe_outcome(self) -> str:
         if self.outcome == Outcome.KILLED and self.plan.kill is not None:
             text = next((e.text for e in self.events if e.kind == ev.KILL_READY and e.text), None)
             if self.plan.faults is not None and text:
@@ -217,6 +222,60 @@ class RunRecord:
         if self.outcome == Outcome.HUNG:
             return f"hung after step {self.last_step}"
         return f"died by itself (exit code {self.exitcode}) after step {self.last_step}"
+
+
+def attempts_of(events: list[ev.Event]) -> list[int]:
+    """The attempt each event belongs to (torchrun restarts the workers of a run within it, issue 31): the
+    attempt its worker stamped, or, for an event of the launcher or the supervisor, that of the event before
+    it (the workers of one attempt are all gone before the next attempt's start, so the channel never mixes
+    them)."""
+    out, current = [], 0
+    for e in events:
+        if e.attempt is not None:
+            current = e.attempt
+        out.append(current)
+    return out
+
+
+def last_attempt(events: list[ev.Event]) -> list[ev.Event]:
+    """The events of a run's last attempt (all of them in a run torchrun did not restart)."""
+    tags = attempts_of(events)
+    last = max(tags, default=0)
+    return [e for e, a in zip(events, tags) if a == last]
+
+
+def split_restarts(record: RunRecord) -> list[RunRecord]:
+    """A run whose workers torchrun restarted within it, as the runs of an interrupted job: its first
+    attempt (killed as the plan said, or ended by what its workers did), then each restart as a resumed
+    run, the last one ending as the run did. What the other workers of a killed attempt raised after the
+    kill (a collective whose peer died) is its consequence and left out. A run without restarts: itself."""
+    tags = attempts_of(record.events)
+    last = max(tags, default=0)
+    if last == 0:
+        return [record]
+    out = []
+    for attempt in range(last + 1):
+        events = [e for e, a in zip(record.events, tags) if a == attempt]
+        plan = record.plan if attempt == 0 else replace(
+            record.plan, kill=None, is_resume=True, checkpoint_steps=frozenset(), pause_steps=frozenset(),
+            faults=None, report_state=True, restart=attempt)
+        if attempt == last:
+            out.append(RunRecord(plan, events, record.outcome, record.exitcode, record.error,
+                                 hang_timeout=record.hang_timeout, isolation=record.isolation,
+                                 leftovers=record.leftovers, stalled=record.stalled))
+            continue
+        killed = next((i for i, e in enumerate(events) if e.kind == ev.SIGNALLED), None)
+        if killed is not None:
+            events = events[:killed + 1] + [e for e in events[killed + 1:] if e.kind != ev.ERROR]
+            outcome, error = Outcome.KILLED, None
+        else:
+            error = next((e.text for e in events if e.kind == ev.ERROR), None)
+            outcome = Outcome.RAISED if error is not None else Outcome.CRASHED
+        out.append(RunRecord(plan, events, outcome, None, error, hang_timeout=record.hang_timeout,
+                             isolation=record.isolation, pid=record.pid,
+                             first_event_seconds=record.first_event_seconds,
+                             first_step_seconds=record.first_step_seconds))
+    return out
 
 
 @dataclass(frozen=True)

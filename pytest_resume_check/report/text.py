@@ -19,6 +19,7 @@ from pytest_resume_check.judge.verdict import entry_marks, run_label
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.ledger import Ledger
 from pytest_resume_check.records.names import OPT_CELL, OPT_MATRIX, OPT_SEED, REFERENCE
+from pytest_resume_check.records.plan import LAUNCHER_HARNESS
 from pytest_resume_check.records.results import AS_PLANNED, CellResult, Outcome, RunRecord
 from pytest_resume_check.report import known_findings
 
@@ -335,7 +336,8 @@ def unjudged_cell_json(target: str, case_id: str, resume_mode: str, kills: Seque
 def _run_json(rec: RunRecord) -> dict[str, Any]:
     """One run of a cell: how it ended, its log; of a run stopped early, the step where its state equalled
     the reference's (``converged_step``); for multi-rank runs its world size, what each rank restored, the
-    signal it got and who ended its ranks (rows of ``reference`` and ``composite`` then carry the rank as a
+    signal it got and who ended its ranks, under torchrun the launcher and which restart within the run it
+    was (0: the run's first attempt; rows of ``reference`` and ``composite`` then carry the rank as a
     fifth item)."""
     # The outcome's plain value: the cell's JSON rides on a pytest-xdist report, whose serialiser takes
     # only exact built-in types (a str-Enum member is refused).
@@ -347,6 +349,8 @@ def _run_json(rec: RunRecord) -> dict[str, Any]:
         out["stacks"] = stacks(rec.plan.log_path, STACK_FRAMES_JSON)
     if rec.outcome == Outcome.CONVERGED:  # the early stop: from the next step on, the reference's entries
         out["converged_step"] = rec.converged_step
+    if rec.plan.launcher != LAUNCHER_HARNESS:  # torchrun: which of its restarts within one run this was
+        out["launcher"], out["restart"] = rec.plan.launcher, rec.plan.restart
     if rec.plan.world_size > 1 or rec.plan.master_port:
         out["world_size"] = rec.plan.world_size
         out["resumed_by_rank"] = {str(k): step for k, (step, _) in rec.resumed_by_rank.items()}

@@ -80,6 +80,8 @@ TESTED_EXAMPLES = {
     "pytest_resume_check/builtin/train_script.py": f"{COMMAND_TESTS}::test_script_example_resumes_exactly",
     "pytest_resume_check/builtin/targets.py:ddp":
         "engine/test_distributed.py::test_the_bundled_matrix_has_every_distributed_kind",
+    "pytest_resume_check/builtin/targets.py:ddp_torchrun":
+        "engine/test_torchrun.py::test_the_two_worker_loop_under_torchrun_passes_each_kind_of_kill",
 }
 #: Shell lines that install things: shown, not run here (.ci/run installs the same way).
 INSTALL = re.compile(r"^(python3 -m venv \S+|(\.venv/bin/)?pip install .+)$")

@@ -94,7 +94,8 @@ def test_one_rank_killed_alone_is_torn_down_by_the_launcher(engine):
 def test_preemption_saves_within_the_grace_period_and_resumes_from_it(engine):
     result = run(engine, ddp_loop, "ckpt5+1:term2")
     first, resumed = result.runs[0], result.runs[1]
-    assert first.signalled.extra == {"signal": "term", "grace": 2.0}
+    ranks = next(e.extra["pids"] for e in first.events if e.kind == "ranks")
+    assert first.signalled.extra == {"signal": "term", "grace": 2.0, "pids": ranks}  # each rank, not the launcher
     assert first.published[-1][0] == 6  # saved on SIGTERM at the end of step 6
     assert resumed.resumed_step == 6
 

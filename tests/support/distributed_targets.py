@@ -31,3 +31,19 @@ def ddp_one_rank(run: Any) -> None:
 
 def ddp_async_unawaited(run: Any) -> None:
     ddp.train(run, "async_unawaited")
+
+
+def ddp_restart_fresh(run: Any) -> None:
+    ddp.train(run, "restart_fresh")
+
+
+def rank1_dies_at_step_3(run: Any) -> None:
+    """Rank 1 ends itself at step 3 in every attempt: a job torchrun restarts until no restart is left."""
+    import os
+
+    run.resumed(0)
+    for step in range(1, 7):
+        run.consumed([step * 10 + run.rank], step=step, epoch=0)
+        if run.rank == 1 and step == 3:
+            os._exit(3)
+        run.step_end(step)

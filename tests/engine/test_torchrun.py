@@ -1,0 +1,134 @@
+"""Targets launched by torchrun (issue 31): each run is torch's own ``torchrun`` entry point (its elastic agent
+in the run's process, c10d rendezvous on loopback, its monitoring, restarts and teardown), whose workers run
+the target. A worker killed alone is followed by torchrun restarting the group within the run, and that
+restart is judged as a resume; a restart that does not reload fails, and only the real launcher shows it.
+
+Real processes, real torchrun, real gloo on loopback, real SIGKILL and SIGTERM.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("torchdata")
+
+import distributed_targets as planted  # noqa: E402
+
+from pytest_resume_check.builtin import ddp  # noqa: E402
+from pytest_resume_check.builtin.targets import ddp_loop, ddp_torchrun  # noqa: E402
+from pytest_resume_check.cells.matrix import Cell  # noqa: E402
+from pytest_resume_check.engine import Engine  # noqa: E402
+from pytest_resume_check.records import kill_ids  # noqa: E402
+from pytest_resume_check.report import text as rp  # noqa: E402
+from pytest_resume_check.targets import resume_target  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    eng = Engine(tmp_path_factory.mktemp("torchrun"), seed=5, hang_timeout=60)
+    yield eng
+    eng.close()
+
+
+def run(engine, target, kill_id):
+    case = target.cases[0]
+    return engine.run_cell(Cell(target, case, "auto", kill_ids.parse_kill_id(kill_id), int(target.steps(case))))
+
+
+def listening(port):
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize("kill", ["ckpt4", "ckpt6+1:rank1", "ckpt5+1:term2", "ckpt9:ws1", "ckpt1_ckpt11+1"])
+def test_the_two_worker_loop_under_torchrun_passes_each_kind_of_kill(engine, kill):
+    result = run(engine, ddp_torchrun, kill)
+    assert result.verdict.findings == []
+    rows = rp.cell_json(result)["composite"]
+    assert {row[4] for row in rows} >= {0, 1}  # both workers took inputs
+    for epoch in range(ddp.EPOCHS):
+        assert sorted(row[0] for row in rows if row[2] == epoch) == list(range(ddp.N_INPUTS))
+    for rec in result.runs:  # nothing of the run is left: no process, no rendezvous port
+        assert rec.plan.launcher == "torchrun"
+        assert rec.leftovers == 0
+        assert not listening(rec.plan.master_port)
+
+
+def test_a_worker_killed_alone_is_restarted_by_torchrun_and_the_restart_is_judged_as_a_resume(engine):
+    result = run(engine, ddp_torchrun, "ckpt6:rank1")
+    assert result.verdict.findings == []
+    first, restart = result.runs
+    # One job: the restart is the same run's process (torchrun's agent), not a second run the harness started.
+    assert restart.plan.restart == 1 and first.plan.restart == 0
+    assert restart.plan.log_path == first.plan.log_path
+    assert first.signalled.extra["rank"] == 1 and first.signalled.extra["restart"] is True
+    runs = rp.cell_json(result)["runs"]
+    assert [(r["launcher"], r["restart"], r["outcome"]) for r in runs] == [
+        ("torchrun", 0, "killed"), ("torchrun", 1, "done")]
+    assert runs[1]["resumed_by_rank"] == {"0": 6, "1": 6}  # both workers of the restart reloaded step 6
+
+
+def test_preemption_reaches_the_workers_through_torchruns_agent(engine):
+    result = run(engine, ddp_torchrun, "ckpt11+1:term2")  # the last step: nothing after it would save later
+    assert result.verdict.findings == []
+    first, resumed = result.runs
+    assert first.signalled.extra["pids"] == [first.pid]  # the agent, which forwards SIGTERM to its workers
+    assert first.published[-1][0] == 12 and resumed.resumed_step == 12
+
+
+def test_a_restart_that_does_not_reload_fails_and_only_the_real_launcher_shows_it(engine):
+    """The planted loop looks for a checkpoint only when the job was started as a resume; torchrun restarts
+    its workers with the same arguments, so they train from the start."""
+    under_torchrun = ddp_torchrun.with_options(name="ddp_restart_fresh", fn=planted.ddp_restart_fresh)
+    result = run(engine, under_torchrun, "ckpt6+1:rank1")
+    assert result.verdict.categories == ["STALE_RESUME"]
+    assert result.verdict.headline.startswith("STALE_RESUME: run 2 started fresh (resumed step 0) but step_6 was "
+                                              "published before the kill")
+    assert "torchrun's restart 1" in rp.failure_text(result)
+    # The same loop under the harness's own launcher: every resume is a new job, told so, and it passes.
+    harness = ddp_loop.with_options(name="ddp_restart_fresh_harness", fn=planted.ddp_restart_fresh)
+    assert run(engine, harness, "ckpt6+1:rank1").verdict.findings == []
+
+
+def test_a_job_that_uses_up_its_restarts_is_reported_with_the_count(engine):
+    target = resume_target(planted.rank1_dies_at_step_3, name="dies_every_attempt", steps=6, world_size=2,
+                           launcher="torchrun", max_restarts=2, crash_save=False, resume_modes=("auto",))
+    result = run(engine, target, "ckpt2")
+    assert not result.passed
+    reference = result.reference
+    assert reference.outcome == "raised"
+    assert reference.error.strip().splitlines()[-1] == (
+        "torchrun gave up after 2 restart(s) (--max-restarts=2): rank 1 ended with exit code 3")
+    # Three attempts of the reference reported (the first and both restarts).
+    assert sorted({e.attempt or 0 for e in reference.events if e.kind == "ranks"}) == [0, 1, 2]
+    assert "torchrun gave up after 2 restart(s)" in rp.failure_text(result)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"launcher": "mpirun"}, "launcher='mpirun' is not one of 'harness', 'torchrun'"),
+    ({"max_restarts": 1}, "max_restarts=1 must be a whole number from 0 to 10 .*and needs launcher='torchrun'"),
+    ({"launcher": "torchrun", "max_restarts": -1}, "max_restarts=-1 must be a whole number from 0 to 10"),
+    ({"launcher": "torchrun", "max_restarts": True}, "max_restarts=True must be a whole number"),
+    ({"launcher": "torchrun", "command": ["{python}", "train.py"]},
+     "launcher='torchrun' is not supported on a command target yet"),
+])
+def test_bad_launcher_options_name_the_fix(options, message):
+    from pytest_resume_check.targets import TargetError
+
+    with pytest.raises(TargetError, match=message):
+        command = options.pop("command", None)
+        if command:
+            resume_target.command(command, name="bad", steps=4, world_size=2, **options)
+        else:
+            resume_target(planted.ddp_one_rank, name="bad", steps=4, world_size=2, **options)
+
+
+def test_the_bundled_torchrun_target_has_restart_and_preemption_cells():
+    from pytest_resume_check.cells import matrix
+
+    ids = [c.kill_id for c in matrix.cells(ddp_torchrun, "quick", 0)]
+    assert {"ckpt6:rank1", "ckpt6+1:rank1", "ckpt5+1:term2", "ckpt9:ws1"} <= set(ids)
+    assert ddp_torchrun.launcher == "torchrun" and ddp_torchrun.max_restarts == 1
