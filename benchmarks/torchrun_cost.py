@@ -13,6 +13,9 @@ rotated), all forked from the one preloaded server:
 - ``torchrun, 1 restart``: the same, with rank 1 killed alone right after the checkpoint of step 6 and both
   workers restarted by torchrun within the run (the whole job: the killed attempt and the restart that
   resumes from step 6 to the end).
+- ``torchrun, 2 nodes``: two simulated nodes of one worker each (two agents, ``--nnodes=1:2``);
+- ``2 nodes, 1 lost``: the same, node 1 killed whole right after the checkpoint of step 6, node 0's agent
+  restarting its worker alone (the whole job, at world size 1 after the loss).
 
 ``first step`` is the time from starting the run to its first ``step_end`` (rendezvous and DDP
 construction included), ``whole run`` the uninterrupted 12-step run with one checkpoint (or the whole job
@@ -39,8 +42,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
+    two_nodes = ddp_torchrun.with_options(name="ddp_two_nodes", nnodes=(1, 2), elastic=())
     variants = {"harness launcher": (ddp_loop, None), "torchrun": (ddp_torchrun, None),
-                "torchrun, 1 restart": (ddp_torchrun, KillSpec(6, rank=1))}
+                "torchrun, 1 restart": (ddp_torchrun, KillSpec(6, rank=1)),
+                "torchrun, 2 nodes": (two_nodes, None), "2 nodes, 1 lost": (two_nodes, KillSpec(6, node=1))}
     root = Path(tempfile.mkdtemp(prefix="torchrun-cost-"))
     runner = Runner(seed=1, hang_timeout=120)
     figures: dict[str, dict[str, list[float]]] = {name: {"first step": [], "whole run": []} for name in variants}
@@ -50,7 +55,7 @@ def main() -> None:
         order = names[rep % len(names):] + names[:rep % len(names)]
         for name in order:
             target, kill = variants[name]
-            workdir = Layout(root).fresh(root / f"{target.name}-{rep}-{kill is not None}")
+            workdir = Layout(root).fresh(root / f"{name.replace(' ', '').replace(',', '-')}-{rep}")
             plan = runner.plan(target, target.cases[0], workdir, 0, checkpoint_steps=(4,), kill=kill)
             record = runner.run(plan, target)
             if record.outcome != "done":

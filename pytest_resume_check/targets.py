@@ -207,6 +207,10 @@ class Target:
     #: Under torchrun: how many times its agent may restart all workers within a run after one failed
     #: (``--max-restarts``). With 1 or more, a cell that kills one worker is judged through the restart.
     max_restarts: int = 0
+    #: Under torchrun: simulated nodes, (least, most) as torchrun's ``--nnodes=MIN:MAX``: each run starts an
+    #: agent per node on loopback, ``world_size // most`` workers each; with fewer least than most (and a
+    #: restart allowed), cells kill the last node whole and the job goes on without it.
+    nnodes: tuple[int, int] = (1, 1)
 
     @property
     def ref(self) -> tuple[str, str, str]:
@@ -248,6 +252,7 @@ def resume_target(
     early_stop: str = EARLY_STOP_EPOCH,
     launcher: str = LAUNCHER_HARNESS,
     max_restarts: int = 0,
+    nnodes: int | tuple[int, int] = 1,
 ) -> Any:
     """Declare a target; usable as ``@resume_target(steps=...)`` or ``resume_target(fn, steps=...)``."""
 
@@ -277,6 +282,7 @@ def resume_target(
             early_stop=early_stop,
             launcher=launcher,
             max_restarts=max_restarts,
+            nnodes=nnodes,
         )
 
     return build(fn) if fn is not None else build
@@ -338,7 +344,8 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         early_stop=_early_stop(name, kw.get("early_stop", EARLY_STOP_EPOCH)),
         **_distributed(name, kw.get("world_size", 1), kw.get("elastic", ()), kw.get("preemption", ()),
                        crash_save),
-        **_launcher(name, kw.get("launcher", LAUNCHER_HARNESS), kw.get("max_restarts", 0)),
+        **_launcher(name, kw.get("launcher", LAUNCHER_HARNESS), kw.get("max_restarts", 0), kw.get("nnodes", 1),
+                    kw.get("world_size", 1), kw.get("elastic", ())),
     )
 
 
@@ -428,7 +435,19 @@ ERR_TORCHRUN_COMMAND = ("target {name!r}: launcher='torchrun' is not supported o
 MAX_RESTARTS = 10
 
 
-def _launcher(name: str, launcher: Any, restarts: Any) -> dict[str, Any]:
+ERR_NNODES = ("target {name!r}: nnodes={value!r} must be a number of nodes from 1 to {most} or a (least, most) pair "
+              "of them (torchrun's --nnodes=MIN:MAX, e.g. nnodes=(1, 2)), needs launcher='torchrun', and its most "
+              "must divide world_size ({world}): each node runs world_size / most workers")
+#: Simulated nodes are torchrun agents on this machine, each with its workers.
+MAX_NODES = 8
+
+
+ERR_NODES_ELASTIC = ("target {name!r}: elastic= is not supported with several nodes (nnodes={value!r}); the cells that "
+                     "lose a node are this target's elastic cells (declare nnodes=(least, most) with least < most)")
+
+
+def _launcher(name: str, launcher: Any, restarts: Any, nnodes: Any = 1, world: Any = 1,
+              elastic: Any = ()) -> dict[str, Any]:
     """``launcher`` and ``max_restarts``, checked. Where torch is missing, torchrun's cells fail with the
     fork server's line for a preload that cannot be imported (``torch.distributed.run``)."""
     if launcher not in LAUNCHERS:
@@ -436,7 +455,25 @@ def _launcher(name: str, launcher: Any, restarts: Any) -> dict[str, Any]:
     if isinstance(restarts, bool) or not isinstance(restarts, int) or not 0 <= restarts <= MAX_RESTARTS or (
             restarts and launcher != LAUNCHER_TORCHRUN):
         raise TargetError(ERR_MAX_RESTARTS.format(name=name, value=restarts, most=MAX_RESTARTS))
-    return {"launcher": str(launcher), "max_restarts": int(restarts)}
+    least, most = _nodes(nnodes)
+    if not (0 < least <= most <= MAX_NODES and isinstance(world, int) and world % most == 0) or (
+            most > 1 and launcher != LAUNCHER_TORCHRUN):
+        raise TargetError(ERR_NNODES.format(name=name, value=nnodes, most=MAX_NODES, world=world))
+    if most > 1 and elastic:
+        raise TargetError(ERR_NODES_ELASTIC.format(name=name, value=nnodes))
+    return {"launcher": str(launcher), "max_restarts": int(restarts), "nnodes": (least, most)}
+
+
+def _nodes(value: Any) -> tuple[int, int]:
+    """``nnodes`` as (least, most): a whole number for both, or a pair of them; (0, 0) for anything else."""
+    pair = (value, value) if isinstance(value, int) else value
+    try:
+        least, most = pair
+    except (TypeError, ValueError):
+        return 0, 0
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (least, most)):
+        return 0, 0
+    return int(least), int(most)
 
 
 def command_target(

@@ -52,6 +52,10 @@ BUGS = {
                         "always comes first, whatever the load)"),
     "restart_fresh": ("it looks for a checkpoint only when the job was started as a resume (run.is_resume): a "
                       "restart torchrun makes within the job has the same arguments, so it trains from the start"),
+    "local_rank": ("the sampler's rank is LOCAL_RANK where it needs RANK: on one node they are equal, on two nodes "
+                   "of one worker each both workers take the first shard"),
+    "saved_world": ("a resumed sampler keeps the number of replicas the checkpoint was saved with, so after a node "
+                    "is lost each remaining rank takes only its share of the old world"),
 }
 
 
@@ -132,7 +136,9 @@ class _Loop:
         if self.bug == "stale_rank" and self.run.is_resume:  # the step counter is rank 0's: ranks stay in step
             self.step = _from_rank0(self.step)
         if self.sampler is None:
-            self.sampler = StatefulDistributedSampler(self.dataset, num_replicas=self.world, rank=self.rank,
+            replicas = self.saved_world if self.bug == "saved_world" else self.world
+            rank = int(os.environ["LOCAL_RANK"]) if self.bug == "local_rank" else self.rank
+            self.sampler = StatefulDistributedSampler(self.dataset, num_replicas=replicas, rank=rank,
                                                       shuffle=self.shuffle, seed=self.run.seed)
         if self.taken >= N_INPUTS:  # saved at the epoch's last step
             self.epoch, self.taken = self.epoch + 1, 0

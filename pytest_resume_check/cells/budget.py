@@ -35,6 +35,7 @@ WEIGHTS = {
     "rank": 2.0,  # one rank killed alone
     "term": 2.0,  # SIGTERM preemption
     "elastic": 2.0,  # a resume at another world size
+    "node": 2.0,  # a simulated node lost, the job going on without it
     "step": 0.25,  # each distinct kill step of a case and mode
 }
 
@@ -77,6 +78,8 @@ def features(cell: Cell) -> set[tuple[Any, ...]]:
             found.add(("term", *key))
         if kill.resume_world_size is not None:
             found.add(("elastic", *key, kill.resume_world_size))
+        if kill.node is not None:
+            found.add(("node", *key))
     if len(cell.kills) > 1:
         found.add(("double", *key))
     return found

@@ -127,14 +127,16 @@ def kill_points(steps: int, boundaries: Sequence[int], mode: str, rng: random.Ra
 
 
 def distributed_points(steps: int, boundaries: Sequence[int], mode: str, world_size: int, elastic: Sequence[int],
-                       preemption: Sequence[float]) -> list[tuple[str, tuple[KillSpec, ...]]]:
+                       preemption: Sequence[float],
+                       lost_node: int | None = None) -> list[tuple[str, tuple[KillSpec, ...]]]:
     """(resume mode, kills) of the distributed kinds, all in auto mode.
 
     One rank alone (the last) killed right after a checkpoint and one unsaved step later, at the middle
     and each epoch boundary; SIGTERM with each grace period at the end of a step with unsaved work (the
     first, the middle, each boundary; every step in ``full``); a resume at each other world size from a
     checkpoint at each boundary and the middle of each epoch (where a world size divides the data of a
-    typical target), and one unsaved step after the first middle.
+    typical target), and one unsaved step after the first middle; the same points for ``lost_node``, a
+    simulated node of a torchrun target killed whole, the job going on without it.
     """
     edges = sorted({b for b in boundaries if 1 <= b <= steps})
     middle = max(1, steps // 2)
@@ -155,6 +157,10 @@ def distributed_points(steps: int, boundaries: Sequence[int], mode: str, world_s
         at = sorted({*middles, *(b for b in edges if b < steps)})
         points += [(RESUME_AUTO, (KillSpec(k, 0, resume_world_size=world),)) for k in at]
         points += [(RESUME_AUTO, (KillSpec(middles[0], 1, resume_world_size=world),))] if middles[0] < steps else []
+    if lost_node is not None:
+        at = sorted({*middles, *(b for b in edges if b < steps)})
+        points += [(RESUME_AUTO, (KillSpec(k, 0, node=lost_node),)) for k in at]
+        points += [(RESUME_AUTO, (KillSpec(middles[0], 1, node=lost_node),))] if middles[0] < steps else []
     return points
 
 
@@ -189,9 +195,12 @@ def cells(target: Target, mode: str, seed: int) -> list[Cell]:
         rng = random.Random(f"{seed}:{target.name}:{case_id(case)}")
         buffered = list(_ask(target, "buffered", case, target.buffered, case)) if target.buffered else []
         points = kill_points(steps, boundaries, mode, rng, target.resume_modes, buffered)
-        if target.world_size > 1 or target.elastic or target.preemption:
+        least, most = target.nnodes
+        # A node lost for good: the job goes on on the others (torchrun restarts them at a smaller world).
+        lost = most - 1 if least < most and target.max_restarts else None
+        if target.world_size > 1 or target.elastic or target.preemption or lost is not None:
             points += distributed_points(steps, boundaries, mode, target.world_size, target.elastic,
-                                         target.preemption)
+                                         target.preemption, lost)
         if target.command is not None and target.command.checkpoints is not None:
             points = at_checkpoints(points)
         singles = {(m, k[0].checkpoint_step) for m, k in points

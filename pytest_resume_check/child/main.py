@@ -276,38 +276,69 @@ TORCHRUN_STORE_SHARING = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
-def torchrun_argv(plan: RunPlan, log_dir: str) -> list[str]:
-    """torchrun's command line for a run of ``plan``: one node, ``--nproc-per-node`` the run's ranks, c10d
-    rendezvous on loopback at the run's port (its token as the rendezvous id), the declared
-    ``--max-restarts``, workers forked from the agent (``--start-method=fork --run-path``, so they start
-    from the preloaded server's imports in milliseconds instead of a fresh interpreter's seconds), torchrun's
-    own files under ``log_dir`` (in the cell's folder; by default it makes a folder in /tmp per run)."""
-    return ["--nnodes=1", f"--nproc-per-node={plan.world_size}", "--rdzv-backend=c10d",
+#: torchrun's rendezvous settings for simulated nodes: a round that has its least nodes closes 1 s later,
+#: and a node whose agent sent no heartbeat for 3 s is gone (by default 30 s and 15 s: a lost node would
+#: stall the job that long). Only a rendezvous reads them: while the job trains nobody is declared dead.
+NODES_RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
+
+
+def torchrun_argv(plan: RunPlan, log_dir: str, node: int = 0) -> list[str]:
+    """torchrun's command line for node ``node`` of a run of ``plan``: ``--nnodes`` as declared (one node by
+    default), ``--nproc-per-node`` the ranks of a node, c10d rendezvous on loopback at the run's port (its
+    token as the rendezvous id; node 0 hosts its store), the declared ``--max-restarts``, workers forked from
+    the agent (``--start-method=fork --run-path``, so they start from the preloaded server's imports in
+    milliseconds instead of a fresh interpreter's seconds), torchrun's own files under ``log_dir`` (in the
+    cell's folder; by default it makes a folder in /tmp per run)."""
+    least, most = plan.nnodes
+    conf = f"is_host={int(node == 0)}" + (f",{NODES_RDZV_CONF}" if most > 1 else "")
+    return [f"--nnodes={least}:{most}" if least != most else f"--nnodes={most}",
+            f"--nproc-per-node={plan.nproc_per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={LOOPBACK}:{plan.master_port}", f"--rdzv-id={plan.token or 'resume-check'}",
-            f"--max-restarts={plan.max_restarts}", "--monitor-interval=0.1", "--start-method=fork",
-            f"--log-dir={log_dir}", "--run-path", TORCHRUN_WORKER]
+            f"--rdzv-conf={conf}", f"--max-restarts={plan.max_restarts}", "--monitor-interval=0.1",
+            "--start-method=fork", f"--log-dir={log_dir}", "--run-path", TORCHRUN_WORKER]
 
 
 def _launch_torchrun(plan: RunPlan, conn: Any, control: Any) -> None:
-    """This process as torchrun's agent (never returns): torchrun's own entry point
-    (``torch.distributed.run.main``) with :func:`torchrun_argv`; it rendezvouses, starts the workers, watches
-    them, restarts all of them when one fails while ``--max-restarts`` allows, forwards SIGTERM to them and
-    tears them down. Reports ``done`` when the job succeeded; when torchrun gave up (a worker failed with no
-    restart left), an error saying so. The workers stay in this process group."""
+    """This process as torchrun's agent of node 0 (never returns), and one more agent forked per simulated
+    node: torchrun's own entry point (``torch.distributed.run.main``) with :func:`torchrun_argv`; each
+    agent rendezvouses, starts its workers, watches them, restarts all of them when one fails while
+    ``--max-restarts`` allows (at a smaller world size once a node is gone), forwards SIGTERM to them and
+    tears them down. Node 0 reports ``done`` when the job succeeded and the other agents ended; when torchrun
+    gave up (a worker failed with no restart left), an error saying so. Everything stays in this process
+    group."""
     global _torchrun_job
-    from torch.distributed import run as torchrun
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
     _torchrun_job = (plan, conn, control)
     # torchrun's agent shares its rendezvous store with the workers by default, and a restart's workers then
     # find the keys of the attempt before (the addresses of its dead ranks: gloo fails to connect, or not,
     # as the timing falls; pytorch/pytorch#135712). A store per rendezvous round, as torch advises, unless
     # the target's environment chose otherwise.
     os.environ.setdefault(TORCHRUN_STORE_SHARING, "1")
+    agents = []
+    for node in range(1, plan.nnodes[1]):
+        pid = os.fork()
+        if pid == 0:
+            _exit(_run_agent(plan, conn, node))
+        agents.append(pid)
+    code = _run_agent(plan, conn, 0)
+    for pid in agents:  # a node the harness killed is reaped at once
+        os.waitpid(pid, 0)
+    if code == 0:
+        ConnectionSink(conn, None, plan.log_path).send(ev.Event(ev.DONE))
+    _exit(code)
+
+
+def _run_agent(plan: RunPlan, conn: Any, node: int) -> int:
+    """torchrun's agent of one node, in this process; its exit code. The agents besides node 0's report their
+    pid (the harness kills a node whole, and preempts every agent)."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     sink = ConnectionSink(conn, None, plan.log_path)
-    log_dir = os.path.join(os.path.dirname(plan.log_path), os.path.basename(plan.log_path) + ".torchrun")
+    if node:
+        sink.send(ev.Event(ev.RANKS, extra={"agent": os.getpid(), "node": node}))
+    where = f"{os.path.basename(plan.log_path)}.torchrun" + (f"-node{node}" if node else "")
     try:
-        torchrun.main(torchrun_argv(plan, log_dir))
+        torchrun.main(torchrun_argv(plan, os.path.join(os.path.dirname(plan.log_path), where), node))
     except ChildFailedError as failed:
         # The agent gives up only once its restarts are used up: it made all of them.
         rank, failure = failed.get_first_failure()
@@ -315,32 +346,35 @@ def _launch_torchrun(plan: RunPlan, conn: Any, control: Any) -> None:
         text = (f"torchrun gave up after {plan.max_restarts} restart(s) (--max-restarts={plan.max_restarts}): "
                 f"rank {rank} ended with {how}")
         _write_quietly(sys.stderr, f"[launcher] {text}\n")
-        sink.send(ev.Event(ev.ERROR, text=text, extra={"launcher": LAUNCHER_TORCHRUN}))
-        _exit(EXIT_RANK_DIED)
+        if not node:
+            sink.send(ev.Event(ev.ERROR, text=text, extra={"launcher": LAUNCHER_TORCHRUN}))
+        return EXIT_RANK_DIED
     except BaseException as exc:  # torchrun itself failed, or its agent was signalled (preemption)
         _write_quietly(sys.stderr, f"[launcher] torchrun raised {exc!r}\n{traceback.format_exc()}")
-        _exit(EXIT_RANK_DIED)
-    sink.send(ev.Event(ev.DONE))
-    _exit(0)
+        return EXIT_RANK_DIED
+    return 0
 
 
 def torchrun_worker() -> None:
-    """One worker of a torchrun job, forked from its agent: the run's plan (after a restart, a resume's: no
-    kill, no pause, its state compared, ``restart`` set), a channel stamped with its rank and attempt, its
-    pid reported, the target run; returns to torchrun when it finished, exits with the code otherwise."""
+    """One worker of a torchrun job, forked from its agent: the run's plan with the world size torchrun gave
+    it (after a restart, also a resume's: no kill, no pause, its state compared, ``restart`` set), a channel
+    stamped with its rank and attempt, its pid, agent and node reported, the target run; returns to torchrun
+    when it finished, exits with the code otherwise."""
     if _torchrun_job is None:
         raise RuntimeError("torchrun_worker.py runs only in a worker of a torchrun job the harness started")
     plan, conn, control = _torchrun_job
     for signum in _AGENT_SIGNALS:
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    rank = int(os.environ["RANK"])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    plan = dataclasses.replace(plan, world_size=world)
     if restart:
         plan = dataclasses.replace(plan, kill=None, pause_steps=frozenset(), checkpoint_steps=frozenset(),
                                    report_state=True, faults=None, restart=restart)
     sink = ConnectionSink(conn, rank, plan.log_path, attempt=restart or None)
-    sink.send(ev.Event(ev.RANKS, extra={"pid": os.getpid()}))
+    sink.send(ev.Event(ev.RANKS, extra={"pid": os.getpid(), "agent": os.getppid(), "world_size": world,
+                                        "node": int(os.environ.get("GROUP_RANK") or 0)}))
     code = _run_target(plan, sink, control if rank == 0 and not restart else None, rank)
     if code:
         _exit(code)

@@ -125,7 +125,7 @@ class Runner:
             command=target.command, env=self.services.env_for(target, self.hang_limit_of(target)),
             world_size=world, master_port=free_port() if distributed else 0,
             step_ranks=self._step_ranks.get((target.name, world)), launcher=target.launcher,
-            max_restarts=target.max_restarts,
+            max_restarts=target.max_restarts, nnodes=target.nnodes,
         )
 
     def run(self, plan: RunPlan, target: Target, on_pause: Callable[[int], None] | None = None) -> RunRecord:

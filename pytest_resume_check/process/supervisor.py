@@ -164,6 +164,14 @@ def _on_kill_ready(watch: _Watch, event: ev.Event) -> bool:
     kill = record.plan.kill
     if kill is not None and event.extra.get("signal") == SIGNAL_TERM:
         _preempt(child, record, kill.grace)
+    elif kill is not None and kill.node is not None:
+        # A simulated node lost: its agent and its workers; the other nodes' agents go on without it.
+        record.outcome = Outcome.CRASHED
+        pids = _node_pids(record, int(event.extra["pid"]))
+        _signal(pids, signal.SIGKILL)
+        record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL",
+                                      extra={"signal": "kill", "node": kill.node, "pids": pids, "restart": True}))
+        return False
     elif kill is not None and kill.rank is not None and record.plan.restarts_in_job:
         # torchrun restarts the workers within the run: what they do next is the resume (issue 31).
         record.outcome = Outcome.CRASHED
@@ -223,6 +231,24 @@ def _rank_processes(child: starter.Child, record: RunRecord) -> list[tuple[int |
             if "pid" in e.extra:
                 by_rank[e.rank or 0] = int(e.extra["pid"])  # a restart's worker replaces the one before
     return sorted(by_rank.items()) if by_rank else [(None, child.pid)]
+
+
+def _agent_pids(child: starter.Child, record: RunRecord) -> list[int]:
+    """The torchrun agents of a run: the run's process (node 0) and the one each other simulated node's agent
+    reported."""
+    return [child.pid, *(int(e.extra["agent"]) for e in record.events
+                         if e.kind == ev.RANKS and e.rank is None and "agent" in e.extra)]
+
+
+def _node_pids(record: RunRecord, worker: int) -> list[int]:
+    """The processes of the simulated node that runs torchrun worker ``worker``: its agent and the workers
+    that agent started last."""
+    parents = {int(e.extra["pid"]): int(e.extra["agent"]) for e in record.events
+               if e.kind == ev.RANKS and "pid" in e.extra and "agent" in e.extra}
+    agent = parents.get(worker)
+    if agent is None:
+        return [worker]
+    return [agent, *(pid for pid, parent in parents.items() if parent == agent)]
 
 
 #: Seconds a hung run's processes get, in all, to write their stacks into its log before they are killed.
@@ -292,7 +318,7 @@ def _preempt(child: starter.Child, record: RunRecord, grace: float) -> None:
     """Preemption: SIGTERM to every rank (to torchrun's agent, which forwards it to its workers), let the
     reporting call return, and keep recording what the run does until it exits or ``grace`` seconds have
     passed (the caller then SIGKILLs its group)."""
-    pids = [child.pid] if record.plan.launcher == LAUNCHER_TORCHRUN else _rank_pids(child, record)
+    pids = _agent_pids(child, record) if record.plan.launcher == LAUNCHER_TORCHRUN else _rank_pids(child, record)
     _signal(pids, signal.SIGTERM)
     record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGTERM",
                                   extra={"signal": SIGNAL_TERM, "grace": grace, "pids": pids}))

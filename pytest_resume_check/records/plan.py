@@ -46,6 +46,9 @@ class KillSpec:
     rank: int | None = None
     #: Elastic resume: the run after this kill has this many ranks (None: the same as the killed run).
     resume_world_size: int | None = None
+    #: Simulated nodes of a torchrun target: kill this node whole (its agent and its workers); torchrun's
+    #: agents on the other nodes go on without it at a smaller world size (None: no node).
+    node: int | None = None
 
     @property
     def kill_step(self) -> int:
@@ -63,17 +66,19 @@ class KillSpec:
             data["rank"] = self.rank
         if self.resume_world_size is not None:
             data["resume_world_size"] = self.resume_world_size
+        if self.node is not None:
+            data["node"] = self.node
         return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KillSpec:
         """Inverse of :meth:`to_json`."""
         fault = data.get("fault")
-        rank, world = data.get("rank"), data.get("resume_world_size")
+        rank, world, node = data.get("rank"), data.get("resume_world_size"), data.get("node")
         return cls(int(data["checkpoint_step"]), int(data.get("extra_steps", 0)),
                    FaultPlan.from_json(fault) if fault else None, str(data.get("signal", SIGNAL_KILL)),
                    float(data.get("grace", 0.0)), None if rank is None else int(rank),
-                   None if world is None else int(world))
+                   None if world is None else int(world), None if node is None else int(node))
 
     def describe(self) -> str:
         """Words for reports: ``killed after checkpoint 3 was published``."""
@@ -82,6 +87,8 @@ class KillSpec:
             text = text.replace("killed", f"sent SIGTERM (SIGKILL {self.grace:g} s later)", 1)
         if self.rank is not None:
             text = text.replace("killed", f"rank {self.rank} alone killed", 1)
+        if self.node is not None:
+            text = text.replace("killed", f"node {self.node} killed whole (its torchrun agent and workers)", 1)
         if self.resume_world_size is not None:
             text += f"; resumed with {self.resume_world_size} rank{'' if self.resume_world_size == 1 else 's'}"
         return text
@@ -188,6 +195,9 @@ class RunPlan:
     #: Set in a torchrun worker that its agent restarted: the restart's number (the kill was the first
     #: attempt's; the state of every restart is compared, as a resumed run's).
     restart: int = 0
+    #: Under torchrun: the nodes of a run, (least, most) as ``--nnodes=MIN:MAX``; a run starts an agent for
+    #: each of the most on loopback, ``world_size // most`` workers each.
+    nnodes: tuple[int, int] = (1, 1)
 
     @property
     def restarts_in_job(self) -> bool:
@@ -195,6 +205,14 @@ class RunPlan:
         return self.launcher == LAUNCHER_TORCHRUN and self.max_restarts > 0
 
     @property
+    def nproc_per_node(self) -> int:
+        """Ranks (torchrun workers) on each simulated node."""
+        return max(1, self.world_size // self.nnodes[1])
+
+    @property
     def watched_rank(self) -> int:
-        """The rank whose report calls carry the kill point (rank 0 unless one rank alone is killed)."""
+        """The rank whose report calls carry the kill point (rank 0 unless one rank or node alone is killed:
+        that rank, or the node's first)."""
+        if self.kill is not None and self.kill.node is not None:
+            return self.kill.node * self.nproc_per_node
         return self.kill.rank if self.kill is not None and self.kill.rank is not None else 0

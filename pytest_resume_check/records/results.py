@@ -171,6 +171,8 @@ class RunRecord:
             return kill.kill_step, None  # every rank gets SIGTERM and goes on to its step's end
         if kill.rank is not None and self.plan.world_size > 1:
             return kill.kill_step, {kill.rank}
+        if kill.node is not None:  # the node's ranks: the first carried the kill point, the others may not be there
+            return kill.kill_step, {self.plan.watched_rank}
         signalled = self.signalled
         past = signalled.extra.get("ranks_past", ()) if signalled is not None else ()
         return kill.kill_step, {0, *(int(r) for r in past)}
@@ -256,9 +258,12 @@ def split_restarts(record: RunRecord) -> list[RunRecord]:
     out = []
     for attempt in range(last + 1):
         events = [e for e, a in zip(record.events, tags) if a == attempt]
+        # The world torchrun gave the attempt's workers (smaller once a node is gone).
+        world = next((int(e.extra["world_size"]) for e in events if e.kind == ev.RANKS and "world_size" in e.extra),
+                     record.plan.world_size)
         plan = record.plan if attempt == 0 else replace(
             record.plan, kill=None, is_resume=True, checkpoint_steps=frozenset(), pause_steps=frozenset(),
-            faults=None, report_state=True, restart=attempt)
+            faults=None, report_state=True, restart=attempt, world_size=world)
         if attempt == last:
             out.append(RunRecord(plan, events, record.outcome, record.exitcode, record.error,
                                  hang_timeout=record.hang_timeout, isolation=record.isolation,

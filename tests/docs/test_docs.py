@@ -82,6 +82,8 @@ TESTED_EXAMPLES = {
         "engine/test_distributed.py::test_the_bundled_matrix_has_every_distributed_kind",
     "pytest_resume_check/builtin/targets.py:ddp_torchrun":
         "engine/test_torchrun.py::test_the_two_worker_loop_under_torchrun_passes_each_kind_of_kill",
+    "tests/support/distributed_targets.py:two_nodes":
+        "engine/test_torchrun.py::test_two_nodes_that_lose_one_go_on_with_the_other_and_pass",
 }
 #: Shell lines that install things: shown, not run here (.ci/run installs the same way).
 INSTALL = re.compile(r"^(python3 -m venv \S+|(\.venv/bin/)?pip install .+)$")

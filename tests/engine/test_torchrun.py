@@ -132,3 +132,68 @@ def test_the_bundled_torchrun_target_has_restart_and_preemption_cells():
     ids = [c.kill_id for c in matrix.cells(ddp_torchrun, "quick", 0)]
     assert {"ckpt6:rank1", "ckpt6+1:rank1", "ckpt5+1:term2", "ckpt9:ws1"} <= set(ids)
     assert ddp_torchrun.launcher == "torchrun" and ddp_torchrun.max_restarts == 1
+
+
+# -- simulated nodes --------------------------------------------------------------------------------------
+
+def on_two_nodes(fn=ddp.correct_ddp, name="ddp_two_nodes"):
+    """The DDP loop on two simulated nodes of one worker each, which may go on with one (--nnodes=1:2), as
+    docs/distributed.md declares it."""
+    return planted.ddp_two_nodes.with_options(name=name, fn=fn)
+
+
+@pytest.mark.parametrize("kill", ["ckpt6:node1", "ckpt3+1:node1"])
+def test_two_nodes_that_lose_one_go_on_with_the_other_and_pass(engine, kill):
+    result = run(engine, on_two_nodes(), kill)
+    assert result.verdict.findings == []
+    first, restart = result.runs
+    assert (first.plan.world_size, restart.plan.world_size) == (2, 1)  # torchrun's restart on the node left
+    assert restart.plan.restart == 1 and restart.resumed_step == first.published[-1][0]
+    signalled = first.signalled.extra
+    assert signalled["node"] == 1 and len(signalled["pids"]) == 2  # node 1's agent and its worker
+    agents = {e.extra["agent"] for e in first.events if e.kind == "ranks" and e.rank is None}
+    assert set(signalled["pids"]) & agents  # the node's agent went with it
+    for rec in result.runs:
+        assert rec.leftovers == 0
+        assert not listening(rec.plan.master_port)
+
+
+def test_a_sampler_that_keeps_the_old_world_size_after_a_node_is_lost_fails(engine):
+    target = on_two_nodes(planted.ddp_saved_world, "ddp_saved_world")
+    result = run(engine, target, "ckpt6:node1")
+    assert result.verdict.categories == ["LOST"]
+    assert result.verdict.headline.startswith("LOST 6 inputs on rank 1 after resume from step_6")
+    assert "node 1 killed whole (its torchrun agent and workers)" in rp.failure_text(result)
+    assert run(engine, target, "ckpt4").verdict.findings == []  # while both nodes live, nothing shows
+
+
+def test_a_sampler_that_reads_local_rank_fails_on_two_nodes_and_only_there(engine):
+    result = run(engine, on_two_nodes(planted.ddp_local_rank, "ddp_local_rank"), "ckpt6:node1")
+    assert set(result.verdict.categories) == {"LOST", "DUPLICATED"}
+    assert "on rank 1" in result.verdict.headline
+    # One node (the harness's launcher, or torchrun's): LOCAL_RANK is RANK, and the same loop passes.
+    one_node = ddp_loop.with_options(name="ddp_local_rank_one_node", fn=planted.ddp_local_rank)
+    assert run(engine, one_node, "ckpt6:ws1").verdict.findings == []
+
+
+def test_node_cells_only_where_the_job_can_go_on_without_a_node():
+    from pytest_resume_check.cells import matrix
+
+    ids = [c.kill_id for c in matrix.cells(on_two_nodes(), "quick", 0)]
+    assert {"ckpt3:node1", "ckpt6:node1", "ckpt9:node1", "ckpt3+1:node1"} <= set(ids)
+    fixed = ddp_torchrun.with_options(nnodes=(2, 2), elastic=())
+    assert not [i for i in (c.kill_id for c in matrix.cells(fixed, "quick", 0)) if "node" in i]
+    assert kill_ids.parse_kill_id("ckpt6:node1")[0].node == 1
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"nnodes": 2}, "nnodes=2 must be a number of nodes .* needs launcher='torchrun'"),
+    ({"launcher": "torchrun", "nnodes": (2, 1)}, r"nnodes=\(2, 1\) must be a number of nodes from 1 to 8"),
+    ({"launcher": "torchrun", "nnodes": 3}, r"nnodes=3 .* its most must divide world_size \(2\)"),
+    ({"launcher": "torchrun", "nnodes": (1, 2), "elastic": [1]}, "elastic= is not supported with several nodes"),
+])
+def test_bad_node_options_name_the_fix(options, message):
+    from pytest_resume_check.targets import TargetError
+
+    with pytest.raises(TargetError, match=message):
+        resume_target(planted.ddp_one_rank, name="bad", steps=4, world_size=2, **options)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_resume_check.builtin import ddp
+from pytest_resume_check.targets import resume_target
 
 
 def ddp_sampler_rank0(run: Any) -> None:
@@ -37,6 +38,14 @@ def ddp_restart_fresh(run: Any) -> None:
     ddp.train(run, "restart_fresh")
 
 
+def ddp_local_rank(run: Any) -> None:
+    ddp.train(run, "local_rank")
+
+
+def ddp_saved_world(run: Any) -> None:
+    ddp.train(run, "saved_world")
+
+
 def rank1_dies_at_step_3(run: Any) -> None:
     """Rank 1 ends itself at step 3 in every attempt: a job torchrun restarts until no restart is left."""
     import os
@@ -47,3 +56,19 @@ def rank1_dies_at_step_3(run: Any) -> None:
         if run.rank == 1 and step == 3:
             os._exit(3)
         run.step_end(step)
+
+
+# --8<-- [start:two_nodes]
+ddp_two_nodes = resume_target(
+    ddp.correct_ddp,
+    name="ddp_two_nodes",
+    steps=ddp.total_steps(2),
+    boundaries=lambda case: ddp.epoch_boundaries(2),
+    cases=({"id": "shuffle", "shuffle": True},),
+    world_size=2,
+    launcher="torchrun",
+    nnodes=(1, 2),  # two nodes of one worker each; the job may go on with one
+    max_restarts=1,  # the agents left restart their workers once a node is lost
+    resume_modes=("auto",),
+)
+# --8<-- [end:two_nodes]
