@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from leftovers import interruptible, settle
 from project_trainer import write_project
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
@@ -31,39 +32,7 @@ def session(tmp_path: Path, cases: str, *args: str, canary: str, flags: Path | N
     return subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
                              "--resume-matrix", "-m", "resume_matrix", *args], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            preexec_fn=_interruptible)
-
-
-def _interruptible() -> None:
-    """A background job inherits SIGINT ignored (a CI script run with ``&``); Python then installs no
-    KeyboardInterrupt handler. The session under test must see Ctrl-C as a terminal delivers it."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def marked(canary: str) -> list[int]:
-    """Live processes (not zombies) whose environment carries the canary."""
-    needle = f"LEFTOVER_CANARY={canary}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            if needle in Path(f"/proc/{name}/environ").read_bytes():
-                state = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[-1].split()[0]
-                if state != b"Z":
-                    found.append(int(name))
-        except OSError:
-            continue
-    return found
-
-
-def settle(canary: str, seconds: float = 20.0) -> list[int]:
-    """What is left once the kernel has delivered the last kills (polled, not a speed assertion: 5 s was
-    once too short on a loaded 2-core CI machine)."""
-    deadline = time.monotonic() + seconds
-    while (left := marked(canary)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return left
+                            preexec_fn=interruptible)
 
 
 @pytest.mark.parametrize("isolation", ["forkserver", "spawn"])

@@ -6,8 +6,14 @@ that reproduces it."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import signal
+import subprocess
+import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -15,6 +21,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 
+from leftovers import interruptible, marked, settle  # noqa: E402
 from project_session import pytest_in  # noqa: E402
 
 CONFTEST = """
@@ -71,3 +78,30 @@ def test_a_restart_that_does_not_reload_fails_and_its_rerun_line_reproduces_it(p
     code, again = pytest_in(project, *rerun[1:], "-p", "no:cacheprovider")
     assert code == 1 and "1 failed" in again.splitlines()[-1], again[-2000:]
     assert "STALE_RESUME: run 2 started fresh" in again
+
+
+def test_ctrl_c_in_a_torchrun_job_leaves_no_agent_worker_or_port(tmp_path):
+    """Ctrl-C while torchrun's agents and workers run (two simulated nodes, so an agent forked by the run's
+    process too): pytest ends interrupted, and nothing that carries the session's canary is left."""
+    project = tmp_path / "p"
+    project.mkdir()
+    (project / "conftest.py").write_text(CONFTEST + "ddp_nodes = resume_target(ddp.correct_ddp, name='ddp_nodes', "
+                                         "**{**OPTIONS, 'nnodes': (1, 2)})\n")
+    canary, basetemp = uuid.uuid4().hex, tmp_path / "bt"
+    args = ("-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:xdist", "--resume-matrix",
+            "--resume-matrix-target=ddp_nodes", f"--basetemp={basetemp}")
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", *args],
+                            cwd=project, env={**os.environ, "LEFTOVER_CANARY": canary, "PYTHONPATH": str(project)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=interruptible)
+    deadline = time.monotonic() + 300
+    # Under way: a cell's run has started torchrun (its files' folder exists) and agents of both nodes live.
+    while proc.poll() is None and time.monotonic() < deadline and not (
+            list(basetemp.glob("**/auto-*/run0.log.torchrun-node1")) and len(marked(canary)) >= 5):
+        time.sleep(0.05)
+    assert proc.poll() is None, "the session ended before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group
+    out, _ = proc.communicate(timeout=120)  # a guard against a hang, not a speed claim
+    assert proc.returncode == 2, out[-3000:]
+    assert "KeyboardInterrupt" in out
+    assert settle(canary) == []
