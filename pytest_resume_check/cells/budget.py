@@ -36,6 +36,7 @@ WEIGHTS = {
     "term": 2.0,  # SIGTERM preemption
     "elastic": 2.0,  # a resume at another world size
     "node": 2.0,  # a simulated node lost, the job going on without it
+    "agent": 2.0,  # torchrun's agent alone killed
     "step": 0.25,  # each distinct kill step of a case and mode
 }
 
@@ -80,6 +81,8 @@ def features(cell: Cell) -> set[tuple[Any, ...]]:
             found.add(("elastic", *key, kill.resume_world_size))
         if kill.node is not None:
             found.add(("node", *key))
+        if kill.agent:
+            found.add(("agent", *key))
     if len(cell.kills) > 1:
         found.add(("double", *key))
     return found

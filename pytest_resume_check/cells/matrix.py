@@ -19,7 +19,7 @@ from typing import Any
 from pytest_resume_check.records import faults
 from pytest_resume_check.records.kill_ids import cell_id, cell_name, kill_id
 from pytest_resume_check.records.names import case_id
-from pytest_resume_check.records.plan import RESUME_AUTO, RESUME_PATH, SIGNAL_TERM, KillSpec
+from pytest_resume_check.records.plan import LAUNCHER_TORCHRUN, RESUME_AUTO, RESUME_PATH, SIGNAL_TERM, KillSpec
 from pytest_resume_check.targets import ERR_RAISED, ERR_STEPS_RETURNED, Target, TargetError, describe_error
 
 QUICK = "quick"
@@ -127,8 +127,8 @@ def kill_points(steps: int, boundaries: Sequence[int], mode: str, rng: random.Ra
 
 
 def distributed_points(steps: int, boundaries: Sequence[int], mode: str, world_size: int, elastic: Sequence[int],
-                       preemption: Sequence[float],
-                       lost_node: int | None = None) -> list[tuple[str, tuple[KillSpec, ...]]]:
+                       preemption: Sequence[float], lost_node: int | None = None,
+                       agent: bool = False) -> list[tuple[str, tuple[KillSpec, ...]]]:
     """(resume mode, kills) of the distributed kinds, all in auto mode.
 
     One rank alone (the last) killed right after a checkpoint and one unsaved step later, at the middle
@@ -136,7 +136,8 @@ def distributed_points(steps: int, boundaries: Sequence[int], mode: str, world_s
     first, the middle, each boundary; every step in ``full``); a resume at each other world size from a
     checkpoint at each boundary and the middle of each epoch (where a world size divides the data of a
     typical target), and one unsaved step after the first middle; the same points for ``lost_node``, a
-    simulated node of a torchrun target killed whole, the job going on without it.
+    simulated node of a torchrun target killed whole, the job going on without it; with ``agent``,
+    torchrun's agent alone killed right after the middle checkpoint and one unsaved step later.
     """
     edges = sorted({b for b in boundaries if 1 <= b <= steps})
     middle = max(1, steps // 2)
@@ -161,6 +162,9 @@ def distributed_points(steps: int, boundaries: Sequence[int], mode: str, world_s
         at = sorted({*middles, *(b for b in edges if b < steps)})
         points += [(RESUME_AUTO, (KillSpec(k, 0, node=lost_node),)) for k in at]
         points += [(RESUME_AUTO, (KillSpec(middles[0], 1, node=lost_node),))] if middles[0] < steps else []
+    if agent:
+        points += [(RESUME_AUTO, (KillSpec(middle, 0, agent=True),))] if middle < steps else []
+        points += [(RESUME_AUTO, (KillSpec(middle, 1, agent=True),))] if middle + 1 <= steps else []
     return points
 
 
@@ -198,9 +202,10 @@ def cells(target: Target, mode: str, seed: int) -> list[Cell]:
         least, most = target.nnodes
         # A node lost for good: the job goes on on the others (torchrun restarts them at a smaller world).
         lost = most - 1 if least < most and target.max_restarts else None
-        if target.world_size > 1 or target.elastic or target.preemption or lost is not None:
+        torchrun = target.launcher == LAUNCHER_TORCHRUN
+        if target.world_size > 1 or target.elastic or target.preemption or lost is not None or torchrun:
             points += distributed_points(steps, boundaries, mode, target.world_size, target.elastic,
-                                         target.preemption, lost)
+                                         target.preemption, lost, torchrun)
         if target.command is not None and target.command.checkpoints is not None:
             points = at_checkpoints(points)
         singles = {(m, k[0].checkpoint_step) for m, k in points

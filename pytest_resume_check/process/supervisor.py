@@ -182,6 +182,9 @@ def _on_kill_ready(watch: _Watch, event: ev.Event) -> bool:
         return False
     elif kill is not None and kill.rank is not None and record.plan.world_size > 1:
         _kill_one_rank(child, record, kill.rank, int(event.extra["pid"]))
+    elif kill is not None and kill.agent:
+        if _wait_for_peers(child, record, kill.kill_step, watch.hang_timeout, "waited at the kill point"):
+            _kill_agent(child, record)
     elif kill is not None and kill.fault is None and record.plan.world_size > 1:
         if _wait_for_peers(child, record, kill.kill_step, watch.hang_timeout, "waited at the kill point"):
             record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL",
@@ -340,6 +343,35 @@ def _kill_one_rank(child: starter.Child, record: RunRecord, rank: int, pid: int)
     else:
         record.teardown = (f"the launcher had not ended the other ranks {TEARDOWN_TIMEOUT:g} s after rank {rank} died; "
                            "the harness killed them")
+
+
+def _kill_agent(child: starter.Child, record: RunRecord) -> None:
+    """SIGKILL torchrun's agent alone (the run's process) and give its workers :data:`TEARDOWN_TIMEOUT` to end
+    by themselves: torch gives each the parent-death signal SIGINT; ``record.teardown`` says whether and how
+    fast they ended (the caller kills what is left)."""
+    workers = _rank_pids(child, record)
+    _signal([child.pid], signal.SIGKILL)
+    started = time.monotonic()
+    record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL",
+                                  extra={"signal": "kill", "agent": child.pid, "ranks_past": _awaited(record)}))
+    while time.monotonic() < started + TEARDOWN_TIMEOUT and not all(map(_ended, workers)):
+        _drain_written(child, record)
+        time.sleep(0.01)
+    _drain_written(child, record)
+    if all(map(_ended, workers)):
+        record.teardown = f"the workers ended {time.monotonic() - started:.2f} s after their agent died"
+    else:
+        record.teardown = (f"the workers had not ended {TEARDOWN_TIMEOUT:g} s after their agent died; the harness "
+                           "killed them")
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` is gone or a zombie."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
 
 
 def _awaited(record: RunRecord) -> list[int]:

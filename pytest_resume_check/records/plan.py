@@ -49,6 +49,9 @@ class KillSpec:
     #: Simulated nodes of a torchrun target: kill this node whole (its agent and its workers); torchrun's
     #: agents on the other nodes go on without it at a smaller world size (None: no node).
     node: int | None = None
+    #: torchrun targets: SIGKILL to the agent of node 0 alone (its workers get SIGINT from the kernel, the
+    #: parent-death signal torch gives them) instead of to every process of the run.
+    agent: bool = False
 
     @property
     def kill_step(self) -> int:
@@ -68,6 +71,8 @@ class KillSpec:
             data["resume_world_size"] = self.resume_world_size
         if self.node is not None:
             data["node"] = self.node
+        if self.agent:
+            data["agent"] = True
         return data
 
     @classmethod
@@ -78,7 +83,8 @@ class KillSpec:
         return cls(int(data["checkpoint_step"]), int(data.get("extra_steps", 0)),
                    FaultPlan.from_json(fault) if fault else None, str(data.get("signal", SIGNAL_KILL)),
                    float(data.get("grace", 0.0)), None if rank is None else int(rank),
-                   None if world is None else int(world), None if node is None else int(node))
+                   None if world is None else int(world), None if node is None else int(node),
+                   bool(data.get("agent", False)))
 
     def describe(self) -> str:
         """Words for reports: ``killed after checkpoint 3 was published``."""
@@ -89,6 +95,8 @@ class KillSpec:
             text = text.replace("killed", f"rank {self.rank} alone killed", 1)
         if self.node is not None:
             text = text.replace("killed", f"node {self.node} killed whole (its torchrun agent and workers)", 1)
+        if self.agent:
+            text = text.replace("killed", "torchrun's agent alone killed", 1)
         if self.resume_world_size is not None:
             text += f"; resumed with {self.resume_world_size} rank{'' if self.resume_world_size == 1 else 's'}"
         return text

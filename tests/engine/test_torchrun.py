@@ -71,6 +71,17 @@ def test_a_worker_killed_alone_is_restarted_by_torchrun_and_the_restart_is_judge
     assert runs[1]["resumed_by_rank"] == {"0": 6, "1": 6}  # both workers of the restart reloaded step 6
 
 
+def test_the_agent_killed_alone_takes_its_workers_with_it_and_the_next_job_resumes(engine):
+    """torch gives each worker the parent-death signal SIGINT: the workers end by themselves once their agent
+    is gone, and the next run, a new torchrun job, resumes from the checkpoint before the unsaved step."""
+    result = run(engine, ddp_torchrun, "ckpt6+1:agent")
+    assert result.verdict.findings == []
+    first, resumed = result.runs
+    assert first.signalled.extra["agent"] == first.pid
+    assert first.teardown.startswith("the workers ended") and first.teardown.endswith("after their agent died")
+    assert resumed.resumed_step == 6 and resumed.plan.restart == 0
+
+
 def test_preemption_reaches_the_workers_through_torchruns_agent(engine):
     result = run(engine, ddp_torchrun, "ckpt11+1:term2")  # the last step: nothing after it would save later
     assert result.verdict.findings == []
@@ -130,7 +141,7 @@ def test_the_bundled_torchrun_target_has_restart_and_preemption_cells():
     from pytest_resume_check.cells import matrix
 
     ids = [c.kill_id for c in matrix.cells(ddp_torchrun, "quick", 0)]
-    assert {"ckpt6:rank1", "ckpt6+1:rank1", "ckpt5+1:term2", "ckpt9:ws1"} <= set(ids)
+    assert {"ckpt6:rank1", "ckpt6+1:rank1", "ckpt5+1:term2", "ckpt9:ws1", "ckpt6:agent", "ckpt6+1:agent"} <= set(ids)
     assert ddp_torchrun.launcher == "torchrun" and ddp_torchrun.max_restarts == 1
 
 
