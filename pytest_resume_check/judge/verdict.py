@@ -184,7 +184,24 @@ def judge(reference: RunRecord, runs: Sequence[RunRecord], contract: Contract,
     for step in STEPS:
         if step(judging):
             break
+    findings, lost = judging.verdict.findings, _lost_node(runs)
+    if findings and lost:  # the headline names the node whose loss the failure follows
+        findings[0] = replace(findings[0], headline=findings[0].headline + lost)
     return judging.verdict
+
+
+#: Appended to the headline of a cell whose run lost a simulated node (``:node1``).
+MSG_NODE_LOST = "; node {node} was lost at step {step} and torchrun went on with {world} rank{s}"
+
+
+def _lost_node(runs: Sequence[RunRecord]) -> str:
+    """:data:`MSG_NODE_LOST` for the first run that lost a node (the world of the restart after it), or ''."""
+    for before, after in zip(runs, runs[1:]):
+        kill = before.plan.kill
+        if kill is not None and kill.node is not None and before.outcome == Outcome.KILLED:
+            world = after.plan.world_size
+            return MSG_NODE_LOST.format(node=kill.node, step=kill.kill_step, world=world, s="" if world == 1 else "s")
+    return ""
 
 
 @dataclass

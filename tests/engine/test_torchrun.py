@@ -174,6 +174,7 @@ def test_a_sampler_that_keeps_the_old_world_size_after_a_node_is_lost_fails(engi
     result = run(engine, target, "ckpt6:node1")
     assert result.verdict.categories == ["LOST"]
     assert result.verdict.headline.startswith("LOST 6 inputs on rank 1 after resume from step_6")
+    assert result.verdict.headline.endswith("; node 1 was lost at step 6 and torchrun went on with 1 rank")
     assert "node 1 killed whole (its torchrun agent and workers)" in rp.failure_text(result)
     assert run(engine, target, "ckpt4").verdict.findings == []  # while both nodes live, nothing shows
 
@@ -181,7 +182,7 @@ def test_a_sampler_that_keeps_the_old_world_size_after_a_node_is_lost_fails(engi
 def test_a_sampler_that_reads_local_rank_fails_on_two_nodes_and_only_there(engine):
     result = run(engine, on_two_nodes(planted.ddp_local_rank, "ddp_local_rank"), "ckpt6:node1")
     assert set(result.verdict.categories) == {"LOST", "DUPLICATED"}
-    assert "on rank 1" in result.verdict.headline
+    assert "on rank 1" in result.verdict.headline and "node 1 was lost at step 6" in result.verdict.headline
     # One node (the harness's launcher, or torchrun's): LOCAL_RANK is RANK, and the same loop passes.
     one_node = ddp_loop.with_options(name="ddp_local_rank_one_node", fn=planted.ddp_local_rank)
     assert run(engine, one_node, "ckpt6:ws1").verdict.findings == []
