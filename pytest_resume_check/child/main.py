@@ -282,10 +282,19 @@ _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 NODES_RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
 
 
+def node_address(node: int) -> str:
+    """The loopback address simulated node ``node`` gives torchrun as its own (``--local-addr``): torchrun
+    numbers the nodes of a rendezvous in the order of their addresses (then of their agents' pids, which
+    the kernel may reuse out of order), so node N is always group rank N, and node 0, whose agent is the
+    run's process and hosts the rendezvous store, is never the node a cell loses."""
+    return f"127.0.0.{node + 1}"
+
+
 def torchrun_argv(plan: RunPlan, log_dir: str, node: int = 0) -> list[str]:
     """torchrun's command line for node ``node`` of a run of ``plan``: ``--nnodes`` as declared (one node by
     default), ``--nproc-per-node`` the ranks of a node, c10d rendezvous on loopback at the run's port (its
-    token as the rendezvous id; node 0 hosts its store), the declared ``--max-restarts``, workers forked from
+    token as the rendezvous id; node 0 hosts its store), the node's own address (:func:`node_address`), the
+    declared ``--max-restarts``, workers forked from
     the agent (``--start-method=fork --run-path``, so they start from the preloaded server's imports in
     milliseconds instead of a fresh interpreter's seconds), torchrun's own files under ``log_dir`` (in the
     cell's folder; by default it makes a folder in /tmp per run)."""
@@ -294,7 +303,8 @@ def torchrun_argv(plan: RunPlan, log_dir: str, node: int = 0) -> list[str]:
     return [f"--nnodes={least}:{most}" if least != most else f"--nnodes={most}",
             f"--nproc-per-node={plan.nproc_per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={LOOPBACK}:{plan.master_port}", f"--rdzv-id={plan.token or 'resume-check'}",
-            f"--rdzv-conf={conf}", f"--max-restarts={plan.max_restarts}", "--monitor-interval=0.1",
+            f"--rdzv-conf={conf}", f"--local-addr={node_address(node)}", f"--max-restarts={plan.max_restarts}",
+            "--monitor-interval=0.1",
             "--start-method=fork", f"--log-dir={log_dir}", "--run-path", TORCHRUN_WORKER]
 
 

@@ -162,8 +162,10 @@ def test_two_nodes_that_lose_one_go_on_with_the_other_and_pass(engine, kill):
     assert restart.plan.restart == 1 and restart.resumed_step == first.published[-1][0]
     signalled = first.signalled.extra
     assert signalled["node"] == 1 and len(signalled["pids"]) == 2  # node 1's agent and its worker
-    agents = {e.extra["agent"] for e in first.events if e.kind == "ranks" and e.rank is None}
-    assert set(signalled["pids"]) & agents  # the node's agent went with it
+    agents = {e.extra["node"]: e.extra["agent"] for e in first.events if e.kind == "ranks" and e.rank is None}
+    workers = {e.rank: (e.extra["node"], e.extra["agent"]) for e in first.events if e.kind == "ranks" and e.rank}
+    assert workers == {1: (1, agents[1])}  # node 1 is group rank 1 (by its address), its agent the forked one
+    assert agents[1] in signalled["pids"] and first.pid not in signalled["pids"]  # the node's agent went with it
     for rec in result.runs:
         assert rec.leftovers == 0
         assert not listening(rec.plan.master_port)
