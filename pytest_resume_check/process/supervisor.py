@@ -164,21 +164,16 @@ def _on_kill_ready(watch: _Watch, event: ev.Event) -> bool:
     kill = record.plan.kill
     if kill is not None and event.extra.get("signal") == SIGNAL_TERM:
         _preempt(child, record, kill.grace)
-    elif kill is not None and kill.node is not None:
-        # A simulated node lost: its agent and its workers; the other nodes' agents go on without it.
+    elif kill is not None and (kill.node is not None or kill.rank is not None and record.plan.restarts_in_job):
+        # torchrun restarts the workers within the run (without a lost node's): what they do next is the
+        # resume (issue 31), and the run's last word decides its outcome.
         record.outcome = Outcome.CRASHED
-        pids = _node_pids(record, int(event.extra["pid"]))
+        pid = int(event.extra["pid"])
+        pids = _node_pids(record, pid) if kill.node is not None else [pid]
         _signal(pids, signal.SIGKILL)
+        who = {"node": kill.node, "pids": pids} if kill.node is not None else {"rank": kill.rank, "pid": pid}
         record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL",
-                                      extra={"signal": "kill", "node": kill.node, "pids": pids, "restart": True}))
-        return False
-    elif kill is not None and kill.rank is not None and record.plan.restarts_in_job:
-        # torchrun restarts the workers within the run: what they do next is the resume (issue 31).
-        record.outcome = Outcome.CRASHED
-        _signal([int(event.extra["pid"])], signal.SIGKILL)
-        record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL",
-                                      extra={"signal": "kill", "rank": kill.rank, "pid": int(event.extra["pid"]),
-                                             "restart": True}))
+                                      extra={"signal": "kill", **who, "restart": True}))
         return False
     elif kill is not None and kill.rank is not None and record.plan.world_size > 1:
         _kill_one_rank(child, record, kill.rank, int(event.extra["pid"]))
