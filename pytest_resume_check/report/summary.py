@@ -127,12 +127,17 @@ def _place(rows: _Rows, label: str, columns: Sequence[str], cell: dict[str, Any]
     return choice
 
 
+#: The grid's legend for the rows of torchrun's kinds, each where a cell of it is (kind word, text).
+TORCHRUN_ROWS = ((kill_ids.NODE, ", nodeN: node N lost"), (kill_ids.AGENT, ", agent: torchrun's agent alone killed"))
+
+
 def _kill_grid(target: str, cells: Sequence[dict[str, Any]], width: int) -> list[str]:
     """Cases, resume modes and distributed kinds x kill points."""
-    kinds = any(kind_of(c) for c in cells)
+    kinds = " ".join(kind_of(c) for c in cells)
+    torchrun = "".join(text for word, text in TORCHRUN_ROWS if word in kinds)
     lines = [f"{target}: {len(cells)} cells, columns are kill points (ckpt N[+unsaved steps])"
              + ("; rows rankR: that rank alone killed, termG: SIGTERM with G s grace, wsW: resumed on W ranks"
-                if kinds else "")]
+                + torchrun if kinds.strip() else "")]
     rows: _Rows = {_row(c): {} for c in sorted(cells, key=lambda c: bool(kind_of(c)))}
     # Two cells of one row share a short label when only their kinds' order tells them apart
     # (ckpt1:rank1_ckpt5 and ckpt1_ckpt5:rank1): the second keeps its whole kill id as its column.

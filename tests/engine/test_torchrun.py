@@ -211,3 +211,16 @@ def test_bad_node_options_name_the_fix(options, message):
 
     with pytest.raises(TargetError, match=message):
         resume_target(planted.ddp_one_rank, name="bad", steps=4, world_size=2, **options)
+
+
+def test_the_grid_names_torchruns_rows_where_they_are():
+    from pytest_resume_check.report import summary
+
+    def cell(kill_id):
+        kills = kill_ids.parse_kill_id(kill_id)
+        return {"target": "t", "case_id": "c", "resume_mode": "auto", "kill": kill_id, "passed": True,
+                "kills": [k.to_json() for k in kills], "categories": [], "xfail_reason": None}
+
+    head = summary.grid([cell("ckpt2"), cell("ckpt6:agent"), cell("ckpt6:node1")])[0]
+    assert head.endswith("wsW: resumed on W ranks, nodeN: node N lost, agent: torchrun's agent alone killed")
+    assert "agent" not in summary.grid([cell("ckpt2"), cell("ckpt6:rank1")])[0]
