@@ -323,27 +323,27 @@ def _launch_torchrun(plan: RunPlan, conn: Any, control: Any) -> None:
     # as the timing falls; pytorch/pytorch#135712). A store per rendezvous round, as torch advises, unless
     # the target's environment chose otherwise.
     os.environ.setdefault(TORCHRUN_STORE_SHARING, "1")
+    sink = ConnectionSink(conn, None, plan.log_path)  # a forked agent gets a writer of its own (at fork)
     agents = []
     for node in range(1, plan.nnodes[1]):
         pid = os.fork()
         if pid == 0:
-            _exit(_run_agent(plan, conn, node))
+            _exit(_run_agent(plan, sink, node))
         agents.append(pid)
-    code = _run_agent(plan, conn, 0)
+    code = _run_agent(plan, sink, 0)
     for pid in agents:  # a node the harness killed is reaped at once
         os.waitpid(pid, 0)
     if code == 0:
-        ConnectionSink(conn, None, plan.log_path).send(ev.Event(ev.DONE))
+        sink.send(ev.Event(ev.DONE))
     _exit(code)
 
 
-def _run_agent(plan: RunPlan, conn: Any, node: int) -> int:
+def _run_agent(plan: RunPlan, sink: ConnectionSink, node: int) -> int:
     """torchrun's agent of one node, in this process; its exit code. The agents besides node 0's report their
     pid (the harness kills a node whole, and preempts every agent)."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    sink = ConnectionSink(conn, None, plan.log_path)
     if node:
         sink.send(ev.Event(ev.RANKS, extra={"agent": os.getpid(), "node": node}))
     where = f"{os.path.basename(plan.log_path)}.torchrun" + (f"-node{node}" if node else "")
