@@ -429,8 +429,6 @@ ERR_LAUNCHER = ("target {name!r}: launcher={value!r} is not one of " + ", ".join
                 + " (the harness forks the ranks itself; torchrun runs torch's elastic agent, which starts them)")
 ERR_MAX_RESTARTS = ("target {name!r}: max_restarts={value!r} must be a whole number from 0 to {most} (how many times "
                     "torchrun restarts the workers within a run), and needs launcher='torchrun'")
-ERR_TORCHRUN_COMMAND = ("target {name!r}: launcher='torchrun' is not supported on a command target yet; declare a "
-                        "Python target (the function each worker runs) with launcher='torchrun'")
 #: More restarts than this would only make a broken job take longer to fail.
 MAX_RESTARTS = 10
 
@@ -528,8 +526,6 @@ def command_target(
     spec = command_spec(name, argv, cwd, env, cases, declared_in, checkpoints, outputs, fresh_interpreter)
     if options.get("preemption"):
         raise TargetError(ERR_PREEMPT_COMMAND.format(name=name))
-    if options.get("launcher") == LAUNCHER_TORCHRUN:
-        raise TargetError(ERR_TORCHRUN_COMMAND.format(name=name))
     if spec.checkpoints is not None:
         if options.get("world_size", 1) != 1 or options.get("elastic"):
             raise TargetError(ERR_ZERO_CHANGE_RANKS.format(name=name))

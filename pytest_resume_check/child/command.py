@@ -22,6 +22,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ from pytest_resume_check.client import CONTEXT_ENV, FD_ENV, PROTOCOL_VERSION
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.errors import TargetError
 from pytest_resume_check.records.names import case_id
-from pytest_resume_check.records.plan import CommandSpec
+from pytest_resume_check.records.plan import LAUNCHER_TORCHRUN, CommandSpec
 from pytest_resume_check.records.state import combine
 from pytest_resume_check.run import Converged, RunContext
 
@@ -162,15 +164,62 @@ def _run_process(run: RunContext, spec: CommandSpec, argv: list[str], context: d
         raise CommandFailed(f"the command {argv} could not start: {exc}") from exc
     finally:
         theirs.close()
+    previous = _forward_term(run, proc)
     try:
         calls = _serve(run, ours, proc)
         code = proc.wait()
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if proc.poll() is None:  # the run stopped early (converged, step limit, an error): end the program too
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         ours.close()
     return code, calls
+
+
+#: Seconds a program gets to end after the SIGTERM its torchrun worker passed on, before it is killed with
+#: the worker. Bounds only how long a stopped group of an in-job restart takes to go (torchrun's own wait
+#: for stopped workers is 30 s); a program without a handler ends at once.
+TERM_GRACE = 5.0
+
+
+def _forward_term(run: RunContext, proc: subprocess.Popen[bytes]) -> Any:
+    """Under torchrun the program stands for the worker torchrun started (issue 31): it is reported with its
+    worker, so a lost node's programs die with it, and the SIGTERM torchrun's agent sends the worker when it
+    stops the group (an in-job restart) is passed on to the program, which gets :data:`TERM_GRACE` seconds
+    to end; then the worker ends by that signal, as the program would have. Else a stopped worker's program
+    would go on beside the restart's workers, writing into the same checkpoint folder. Returns the handler
+    it replaced (None when it installed none: another launcher, or not the main thread)."""
+    if run.plan.launcher != LAUNCHER_TORCHRUN or threading.current_thread() is not threading.main_thread():
+        return None
+    run._send(ev.Event(ev.RANKS, extra={"program": proc.pid, "worker": os.getpid()}))
+
+    def forward(signum: int, frame: Any) -> None:
+        _signal_quietly(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + TERM_GRACE
+        while time.monotonic() < deadline and _running(proc.pid):
+            time.sleep(0.01)
+        _signal_quietly(proc.pid, signal.SIGKILL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    return signal.signal(signal.SIGTERM, forward)
+
+
+def _signal_quietly(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _running(pid: int) -> bool:
+    """Whether child ``pid`` has not ended (reaped here: this process ends right after)."""
+    try:
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:
+        return False
 
 
 #: How a Python program is named after ``{python}``: a script's path, or ``-m`` and a module.
@@ -279,7 +328,6 @@ def _run_in_process(run: RunContext, spec: CommandSpec, program: tuple[str, str]
     code and how many calls it made."""
     import atexit
     import runpy
-    import threading
     import traceback
 
     from pytest_resume_check.child import watch

@@ -169,7 +169,7 @@ def _on_kill_ready(watch: _Watch, event: ev.Event) -> bool:
         # resume (issue 31), and the run's last word decides its outcome.
         record.outcome = Outcome.CRASHED
         pid = int(event.extra["pid"])
-        pids = _node_pids(record, pid) if kill.node is not None else [pid]
+        pids = _with_programs(record, _node_pids(record, pid) if kill.node is not None else [pid])
         _signal(pids, signal.SIGKILL)
         who = {"node": kill.node, "pids": pids} if kill.node is not None else {"rank": kill.rank, "pid": pid}
         record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL",
@@ -247,6 +247,14 @@ def _node_pids(record: RunRecord, worker: int) -> list[int]:
     if agent is None:
         return [worker]
     return [agent, *(pid for pid, parent in parents.items() if parent == agent)]
+
+
+def _with_programs(record: RunRecord, pids: list[int]) -> list[int]:
+    """``pids`` and the programs of those that are workers of a torchrun command target, which stand for
+    them: a killed worker's program dies with it, as the worker would have."""
+    programs = [int(e.extra["program"]) for e in record.events
+                if e.kind == ev.RANKS and "program" in e.extra and int(e.extra["worker"]) in pids]
+    return [*pids, *programs]
 
 
 #: Seconds a hung run's processes get, in all, to write their stacks into its log before they are killed.

@@ -9,6 +9,7 @@ Real processes, real torchrun, real gloo on loopback, real SIGKILL and SIGTERM.
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -123,18 +124,12 @@ def test_a_job_that_uses_up_its_restarts_is_reported_with_the_count(engine):
     ({"max_restarts": 1}, "max_restarts=1 must be a whole number from 0 to 10 .*and needs launcher='torchrun'"),
     ({"launcher": "torchrun", "max_restarts": -1}, "max_restarts=-1 must be a whole number from 0 to 10"),
     ({"launcher": "torchrun", "max_restarts": True}, "max_restarts=True must be a whole number"),
-    ({"launcher": "torchrun", "command": ["{python}", "train.py"]},
-     "launcher='torchrun' is not supported on a command target yet"),
 ])
 def test_bad_launcher_options_name_the_fix(options, message):
     from pytest_resume_check.targets import TargetError
 
     with pytest.raises(TargetError, match=message):
-        command = options.pop("command", None)
-        if command:
-            resume_target.command(command, name="bad", steps=4, world_size=2, **options)
-        else:
-            resume_target(planted.ddp_one_rank, name="bad", steps=4, world_size=2, **options)
+        resume_target(planted.ddp_one_rank, name="bad", steps=4, world_size=2, **options)
 
 
 def test_the_bundled_torchrun_target_has_restart_and_preemption_cells():
@@ -224,3 +219,51 @@ def test_the_grid_names_torchruns_rows_where_they_are():
     head = summary.grid([cell("ckpt2"), cell("ckpt6:agent"), cell("ckpt6:node1")])[0]
     assert head.endswith("wsW: resumed on W ranks, nodeN: node N lost, agent: torchrun's agent alone killed")
     assert "agent" not in summary.grid([cell("ckpt2"), cell("ckpt6:rank1")])[0]
+
+
+# -- a program under torchrun ----------------------------------------------------------------------------
+
+RANK_PROGRAM = Path(__file__).resolve().parents[1] / "support" / "rank_program.py"
+
+
+def program(*flags, fresh=False, nnodes=1):
+    """The stdlib rank program as a command target launched by torchrun: each worker starts the program (in
+    its own process, forked from the preloaded server, or a fresh interpreter)."""
+    name = "rank_program" + "_".join(f.strip("-") for f in flags) + ("_fresh" if fresh else "") + f"_{nnodes}"
+    return resume_target.command(["{python}", str(RANK_PROGRAM), "{checkpoint_dir}", *flags],
+                                 name=name.replace("-", "_").replace(", ", "_").replace("(", "").replace(")", ""),
+                                 steps=8, world_size=2, launcher="torchrun", max_restarts=1, nnodes=nnodes,
+                                 fresh_interpreter=fresh)
+
+
+@pytest.mark.parametrize("fresh, kill", [(False, "ckpt3+1"), (False, "ckpt4:agent"), (False, "ckpt4:rank1"),
+                                         (True, "ckpt4:rank1")])
+def test_a_program_under_torchrun_passes_each_kind_of_kill(engine, fresh, kill):
+    result = run(engine, program(fresh=fresh), kill)
+    assert result.verdict.findings == []
+    assert {e.rank for r in result.runs for e in r.events if e.kind == "consumed"} == {0, 1}
+    if kill.endswith(":rank1"):  # torchrun restarted both workers, and both programs reloaded step 4
+        assert [r.plan.restart for r in result.runs] == [0, 1]
+        assert rp.cell_json(result)["runs"][1]["resumed_by_rank"] == {"0": 4, "1": 4}
+    assert all(r.leftovers == 0 for r in result.runs)
+
+
+def test_the_sigterm_torchrun_sends_a_stopped_worker_reaches_its_program(engine):
+    """When rank 1 is killed, torchrun's agent stops rank 0 with SIGTERM before the restart. The program (a
+    fresh interpreter, a child of the worker) is what torchrun would have started: it gets the signal, and
+    does not go on beside the restart's workers."""
+    result = run(engine, program("--term-note", fresh=True), "ckpt4:rank1")
+    assert result.verdict.findings == []
+    notes = (Path(result.runs[0].plan.checkpoint_dir) / "term.txt").read_text().split()
+    assert notes == ["rank", "0"]
+
+
+def test_a_lost_node_takes_its_programs_with_it_and_the_job_goes_on(engine):
+    result = run(engine, program(fresh=True, nnodes=(1, 2)), "ckpt4:node1")
+    assert result.verdict.findings == []
+    first, restart = result.runs
+    assert (first.plan.world_size, restart.plan.world_size) == (2, 1)
+    node1 = {e.extra["pid"] for e in first.events if e.kind == "ranks" and e.rank == 1 and "pid" in e.extra}
+    programs = {e.extra["program"] for e in first.events if e.kind == "ranks" and e.extra.get("worker") in node1}
+    assert len(programs) == 1 and programs <= set(first.signalled.extra["pids"])
+    assert all(r.leftovers == 0 for r in result.runs)
