@@ -455,8 +455,9 @@ def test_quickstart_figures_come_from_the_command_it_shows(tmp_path):
 
 @needs_verl
 def test_quickstart_counts_the_cells_of_the_main_job(tmp_path):
-    """"684 cells, 38 of them expected failures": the matrix of this repository's targets, built as the
-    plugin builds it (crash cells from each target's recorded save), without running a cell."""
+    """"719 cells, 48 of them expected failures with seed 1234": the matrix of this repository's targets, built
+    as the plugin builds it with that seed (crash cells from each target's recorded save), without running a
+    cell."""
     from conftest import RESUME_TARGETS
 
     from pytest_resume_check.cells import matrix
@@ -473,7 +474,7 @@ def test_quickstart_counts_the_cells_of_the_main_job(tmp_path):
         engine.close()
     text = (DOCS / "quickstart.md").read_text()
     expected = sum(1 for c in cells if c.xfail_reason)
-    assert f"{len(cells)} cells,\n{expected} of them expected failures" in text, (len(cells), expected)
+    assert f"{len(cells)} cells,\n{expected} of them expected failures with seed 1234" in text, (len(cells), expected)
 
 
 def test_every_test_the_guarantees_name_exists():
