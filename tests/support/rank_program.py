@@ -63,7 +63,9 @@ class Barrier:
     def __init__(self, out: Path, rank: int, world: int, watch_peers: bool):
         self.round = f"{os.environ.get('MASTER_PORT')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}"
         self.out, self.rank, self.world, self.watch_peers = out, rank, world, watch_peers
-        (out / f"pid.{self.round}.{rank}").write_text(str(os.getpid()))
+        tmp = out / f"pid.{self.round}.{rank}.tmp"  # whole or absent: a peer reads it while this rank starts
+        tmp.write_text(str(os.getpid()))
+        os.replace(tmp, out / f"pid.{self.round}.{rank}")
 
     def wait(self, name: str) -> None:
         (self.out / f"at.{self.round}.{name}.{self.rank}").touch()
