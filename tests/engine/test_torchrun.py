@@ -229,9 +229,10 @@ RANK_PROGRAM = Path(__file__).resolve().parents[1] / "support" / "rank_program.p
 def program(*flags, fresh=False, nnodes=1):
     """The stdlib rank program as a command target launched by torchrun: each worker starts the program (in
     its own process, forked from the preloaded server, or a fresh interpreter)."""
-    name = "rank_program" + "_".join(f.strip("-") for f in flags) + ("_fresh" if fresh else "") + f"_{nnodes}"
-    return resume_target.command(["{python}", str(RANK_PROGRAM), "{checkpoint_dir}", *flags],
-                                 name=name.replace("-", "_").replace(", ", "_").replace("(", "").replace(")", ""),
+    nodes = "_".join(map(str, nnodes)) if isinstance(nnodes, tuple) else str(nnodes)
+    name = "_".join(filter(None, ["rank_program", *(f.strip("-").replace("-", "_") for f in flags),
+                                  "fresh" * fresh, nodes]))
+    return resume_target.command(["{python}", str(RANK_PROGRAM), "{checkpoint_dir}", *flags], name=name,
                                  steps=8, world_size=2, launcher="torchrun", max_restarts=1, nnodes=nnodes,
                                  fresh_interpreter=fresh)
 

@@ -56,12 +56,14 @@ def main(out: Path, flags: list[str]) -> None:
 
 
 class Barrier:
-    """The ranks of one round (one run, or one restart of torchrun's: ``MASTER_PORT`` and the restart count
-    name it) meet by files in the checkpoint folder; each rank's pid is in a file of its own. Unless
-    ``watch_peers`` is off, a rank whose peer's process is gone leaves with an error."""
+    """The ranks of one round (one run, or one restart of torchrun's: the harness's token of the run and the
+    restart count name it; a killed run and its resume share the folder) meet by files in the checkpoint
+    folder; each rank's pid is in a file of its own. Unless ``watch_peers`` is off, a rank whose peer's
+    process is gone leaves with an error."""
 
     def __init__(self, out: Path, rank: int, world: int, watch_peers: bool):
-        self.round = f"{os.environ.get('MASTER_PORT')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}"
+        run = os.environ.get("PYTEST_RESUME_CHECK_RUN") or os.environ.get("MASTER_PORT")
+        self.round = f"{run}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}"
         self.out, self.rank, self.world, self.watch_peers = out, rank, world, watch_peers
         tmp = out / f"pid.{self.round}.{rank}.tmp"  # whole or absent: a peer reads it while this rank starts
         tmp.write_text(str(os.getpid()))
