@@ -164,13 +164,14 @@ def _run_process(run: RunContext, spec: CommandSpec, argv: list[str], context: d
         raise CommandFailed(f"the command {argv} could not start: {exc}") from exc
     finally:
         theirs.close()
-    previous = _forward_term(run, proc)
+    previous = signal.getsignal(signal.SIGTERM)
+    forwarding = _forward_term(run, proc)
     try:
         calls = _serve(run, ours, proc)
         code = proc.wait()
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        if forwarding:  # None: a handler not set from Python, which the default stands for
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
         if proc.poll() is None:  # the run stopped early (converged, step limit, an error): end the program too
             proc.send_signal(signal.SIGKILL)
             proc.wait()
@@ -184,15 +185,15 @@ def _run_process(run: RunContext, spec: CommandSpec, argv: list[str], context: d
 TERM_GRACE = 5.0
 
 
-def _forward_term(run: RunContext, proc: subprocess.Popen[bytes]) -> Any:
+def _forward_term(run: RunContext, proc: subprocess.Popen[bytes]) -> bool:
     """Under torchrun the program stands for the worker torchrun started (issue 31): it is reported with its
     worker, so a lost node's programs die with it, and the SIGTERM torchrun's agent sends the worker when it
     stops the group (an in-job restart) is passed on to the program, which gets :data:`TERM_GRACE` seconds
     to end; then the worker ends by that signal, as the program would have. Else a stopped worker's program
-    would go on beside the restart's workers, writing into the same checkpoint folder. Returns the handler
-    it replaced (None when it installed none: another launcher, or not the main thread)."""
+    would go on beside the restart's workers, writing into the same checkpoint folder. Whether it installed
+    the handler (not under another launcher, nor off the main thread)."""
     if run.plan.launcher != LAUNCHER_TORCHRUN or threading.current_thread() is not threading.main_thread():
-        return None
+        return False
     run._send(ev.Event(ev.RANKS, extra={"program": proc.pid, "worker": os.getpid()}))
 
     def forward(signum: int, frame: Any) -> None:
@@ -204,7 +205,8 @@ def _forward_term(run: RunContext, proc: subprocess.Popen[bytes]) -> Any:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    return signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGTERM, forward)
+    return True
 
 
 def _signal_quietly(pid: int, signum: int) -> None:
