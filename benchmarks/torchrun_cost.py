@@ -15,7 +15,9 @@ rotated), all forked from the one preloaded server:
   resumes from step 6 to the end).
 - ``torchrun, 2 nodes``: two simulated nodes of one worker each (two agents, ``--nnodes=1:2``);
 - ``2 nodes, 1 lost``: the same, node 1 killed whole right after the checkpoint of step 6, node 0's agent
-  restarting its worker alone (the whole job, at world size 1 after the loss).
+  restarting its worker alone (the whole job, at world size 1 after the loss);
+- ``2 nodes, lost, back``: the same loss, and node 1 back once the job without it published checkpoint 8
+  (its next agent joins, torchrun stops the worker and starts both again: the whole job of three attempts).
 
 ``first step`` is the time from starting the run to its first ``step_end`` (rendezvous and DDP
 construction included), ``whole run`` the uninterrupted 12-step run with one checkpoint (or the whole job
@@ -45,7 +47,8 @@ def main() -> None:
     two_nodes = ddp_torchrun.with_options(name="ddp_two_nodes", nnodes=(1, 2), elastic=())
     variants = {"harness launcher": (ddp_loop, None), "torchrun": (ddp_torchrun, None),
                 "torchrun, 1 restart": (ddp_torchrun, KillSpec(6, rank=1)),
-                "torchrun, 2 nodes": (two_nodes, None), "2 nodes, 1 lost": (two_nodes, KillSpec(6, node=1))}
+                "torchrun, 2 nodes": (two_nodes, None), "2 nodes, 1 lost": (two_nodes, KillSpec(6, node=1)),
+                "2 nodes, lost, back": (two_nodes, KillSpec(6, node=1, rejoin=8))}
     root = Path(tempfile.mkdtemp(prefix="torchrun-cost-"))
     runner = Runner(seed=1, hang_timeout=120)
     figures: dict[str, dict[str, list[float]]] = {name: {"first step": [], "whole run": []} for name in variants}

@@ -205,6 +205,8 @@ class RunContext:
             self._recorder.finish(int(step))
         self._sink.send(ev.Event(ev.CHECKPOINT, step=int(step), path=str(path) if path else None))
         if int(step) in self.plan.pause_steps and self._control is not None:
+            if self.plan.restart:  # only a torchrun restart that waits for a lost node to rejoin pauses
+                self._await_rejoin_stop(int(step))
             self._sink.send(ev.Event(ev.PAUSED, step=int(step)))
             self._control.recv_bytes()  # the supervisor copied what is on disk; go on
         kill = self.plan.kill
@@ -349,6 +351,19 @@ class RunContext:
         self._sink.send(ev.Event(ev.KILL_READY, text=why, extra=extra))
         while True:  # the supervisor's SIGKILL ends this process
             time.sleep(60)
+
+    def _await_rejoin_stop(self, step: int) -> None:
+        """Rank 0 of a torchrun job that went on without a lost node, at the checkpoint where the cell brings
+        the node back: the supervisor wakes the node's agent, and torchrun's agents stop their workers for
+        the new member with SIGTERM, which ends this worker here, right after the checkpoint, whatever the
+        trainer does on SIGTERM (what the ``:term`` cells check) and whatever the timing. Never returns."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # Elsewhere than in the main thread the trainer's handler stays: a handler that does not end the worker
+        # leaves it to torchrun's SIGKILL, 30 s later.
+        self._sink.send(ev.Event(ev.PAUSED, step=step))
+        while True:
+            self._control.recv_bytes()  # never answered
 
     def _await_forwarded_term(self, ready: ev.Event) -> None:
         """Preemption under torchrun: the supervisor signals the agent, which forwards SIGTERM to its workers

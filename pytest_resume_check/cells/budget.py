@@ -81,6 +81,8 @@ def features(cell: Cell) -> set[tuple[Any, ...]]:
             found.add(("elastic", *key, kill.resume_world_size))
         if kill.node is not None:
             found.add(("node", *key))
+        if kill.rejoin is not None:
+            found.add(("rejoin", *key))
         if kill.agent:
             found.add(("agent", *key))
     if len(cell.kills) > 1:

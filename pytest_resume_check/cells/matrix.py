@@ -136,7 +136,9 @@ def distributed_points(steps: int, boundaries: Sequence[int], mode: str, world_s
     first, the middle, each boundary; every step in ``full``); a resume at each other world size from a
     checkpoint at each boundary and the middle of each epoch (where a world size divides the data of a
     typical target), and one unsaved step after the first middle; the same points for ``lost_node``, a
-    simulated node of a torchrun target killed whole, the job going on without it; with ``agent``,
+    simulated node of a torchrun target killed whole (the last), the job going on without it, and that node
+    lost at the first of them (each, in ``full``) and rejoining as many steps later as there are nodes; with
+    ``agent``,
     torchrun's agent alone killed right after the middle checkpoint and one unsaved step later.
     """
     edges = sorted({b for b in boundaries if 1 <= b <= steps})
@@ -162,6 +164,11 @@ def distributed_points(steps: int, boundaries: Sequence[int], mode: str, world_s
         at = sorted({*middles, *(b for b in edges if b < steps)})
         points += [(RESUME_AUTO, (KillSpec(k, 0, node=lost_node),)) for k in at]
         points += [(RESUME_AUTO, (KillSpec(middles[0], 1, node=lost_node),))] if middles[0] < steps else []
+        # The last of N nodes lost and back after N steps without it: the inputs taken meanwhile, N - 1 nodes' N
+        # steps, divide among the N nodes again (a typical target resumes only at a position its world divides).
+        nodes = lost_node + 1
+        for k in at if mode == FULL else at[:1]:
+            points += [(RESUME_AUTO, (KillSpec(k, 0, node=lost_node, rejoin=k + nodes),))] if k + nodes < steps else []
     if agent:
         points += [(RESUME_AUTO, (KillSpec(middle, 0, agent=True),))] if middle < steps else []
         points += [(RESUME_AUTO, (KillSpec(middle, 1, agent=True),))] if middle + 1 <= steps else []

@@ -24,7 +24,7 @@ import traceback
 from typing import Any
 
 from pytest_resume_check.records import events as ev
-from pytest_resume_check.records.names import RUN_TOKEN_ENV
+from pytest_resume_check.records.names import ATTEMPT_ENV, RUN_TOKEN_ENV
 from pytest_resume_check.records.plan import LAUNCHER_HARNESS, LAUNCHER_TORCHRUN, RunPlan
 from pytest_resume_check.run import Converged, RunContext
 from pytest_resume_check.targets import load_target_fn
@@ -313,9 +313,10 @@ def _launch_torchrun(plan: RunPlan, conn: Any, control: Any) -> None:
     node: torchrun's own entry point (``torch.distributed.run.main``) with :func:`torchrun_argv`; each
     agent rendezvouses, starts its workers, watches them, restarts all of them when one fails while
     ``--max-restarts`` allows (at a smaller world size once a node is gone), forwards SIGTERM to them and
-    tears them down. Node 0 reports ``done`` when the job succeeded and the other agents ended; when torchrun
-    gave up (a worker failed with no restart left), an error saying so. Everything stays in this process
-    group."""
+    tears them down. A cell whose lost node rejoins also forks that node's next agent now, waiting
+    (:func:`_reserve_agent`). Node 0 reports ``done`` when the job succeeded and the other agents ended; when
+    torchrun gave up (a worker failed with no restart left), an error saying so. Everything stays in this
+    process group."""
     global _torchrun_job
     _torchrun_job = (plan, conn, control)
     # torchrun's agent shares its rendezvous store with the workers by default, and a restart's workers then
@@ -323,6 +324,7 @@ def _launch_torchrun(plan: RunPlan, conn: Any, control: Any) -> None:
     # as the timing falls; pytorch/pytorch#135712). A store per rendezvous round, as torch advises, unless
     # the target's environment chose otherwise.
     os.environ.setdefault(TORCHRUN_STORE_SHARING, "1")
+    _note_rounds()
     sink = ConnectionSink(conn, None, plan.log_path)  # a forked agent gets a writer of its own (at fork)
     agents = []
     for node in range(1, plan.nnodes[1]):
@@ -330,12 +332,82 @@ def _launch_torchrun(plan: RunPlan, conn: Any, control: Any) -> None:
         if pid == 0:
             _exit(_run_agent(plan, sink, node))
         agents.append(pid)
+    reserve = None
+    if plan.kill is not None and plan.kill.node is not None and plan.kill.rejoin is not None:
+        woke_reader, woke_writer = os.pipe()
+        reserve = os.fork()
+        if reserve == 0:
+            os.close(woke_reader)
+            _exit(_reserve_agent(plan, sink, plan.kill.node, woke_writer))
+        os.close(woke_writer)
     code = _run_agent(plan, sink, 0)
     for pid in agents:  # a node the harness killed is reaped at once
         os.waitpid(pid, 0)
+    if reserve is not None:
+        # The reserve says when it wakes, before it joins: a job that ended without it never woke it.
+        os.set_blocking(woke_reader, False)
+        try:
+            woke = bool(os.read(woke_reader, 1))
+        except BlockingIOError:
+            woke = False
+        if not woke:
+            os.kill(reserve, signal.SIGKILL)
+        os.waitpid(reserve, 0)
     if code == 0:
         sink.send(ev.Event(ev.DONE))
     _exit(code)
+
+
+#: The signal the supervisor wakes a lost node's next agent with (:func:`_reserve_agent`): nothing else
+#: sends it to a run, and it is blocked in that agent until then.
+REJOIN_SIGNAL = signal.SIGUSR2
+
+
+def _reserve_agent(plan: RunPlan, sink: ConnectionSink, node: int, woke: int) -> int:
+    """The agent node ``node`` starts with when it rejoins, forked with the run and waiting for
+    :data:`REJOIN_SIGNAL` (a signal wait, not a stop: a snapshot's freeze and thaw of the run's processes
+    must not wake it). The supervisor sends it once the job that went on without the node has published the
+    checkpoint the cell names; it then tells node 0 it woke (through ``woke``) and joins the rendezvous as a
+    new member, and torchrun's agents stop their workers and start the job again on every node."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {REJOIN_SIGNAL})
+    sink.send(ev.Event(ev.RANKS, extra={"agent": os.getpid(), "node": node, "reserve": True}))
+    signal.sigwait({REJOIN_SIGNAL})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {REJOIN_SIGNAL})
+    os.write(woke, b"1")
+    os.close(woke)
+    return _run_agent(plan, sink, node)
+
+
+#: The rendezvous round this agent's workers were started in (torchrun numbers a job's rendezvous rounds;
+#: set in the agent by :func:`_note_rounds`, read in the workers it forks). None: not known.
+_joined_round: int | None = None
+
+
+def _note_rounds() -> None:
+    """Keep the round of each rendezvous this process's agents join (:data:`_joined_round`). A worker stamps
+    its events with it: torchrun's restart count grows only when a worker failed, not when a node joins
+    (its agent restarts the workers for the new member with the same count, and the new node's agent gives
+    its own 0), while every attempt of the job is a round of its rendezvous, the same number on every node.
+    Reads torch's rendezvous handler; where it has no rounds, the restart count stands."""
+    try:
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    except ImportError:
+        return
+    handler = dynamic_rendezvous.DynamicRendezvousHandler
+    joined = handler.next_rendezvous
+    if getattr(joined, "_resume_check_rounds", False):
+        return
+
+    def next_rendezvous(self: Any) -> Any:
+        global _joined_round
+        info = joined(self)
+        state = getattr(getattr(self, "_state_holder", None), "state", None)
+        number = getattr(state, "round", None)
+        _joined_round = number if isinstance(number, int) else None
+        return info
+
+    next_rendezvous._resume_check_rounds = True  # type: ignore[attr-defined]
+    handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
 
 
 def _run_agent(plan: RunPlan, sink: ConnectionSink, node: int) -> int:
@@ -368,8 +440,10 @@ def _run_agent(plan: RunPlan, sink: ConnectionSink, node: int) -> int:
 def torchrun_worker() -> None:
     """One worker of a torchrun job, forked from its agent: the run's plan with the world size torchrun gave
     it (after a restart, also a resume's: no kill, no pause, its state compared, ``restart`` set), a channel
-    stamped with its rank and attempt, its pid, agent and node reported, the target run; returns to torchrun
-    when it finished, exits with the code otherwise."""
+    stamped with its rank and attempt (the rendezvous round, :func:`_note_rounds`), its pid, agent and node
+    reported, the target run; returns to torchrun when it finished, exits with the code otherwise. In a cell
+    whose lost node rejoins, the job without it checkpoints at the step the cell names and rank 0 waits
+    there, as at a kill point, for the supervisor to bring the node back."""
     if _torchrun_job is None:
         raise RuntimeError("torchrun_worker.py runs only in a worker of a torchrun job the harness started")
     plan, conn, control = _torchrun_job
@@ -378,14 +452,20 @@ def torchrun_worker() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    attempt = _joined_round if _joined_round is not None else restart
+    os.environ[ATTEMPT_ENV] = str(attempt)  # a program run by the worker learns it too
+    # A restart without the lost node that the cell brings back: its checkpoint, where rank 0 waits.
+    kill = plan.kill
+    back = kill.rejoin if attempt and kill is not None and kill.node is not None and world < plan.world_size else None
+    held = frozenset() if back is None else frozenset({back})
     plan = dataclasses.replace(plan, world_size=world)
-    if restart:
-        plan = dataclasses.replace(plan, kill=None, pause_steps=frozenset(), checkpoint_steps=frozenset(),
-                                   report_state=True, faults=None, restart=restart)
-    sink = ConnectionSink(conn, rank, plan.log_path, attempt=restart or None)
+    if attempt:
+        plan = dataclasses.replace(plan, kill=None, pause_steps=held, checkpoint_steps=held,
+                                   report_state=True, faults=None, restart=attempt)
+    sink = ConnectionSink(conn, rank, plan.log_path, attempt=attempt or None)
     sink.send(ev.Event(ev.RANKS, extra={"pid": os.getpid(), "agent": os.getppid(), "world_size": world,
                                         "node": int(os.environ.get("GROUP_RANK") or 0)}))
-    code = _run_target(plan, sink, control if rank == 0 and not restart else None, rank)
+    code = _run_target(plan, sink, control if rank == 0 and (not attempt or held) else None, rank)
     if code:
         _exit(code)
 

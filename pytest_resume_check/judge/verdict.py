@@ -192,6 +192,8 @@ def judge(reference: RunRecord, runs: Sequence[RunRecord], contract: Contract,
 
 #: Appended to the headline of a cell whose run lost a simulated node (``:node1``).
 MSG_NODE_LOST = "; node {node} was lost at step {step} and torchrun went on with {world} rank{s}"
+#: Appended after it when the node came back (``:node1:rejoin8``).
+MSG_NODE_BACK = ", until it rejoined after checkpoint {step} ({world} ranks again)"
 
 
 def _lost_node(runs: Sequence[RunRecord]) -> str:
@@ -200,7 +202,10 @@ def _lost_node(runs: Sequence[RunRecord]) -> str:
         kill = before.plan.kill
         if kill is not None and kill.node is not None and before.outcome == Outcome.KILLED:
             world = after.plan.world_size
-            return MSG_NODE_LOST.format(node=kill.node, step=kill.kill_step, world=world, s="" if world == 1 else "s")
+            text = MSG_NODE_LOST.format(node=kill.node, step=kill.kill_step, world=world, s="" if world == 1 else "s")
+            if kill.rejoin is not None:
+                text += MSG_NODE_BACK.format(step=kill.rejoin, world=runs[-1].plan.world_size)
+            return text
     return ""
 
 

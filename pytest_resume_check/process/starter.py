@@ -378,7 +378,9 @@ def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER) -> Child:
     if isolation == ISOLATION_FORKSERVER:
         _ensure_server(ctx)
     reader, writer = ctx.Pipe(duplex=False)
-    wants_control = plan.pause_steps or (plan.kill is not None and plan.kill.signal == SIGNAL_TERM)
+    # Rank 0 waits on it at a snapshot's checkpoint, for SIGTERM's grace, and where a lost node rejoins.
+    wants_control = plan.pause_steps or (plan.kill is not None and (plan.kill.signal == SIGNAL_TERM
+                                                                    or plan.kill.rejoin is not None))
     control_reader, control_writer = ctx.Pipe(duplex=False) if wants_control else (None, None)
     process = ctx.Process(target=child_main, args=(plan, writer, control_reader),
                           name=f"resume-check:{plan.target_name}")

@@ -15,11 +15,11 @@ import select
 import signal
 import struct
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
-from pytest_resume_check.child.main import STACKS_SIGNAL
+from pytest_resume_check.child.main import REJOIN_SIGNAL, STACKS_SIGNAL
 from pytest_resume_check.process import starter
 from pytest_resume_check.process.sweep import PROC, group_not_stopped, sweep
 from pytest_resume_check.records import events as ev
@@ -144,6 +144,9 @@ def _on_paused(watch: _Watch, event: ev.Event) -> bool:
     a kill here would leave), then, every process of the run stopped, call ``on_pause`` and let it go on.
     The event is recorded once the ranks are past; the reading ends when they never get there."""
     step = event.step or 0
+    kill = watch.record.plan.kill
+    if event.attempt and kill is not None and kill.rejoin == step:
+        return _rejoin(watch, event, kill.node)
     if not _wait_for_peers(watch.child, watch.record, step, watch.hang_timeout, "paused for a snapshot"):
         return True
     watch.record.events.append(event)
@@ -151,6 +154,29 @@ def _on_paused(watch: _Watch, event: ev.Event) -> bool:
         with starter.frozen(watch.child.pid):
             watch.on_pause(step)
     watch.child.resume()
+    return False
+
+
+def _rejoin(watch: _Watch, event: ev.Event, node: int | None) -> bool:
+    """The job that went on without a lost node published the checkpoint the cell brings the node back at,
+    and rank 0 waits there: once its other ranks are past that step (as at a kill point), the attempt ends
+    here, as killed right after that checkpoint (``SIGNALLED`` with ``rejoin``), and the node's next agent
+    is woken. torchrun's agents then stop their workers for the new member (rank 0 is never let go on) and
+    start the job again on every node: the next attempt, a resume. The reading goes on."""
+    record, step = watch.record, event.step or 0
+    world = next((int(e.extra["world_size"]) for e in record.events
+                  if e.kind == ev.RANKS and e.attempt == event.attempt and "world_size" in e.extra), 1)
+    plan = record.plan
+    awaited = [r for r in (range(1, world) if plan.step_ranks is None else plan.step_ranks) if 0 < r < world]
+    if not _wait_for_peers(watch.child, record, step, watch.hang_timeout, "waited to bring the lost node back",
+                           awaited, event.attempt):
+        return True
+    reserve = [int(e.extra["agent"]) for e in record.events if e.kind == ev.RANKS and e.extra.get("reserve")]
+    record.events.append(event)
+    record.events.append(ev.Event(ev.SIGNALLED, step=step, text="rejoin",
+                                  extra={"signal": "rejoin", "rejoin": step, "node": node, "pids": reserve,
+                                         "ranks_past": awaited, "restart": True}))
+    _signal(reserve, REJOIN_SIGNAL)
     return False
 
 
@@ -389,30 +415,33 @@ def _awaited(record: RunRecord) -> list[int]:
     return sorted(r for r in ranks if 0 < r < plan.world_size and resumed.get(r, (lead, None))[0] == lead)
 
 
-def _wait_for_peers(child: starter.Child, record: RunRecord, step: int, hang_timeout: float, doing: str) -> bool:
+def _wait_for_peers(child: starter.Child, record: RunRecord, step: int, hang_timeout: float, doing: str,
+                    peers: Iterable[int] | None = None, attempt: int | None = None) -> bool:
     """Before killing every rank at once, or copying what a shared first run saved: wait until every other
     rank that reports steps has reported the end of ``step`` (the kill point's), so all their reports up
     to the kill point are on the channel and their part of its checkpoint is written (issue 26: a fixed
     wait of 2 s lost rank 1's last step on a loaded machine). In a loop whose ranks run the same code
     they get there while rank 0 waits. True when they did; otherwise the run's outcome says what
-    happened instead (it ended by itself, or a rank did not get there within the hang limit: ``HUNG``)."""
-    awaited = set(_awaited(record))
+    happened instead (it ended by itself, or a rank did not get there within the hang limit: ``HUNG``).
+    ``peers``: those ranks (else :func:`_awaited`); ``attempt``: only the reports of that attempt of a torchrun
+    job count."""
+    awaited = set(_awaited(record) if peers is None else peers)
 
-    def past() -> bool:
-        done = {e.rank for e in record.events if e.kind == ev.STEP_END and e.rank in awaited and (e.step or 0) >= step}
-        return done >= awaited
+    def missing() -> list[int]:
+        return sorted(awaited - {e.rank for e in record.events if e.kind == ev.STEP_END and (e.step or 0) >= step
+                                 and (attempt is None or e.attempt == attempt)})
 
-    if not awaited or past():
+    if not missing():
         return True
-    _drain_until(child, record, time.monotonic() + hang_timeout, past)
-    if past():
+    _drain_until(child, record, time.monotonic() + hang_timeout, lambda: not missing())
+    late = missing()
+    if not late:
         return True
     if child.process.exitcode is not None:  # a rank died meanwhile and the launcher ended the run
         _finish(record)
         return False
-    missing = sorted(awaited - {e.rank for e in record.events if e.kind == ev.STEP_END and (e.step or 0) >= step})
     record.outcome = Outcome.HUNG
-    record.stalled = ERR_PEERS.format(ranks=", ".join(map(str, missing)), s="s" if len(missing) > 1 else "",
+    record.stalled = ERR_PEERS.format(ranks=", ".join(map(str, late)), s="s" if len(late) > 1 else "",
                                       step=step, limit=hang_timeout, doing=doing)
     return False
 

@@ -63,9 +63,10 @@ class Event:
     ``ids`` is set for consumed/trained events, ``step`` for every step-related event, ``epoch`` for
     consumed/trained events, ``path`` for checkpoint/resumed events and ``text`` for log, error and
     kill-ready events. ``rank`` is set by the ranks of a multi-rank run (None: a one-process run);
-    ``attempt`` by the workers of a torchrun job that torchrun restarted inside the run (its
-    ``TORCHELASTIC_RESTART_COUNT``; None: the job's first attempt, or an event of the launcher or the
-    supervisor, which belongs to the attempt of the event before it).
+    ``attempt`` by the workers of a torchrun job that torchrun restarted inside the run (the round of its
+    rendezvous they were started in, which a node joining counts too, unlike ``TORCHELASTIC_RESTART_COUNT``;
+    None: the job's first attempt, or an event of the launcher or the supervisor, which belongs to the
+    attempt of the event before it).
     """
 
     kind: str

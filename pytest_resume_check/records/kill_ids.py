@@ -33,9 +33,11 @@ SUFFIX = ":"
 TERM = "term"
 RANK = "rank"
 WORLD = "ws"
-#: A simulated node of a torchrun target killed whole: ``node1``; its agent alone: ``agent``.
+#: A simulated node of a torchrun target killed whole: ``node1``; its agent alone: ``agent``; the lost node
+#: back once the job without it published a checkpoint: ``node1:rejoin6``.
 NODE = "node"
 AGENT = "agent"
+REJOIN = "rejoin"
 #: Before a fault's file operation: ``save3op4``; the old ``save3@4`` is still read.
 OP = "op"
 OLD_OP = "@"
@@ -46,7 +48,8 @@ COLUMN_SEPARATOR = ","
 #: Between the case id, the resume mode and the kill id of a cell: ``shuffle-auto-ckpt3``.
 CELL_SEPARATOR = "-"
 
-_KIND_PART = re.compile(rf"({TERM})(\d+(?:\.\d+)?)|({RANK})(\d+)|({WORLD})(\d+)|({NODE})(\d+)|({AGENT})")
+_KIND_PART = re.compile(rf"({TERM})(\d+(?:\.\d+)?)|({RANK})(\d+)|({WORLD})(\d+)|({NODE})(\d+)|({AGENT})"
+                        rf"|({REJOIN})(\d+)")
 _SAVE_KILL = re.compile(rf"{SAVE}(\d+)(.*)$")
 #: A cell's name: ``target[case-mode-kill]`` (the case id may hold dashes; the kill id starts with ckpt or save).
 _CELL_NAME = re.compile(r"^(?P<target>[^\[]+)\[(?P<case>.*)" + re.escape(CELL_SEPARATOR) + "(?P<mode>"
@@ -60,7 +63,8 @@ def kill_id(kills: Sequence[KillSpec]) -> str:
     """``ckpt3`` (killed right after checkpoint 3), ``ckpt3+1`` (one unsaved step later),
     ``ckpt2_ckpt5`` (killed twice), ``save3op4:power`` (a fault in the save of step 3); distributed
     kinds add ``:rank1`` (rank 1 alone killed), ``:term5`` (SIGTERM, SIGKILL 5 s later), ``:ws1``
-    (resumed with 1 rank), ``:node1`` (node 1 of a torchrun target killed whole), ``:agent`` (its agent alone)."""
+    (resumed with 1 rank), ``:node1`` (node 1 of a torchrun target killed whole; ``:node1:rejoin6``: back after
+    checkpoint 6 of the job without it), ``:agent`` (its agent alone)."""
     return KILL_SEPARATOR.join(_one_kill(k) for k in kills)
 
 
@@ -85,6 +89,7 @@ def kind_parts(k: KillSpec) -> tuple[str, ...]:
     parts += [f"{WORLD}{k.resume_world_size}"] if k.resume_world_size is not None else []
     parts += [f"{NODE}{k.node}"] if k.node is not None else []
     parts += [AGENT] if k.agent else []
+    parts += [f"{REJOIN}{k.rejoin}"] if k.rejoin is not None else []
     return tuple(parts)
 
 
@@ -159,15 +164,15 @@ def _parse_one(part: str, text: str) -> KillSpec:
 
 
 def _parse_kind(point: str, mods: Sequence[str], text: str) -> dict[str, Any]:
-    """The distributed suffixes of one kill (``term5``, ``rank1``, ``ws2``, ``node1``, ``agent``) as KillSpec
-    fields."""
+    """The distributed suffixes of one kill (``term5``, ``rank1``, ``ws2``, ``node1``, ``rejoin6``, ``agent``) as
+    KillSpec fields."""
     out: dict[str, Any] = {}
     for mod in mods:
         m = _KIND_PART.fullmatch(mod)
         if m is None:
             raise ValueError(f"kill point {text!r}: unknown suffix {mod!r} of {point!r}; use {SUFFIX}{TERM}<grace "
-                             f"seconds>, {SUFFIX}{RANK}<rank>, {SUFFIX}{WORLD}<world size>, {SUFFIX}{NODE}<node> or "
-                             f"{SUFFIX}{AGENT}")
+                             f"seconds>, {SUFFIX}{RANK}<rank>, {SUFFIX}{WORLD}<world size>, {SUFFIX}{NODE}<node> (then "
+                             f"{SUFFIX}{REJOIN}<step>) or {SUFFIX}{AGENT}")
         if m.group(1):
             out.update(signal=SIGNAL_TERM, grace=float(m.group(2)))
         elif m.group(3):
@@ -176,11 +181,15 @@ def _parse_kind(point: str, mods: Sequence[str], text: str) -> dict[str, Any]:
             out["resume_world_size"] = int(m.group(6))
         elif m.group(7):
             out["node"] = int(m.group(8))
-        else:
+        elif m.group(9):
             out["agent"] = True
+        else:
+            out["rejoin"] = int(m.group(11))
     if "signal" in out and "rank" in out:
         raise ValueError(f"kill point {text!r}: {SUFFIX}{TERM} and {SUFFIX}{RANK} cannot be combined (SIGTERM goes "
                          "to every rank)")
+    if "rejoin" in out and "node" not in out:
+        raise ValueError(f"kill point {text!r}: only a lost node rejoins: {CKPT}4{SUFFIX}{NODE}1{SUFFIX}{REJOIN}6")
     return out
 
 

@@ -19,6 +19,9 @@ ISOLATIONS = (ISOLATION_FORKSERVER, ISOLATION_SPAWN)
 #: Every process a run starts carries the run's token in this variable of its environment, so what
 #: escaped the run's process group is found after it (:mod:`pytest_resume_check.process.sweep`).
 RUN_TOKEN_ENV = "PYTEST_RESUME_CHECK_RUN"
+#: In a torchrun worker (and the program it runs): the job's attempt, the round of torchrun's rendezvous the
+#: worker was started in (0 first, one more for each restart of the workers, a node joining included).
+ATTEMPT_ENV = "PYTEST_RESUME_CHECK_ATTEMPT"
 
 #: The command-line options, spelled once: the plugin declares them, and messages and reports that tell
 #: the user which option to use name them from here.

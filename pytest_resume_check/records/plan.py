@@ -52,6 +52,12 @@ class KillSpec:
     #: torchrun targets: SIGKILL to the agent of node 0 alone (its workers get SIGINT from the kernel, the
     #: parent-death signal torch gives them) instead of to every process of the run.
     agent: bool = False
+    #: With ``node``: the lost node comes back. Its agent starts again once the job that went on without it
+    #: has published the checkpoint of this step (the job held there, as at a kill point); torchrun's agents
+    #: then stop their workers for the new member and the job goes on on every node (None: it never does).
+    #: Without ``node``: the attempt of a torchrun job that was stopped there for the node
+    #: (:func:`~pytest_resume_check.records.results.split_restarts`).
+    rejoin: int | None = None
 
     @property
     def kill_step(self) -> int:
@@ -73,6 +79,8 @@ class KillSpec:
             data["node"] = self.node
         if self.agent:
             data["agent"] = True
+        if self.rejoin is not None:
+            data["rejoin"] = self.rejoin
         return data
 
     @classmethod
@@ -80,11 +88,12 @@ class KillSpec:
         """Inverse of :meth:`to_json`."""
         fault = data.get("fault")
         rank, world, node = data.get("rank"), data.get("resume_world_size"), data.get("node")
+        rejoin = data.get("rejoin")
         return cls(int(data["checkpoint_step"]), int(data.get("extra_steps", 0)),
                    FaultPlan.from_json(fault) if fault else None, str(data.get("signal", SIGNAL_KILL)),
                    float(data.get("grace", 0.0)), None if rank is None else int(rank),
                    None if world is None else int(world), None if node is None else int(node),
-                   bool(data.get("agent", False)))
+                   bool(data.get("agent", False)), None if rejoin is None else int(rejoin))
 
     def describe(self) -> str:
         """Words for reports: ``killed after checkpoint 3 was published``."""
@@ -97,6 +106,10 @@ class KillSpec:
             text = text.replace("killed", f"node {self.node} killed whole (its torchrun agent and workers)", 1)
         if self.agent:
             text = text.replace("killed", "torchrun's agent alone killed", 1)
+        if self.rejoin is not None and self.node is None:
+            text = text.replace("killed", "stopped by torchrun for the lost node's return", 1)
+        elif self.rejoin is not None:
+            text += f"; it rejoined after the job without it published checkpoint {self.rejoin}"
         if self.resume_world_size is not None:
             text += f"; resumed with {self.resume_world_size} rank{'' if self.resume_world_size == 1 else 's'}"
         return text

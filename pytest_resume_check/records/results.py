@@ -16,7 +16,7 @@ from pytest_resume_check.categories import STATE_DIVERGED, VERDICT_CATEGORIES
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.faults import DiskDamage
 from pytest_resume_check.records.ledger import Ledger
-from pytest_resume_check.records.plan import SIGNAL_TERM, RunPlan
+from pytest_resume_check.records.plan import SIGNAL_TERM, KillSpec, RunPlan
 
 if TYPE_CHECKING:
     from pytest_resume_check.cells.matrix import Cell
@@ -250,26 +250,30 @@ def split_restarts(record: RunRecord) -> list[RunRecord]:
     """A run whose workers torchrun restarted within it, as the runs of an interrupted job: its first
     attempt (killed as the plan said, or ended by what its workers did), then each restart as a resumed
     run, the last one ending as the run did. What the other workers of a killed attempt raised after the
-    kill (a collective whose peer died) is its consequence and left out. A run without restarts: itself."""
+    kill (a collective whose peer died) is its consequence and left out. An attempt the supervisor ended for
+    a rejoining node (held right after the checkpoint the cell names) counts as killed right after that
+    checkpoint. A run without restarts: itself."""
     tags = attempts_of(record.events)
-    last = max(tags, default=0)
-    if last == 0:
+    attempts = sorted(set(tags))
+    if attempts in ([], [0]):
         return [record]
     out = []
-    for attempt in range(last + 1):
+    for number, attempt in enumerate(attempts):
         events = [e for e, a in zip(record.events, tags) if a == attempt]
         # The world torchrun gave the attempt's workers (smaller once a node is gone).
         world = next((int(e.extra["world_size"]) for e in events if e.kind == ev.RANKS and "world_size" in e.extra),
                      record.plan.world_size)
+        killed = next((i for i, e in enumerate(events) if e.kind == ev.SIGNALLED), None)
+        rejoin = events[killed].extra.get("rejoin") if killed is not None else None
         plan = record.plan if attempt == 0 else replace(
-            record.plan, kill=None, is_resume=True, checkpoint_steps=frozenset(), pause_steps=frozenset(),
-            faults=None, report_state=True, restart=attempt, world_size=world)
-        if attempt == last:
+            record.plan, kill=None if rejoin is None else KillSpec(int(rejoin), rejoin=int(rejoin)), is_resume=True,
+            checkpoint_steps=frozenset(), pause_steps=frozenset(), faults=None, report_state=True, restart=number,
+            world_size=world)
+        if attempt == attempts[-1]:
             out.append(RunRecord(plan, events, record.outcome, record.exitcode, record.error,
                                  hang_timeout=record.hang_timeout, isolation=record.isolation,
                                  leftovers=record.leftovers, stalled=record.stalled))
             continue
-        killed = next((i for i, e in enumerate(events) if e.kind == ev.SIGNALLED), None)
         if killed is not None:
             events = events[:killed + 1] + [e for e in events[killed + 1:] if e.kind != ev.ERROR]
             outcome, error = Outcome.KILLED, None

@@ -128,7 +128,8 @@ def _place(rows: _Rows, label: str, columns: Sequence[str], cell: dict[str, Any]
 
 
 #: The grid's legend for the rows of torchrun's kinds, each where a cell of it is (kind word, text).
-TORCHRUN_ROWS = ((kill_ids.NODE, ", nodeN: node N lost"), (kill_ids.AGENT, ", agent: torchrun's agent alone killed"))
+TORCHRUN_ROWS = ((kill_ids.NODE, ", nodeN: node N lost"), (kill_ids.REJOIN, ", rejoinS: back after checkpoint S"),
+                 (kill_ids.AGENT, ", agent: torchrun's agent alone killed"))
 
 
 def _kill_grid(target: str, cells: Sequence[dict[str, Any]], width: int) -> list[str]:

@@ -176,6 +176,40 @@ def test_a_sampler_that_keeps_the_old_world_size_after_a_node_is_lost_fails(engi
     assert run(engine, target, "ckpt4").verdict.findings == []  # while both nodes live, nothing shows
 
 
+def test_a_lost_node_that_rejoins_takes_the_job_back_to_every_node_and_passes(engine):
+    result = run(engine, on_two_nodes(), "ckpt3:node1:rejoin5")
+    assert result.verdict.findings == []
+    first, without, back = result.runs
+    assert [r.plan.world_size for r in result.runs] == [2, 1, 2]
+    assert [r.plan.restart for r in result.runs] == [0, 1, 2]
+    assert (without.resumed_step, back.resumed_step) == (3, 5)  # the job without it, then all again from ckpt 5
+    reserve = [e.extra["agent"] for e in first.events if e.kind == "ranks" and e.extra.get("reserve")]
+    stopped = without.signalled.extra
+    assert (stopped["signal"], stopped["rejoin"], stopped["node"], stopped["pids"]) == ("rejoin", 5, 1, reserve)
+    assert without.outcome.value == "killed" and "stopped by torchrun for the lost node's return" in without.describe()
+    workers = {e.rank: e.extra["agent"] for e in back.events if e.kind == "ranks" and "pid" in e.extra}
+    assert workers[1] == reserve[0]  # node 1's worker of the last attempt: started by the agent that was woken
+    assert {e.attempt for e in back.events if e.rank is not None} == {2}  # the rendezvous round, not the restart count
+    for rec in result.runs:
+        assert rec.leftovers == 0
+        assert not listening(rec.plan.master_port)
+
+
+def test_the_agent_of_a_node_never_brought_back_is_killed_when_the_job_ends(engine):
+    result = run(engine, on_two_nodes(), "ckpt9:node1:rejoin99")  # the job without it ends long before step 99
+    assert result.verdict.findings == []
+    assert [r.plan.world_size for r in result.runs] == [2, 1]
+    assert [r.leftovers for r in result.runs] == [0, 0]
+
+
+def test_a_sampler_that_keeps_the_old_world_size_fails_when_the_lost_node_rejoins(engine):
+    result = run(engine, on_two_nodes(planted.ddp_saved_world, "ddp_saved_world"), "ckpt3:node1:rejoin5")
+    assert result.verdict.categories == ["RESUME_ERROR"]
+    assert result.verdict.headline.endswith("; node 1 was lost at step 3 and torchrun went on with 1 rank, until it "
+                                            "rejoined after checkpoint 5 (2 ranks again)")
+    assert "Invalid rank 1, rank should be in the interval [0, 0]" in rp.failure_text(result)  # one replica kept
+
+
 def test_a_sampler_that_reads_local_rank_fails_on_two_nodes_and_only_there(engine):
     result = run(engine, on_two_nodes(planted.ddp_local_rank, "ddp_local_rank"), "ckpt6:node1")
     assert set(result.verdict.categories) == {"LOST", "DUPLICATED"}
@@ -189,10 +223,16 @@ def test_node_cells_only_where_the_job_can_go_on_without_a_node():
     from pytest_resume_check.cells import matrix
 
     ids = [c.kill_id for c in matrix.cells(on_two_nodes(), "quick", 0)]
-    assert {"ckpt3:node1", "ckpt6:node1", "ckpt9:node1", "ckpt3+1:node1"} <= set(ids)
+    assert {"ckpt3:node1", "ckpt6:node1", "ckpt9:node1", "ckpt3+1:node1", "ckpt3:node1:rejoin5"} <= set(ids)
+    full = [c.kill_id for c in matrix.cells(on_two_nodes(), "full", 0) if "rejoin" in c.kill_id]
+    assert full == ["ckpt3:node1:rejoin5", "ckpt6:node1:rejoin8", "ckpt9:node1:rejoin11"]
     fixed = ddp_torchrun.with_options(nnodes=(2, 2), elastic=())
     assert not [i for i in (c.kill_id for c in matrix.cells(fixed, "quick", 0)) if "node" in i]
     assert kill_ids.parse_kill_id("ckpt6:node1")[0].node == 1
+    back = kill_ids.parse_kill_id("ckpt3:node1:rejoin5")[0]
+    assert (back.node, back.rejoin, kill_ids.kill_id([back])) == (1, 5, "ckpt3:node1:rejoin5")
+    with pytest.raises(ValueError, match="only a lost node rejoins: ckpt4:node1:rejoin6"):
+        kill_ids.parse_kill_id("ckpt3:rejoin5")
 
 
 @pytest.mark.parametrize("options, message", [
@@ -218,6 +258,8 @@ def test_the_grid_names_torchruns_rows_where_they_are():
 
     head = summary.grid([cell("ckpt2"), cell("ckpt6:agent"), cell("ckpt6:node1")])[0]
     assert head.endswith("wsW: resumed on W ranks, nodeN: node N lost, agent: torchrun's agent alone killed")
+    back = summary.grid([cell("ckpt2"), cell("ckpt3:node1:rejoin5")])[0]
+    assert back.endswith("nodeN: node N lost, rejoinS: back after checkpoint S")
     assert "agent" not in summary.grid([cell("ckpt2"), cell("ckpt6:rank1")])[0]
 
 
@@ -268,3 +310,12 @@ def test_a_lost_node_takes_its_programs_with_it_and_the_job_goes_on(engine):
     programs = {e.extra["program"] for e in first.events if e.kind == "ranks" and e.extra.get("worker") in node1}
     assert len(programs) == 1 and programs <= set(first.signalled.extra["pids"])
     assert all(r.leftovers == 0 for r in result.runs)
+
+
+def test_a_program_whose_lost_node_rejoins_goes_on_at_each_world_size(engine):
+    # Its ranks meet by files named for the attempt: the job without node 1 and the job with it again have the
+    # same restart count (a node joining counts none), so only the attempt keeps their rounds apart.
+    result = run(engine, program(fresh=True, nnodes=(1, 2)), "ckpt4:node1:rejoin6")
+    assert result.verdict.findings == []
+    assert [(r.plan.world_size, r.resumed_step) for r in result.runs] == [(2, 0), (1, 4), (2, 6)]
+    assert all(rec.leftovers == 0 for rec in result.runs)

@@ -4,11 +4,12 @@
 (8 inputs an epoch, two epochs), rank r the r-th of them, so a resume at another world size (a node lost)
 goes on with the inputs no rank took. The ranks meet at each step's end (a file barrier, which a rank
 leaves with an error once a peer's process is gone, as a collective would); at a checkpoint each rank writes
-its own file (atomically) and waits for the other ranks' before publishing; a resume reads the newest step
-every rank wrote. ``--bug own-order``: rank 1 counts its inputs from the resumed step only, so after a resume it takes
-inputs again. ``--term-note``: a SIGTERM appends ``rank R`` to ``term.txt`` beside the checkpoints, the ranks
-do not watch their peers, and each waits at its end for every rank to finish (so a rank whose peer died is
-still running when its launcher stops it)"""
+its own file (atomically, with the world size that wrote it) and waits for the other ranks' before
+publishing; a resume reads the newest step every rank of the world that saved it wrote (rank 0's file holds
+the global count, so any world size goes on from it). ``--bug own-order``: rank 1 counts its inputs from
+the resumed step only, so after a resume it takes inputs again. ``--term-note``: a SIGTERM appends ``rank
+R`` to ``term.txt`` beside the checkpoints, the ranks do not watch their peers, and each waits at its end for
+every rank to finish (so a rank whose peer died is still running when its launcher stops it)"""
 
 from __future__ import annotations
 
@@ -31,14 +32,12 @@ def main(out: Path, flags: list[str]) -> None:
         signal.signal(signal.SIGTERM, lambda signum, frame: note_term(out, rank))
     meet = Barrier(out, rank, world, watch_peers="--term-note" not in flags)
     run = client.connect()
-    done = {int(p.name.split("_")[1]) for p in out.glob("ckpt_*_rank0.json")}
-    complete = [s for s in done if all((out / f"ckpt_{s}_rank{r}.json").exists() for r in range(world))]
+    saved = {int(p.name.split("_")[1]): json.loads(p.read_text()) for p in out.glob("ckpt_*_rank0.json")}
+    complete = [s for s, data in saved.items()
+                if all((out / f"ckpt_{s}_rank{r}.json").exists() for r in range(data["world"]))]
     start = max(complete, default=0) if run.resume_mode == "auto" else 0
-    taken = 0
-    if start:
-        saved = json.loads((out / f"ckpt_{start}_rank{rank}.json").read_text())
-        start, taken = saved["step"], saved["taken"]
-    run.resumed(start, out / f"ckpt_{start}_rank{rank}.json" if start else None)
+    taken = saved[start]["taken"] if start else 0
+    run.resumed(start, out / f"ckpt_{start}_rank0.json" if start else None)
     for step in range(start + 1, start + (2 * N - taken) // world + 1):
         index = (step - start - 1) * world + rank
         global_index = index if (bug == "own-order" and rank == 1) else taken + index
@@ -47,7 +46,7 @@ def main(out: Path, flags: list[str]) -> None:
         meet.wait(f"step{step}")
         if run.should_checkpoint(step):
             tmp = out / f"ckpt_{step}_rank{rank}.json.tmp"  # whole or absent: the barrier below sees a name
-            tmp.write_text(json.dumps({"step": step, "taken": taken + (step - start) * world}))
+            tmp.write_text(json.dumps({"step": step, "taken": taken + (step - start) * world, "world": world}))
             os.replace(tmp, out / f"ckpt_{step}_rank{rank}.json")
             meet.wait(f"ckpt{step}")
             run.checkpoint_published(step, out / f"ckpt_{step}_rank{rank}.json")
@@ -57,13 +56,15 @@ def main(out: Path, flags: list[str]) -> None:
 
 class Barrier:
     """The ranks of one round (one run, or one restart of torchrun's: the harness's token of the run and the
-    restart count name it; a killed run and its resume share the folder) meet by files in the checkpoint
+    attempt name it, the restart count where the attempt is not given; a node that rejoins restarts the
+    workers without counting a restart; a killed run and its resume share the folder) meet by files in the checkpoint
     folder; each rank's pid is in a file of its own. Unless ``watch_peers`` is off, a rank whose peer's
     process is gone leaves with an error."""
 
     def __init__(self, out: Path, rank: int, world: int, watch_peers: bool):
         run = os.environ.get("PYTEST_RESUME_CHECK_RUN") or os.environ.get("MASTER_PORT")
-        self.round = f"{run}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}"
+        attempt = os.environ.get("PYTEST_RESUME_CHECK_ATTEMPT") or os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)
+        self.round = f"{run}.{attempt}"
         self.out, self.rank, self.world, self.watch_peers = out, rank, world, watch_peers
         tmp = out / f"pid.{self.round}.{rank}.tmp"  # whole or absent: a peer reads it while this rank starts
         tmp.write_text(str(os.getpid()))

@@ -54,3 +54,28 @@ def test_an_attempt_that_failed_by_itself_keeps_its_error():
 def test_a_run_without_restarts_is_itself():
     rec = RunRecord(plan(), [ev.Event(ev.STEP_END, step=1, rank=0), ev.Event(ev.DONE)], Outcome.DONE)
     assert split_restarts(rec) == [rec]
+
+
+def test_an_attempt_stopped_for_a_rejoining_node_is_killed_after_its_checkpoint_and_rounds_may_skip():
+    node_plan = RunPlan("t", ("m", "f", "fn"), {}, 0, "/ckpt", "/run0.log", world_size=2, launcher="torchrun",
+                        max_restarts=1, kill=KillSpec(3, node=1, rejoin=5), nnodes=(1, 2))
+    events = [
+        ev.Event(ev.STEP_END, step=3, rank=0), ev.Event(ev.CHECKPOINT, step=3, rank=0),
+        ev.Event(ev.SIGNALLED, text="SIGKILL", extra={"signal": "kill", "node": 1, "restart": True}),
+        ev.Event(ev.RANKS, rank=0, attempt=1, extra={"pid": 10, "agent": 1, "world_size": 1}),
+        ev.Event(ev.RESUMED, step=3, rank=0, attempt=1), ev.Event(ev.STEP_END, step=5, rank=0, attempt=1),
+        ev.Event(ev.CHECKPOINT, step=5, rank=0, attempt=1), ev.Event(ev.PAUSED, step=5, rank=0, attempt=1),
+        ev.Event(ev.SIGNALLED, step=5, text="rejoin", extra={"signal": "rejoin", "rejoin": 5, "ranks_past": []}),
+        ev.Event(ev.ERROR, rank=0, attempt=1, text="stopped"),  # after the stop: left out
+        # A round that started no worker is no attempt: the next one is the second restart all the same.
+        ev.Event(ev.RANKS, rank=0, attempt=3, extra={"pid": 11, "agent": 1, "world_size": 2}),
+        ev.Event(ev.RESUMED, step=5, rank=0, attempt=3), ev.Event(ev.RESUMED, step=5, rank=1, attempt=3),
+        ev.Event(ev.DONE),
+    ]
+    first, without, back = split_restarts(RunRecord(node_plan, events, Outcome.DONE, exitcode=0))
+    assert first.plan.kill == KillSpec(3, node=1, rejoin=5)
+    assert without.outcome == Outcome.KILLED and without.plan.kill == KillSpec(5, rejoin=5)
+    assert without.plan.world_size == 1 and ev.ERROR not in [e.kind for e in without.events]
+    assert without.describe().startswith("torchrun's restart 1: stopped by torchrun for the lost node's return right "
+                                         "after checkpoint of step 5")
+    assert (back.plan.restart, back.plan.world_size, back.outcome) == (2, 2, Outcome.DONE)
