@@ -280,6 +280,10 @@ _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 #: and a node whose agent sent no heartbeat for 3 s is gone (by default 30 s and 15 s: a lost node would
 #: stall the job that long). Only a rendezvous reads them: while the job trains nobody is declared dead.
 NODES_RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
+#: The same where a lost node rejoins, but a round with its least nodes waits 3 s for more: the rejoining agent
+#: waits for the round on torch's wait list, which it reads once a second, while node 0 joins the round as soon
+#: as it has stopped its workers; 1 s would leave the node out of it when its read came late (a loaded machine).
+REJOIN_RDZV_CONF = NODES_RDZV_CONF.replace("last_call_timeout=1", "last_call_timeout=3")
 
 
 def node_address(node: int) -> str:
@@ -299,7 +303,8 @@ def torchrun_argv(plan: RunPlan, log_dir: str, node: int = 0) -> list[str]:
     milliseconds instead of a fresh interpreter's seconds), torchrun's own files under ``log_dir`` (in the
     cell's folder; by default it makes a folder in /tmp per run)."""
     least, most = plan.nnodes
-    conf = f"is_host={int(node == 0)}" + (f",{NODES_RDZV_CONF}" if most > 1 else "")
+    rejoins = plan.kill is not None and plan.kill.rejoin is not None
+    conf = f"is_host={int(node == 0)}" + (f",{REJOIN_RDZV_CONF if rejoins else NODES_RDZV_CONF}" if most > 1 else "")
     return [f"--nnodes={least}:{most}" if least != most else f"--nnodes={most}",
             f"--nproc-per-node={plan.nproc_per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={LOOPBACK}:{plan.master_port}", f"--rdzv-id={plan.token or 'resume-check'}",
