@@ -138,8 +138,7 @@ def distributed_points(steps: int, boundaries: Sequence[int], mode: str, world_s
     typical target), and one unsaved step after the first middle; the same points for ``lost_node``, a
     simulated node of a torchrun target killed whole (the last), the job going on without it, and that node
     lost at the first of them (each, in ``full``) and rejoining as many steps later as there are nodes; with
-    ``agent``,
-    torchrun's agent alone killed right after the middle checkpoint and one unsaved step later.
+    ``agent``, torchrun's agent alone killed right after the middle checkpoint and one unsaved step later.
     """
     edges = sorted({b for b in boundaries if 1 <= b <= steps})
     middle = max(1, steps // 2)
