@@ -55,11 +55,11 @@ def main(out: Path, flags: list[str]) -> None:
 
 
 class Barrier:
-    """The ranks of one round (one run, or one restart of torchrun's: the harness's token of the run and the
-    attempt name it, the restart count where the attempt is not given; a node that rejoins restarts the
-    workers without counting a restart; a killed run and its resume share the folder) meet by files in the checkpoint
-    folder; each rank's pid is in a file of its own. Unless ``watch_peers`` is off, a rank whose peer's
-    process is gone leaves with an error."""
+    """The ranks of one round meet by files in the checkpoint folder; each rank's pid is in a file of its own.
+    A round is one run, or one attempt of a torchrun job: the harness's token of the run (a killed run and its
+    resume share the folder) and the attempt name it, the restart count where no attempt is given (a node that
+    rejoins restarts the workers without counting a restart). Unless ``watch_peers`` is off, a rank whose
+    peer's process is gone leaves with an error."""
 
     def __init__(self, out: Path, rank: int, world: int, watch_peers: bool):
         run = os.environ.get("PYTEST_RESUME_CHECK_RUN") or os.environ.get("MASTER_PORT")
