@@ -211,6 +211,10 @@ class Target:
     #: agent per node on loopback, ``world_size // most`` workers each; with fewer least than most (and a
     #: restart allowed), cells kill the last node whole and the job goes on without it.
     nnodes: tuple[int, int] = (1, 1)
+    #: What one run needs, in Ray's resource names (``CPU``, ``GPU``, custom ones), as sorted pairs;
+    #: empty: one CPU. On a Ray cluster each task of this target's cells asks exactly this; with GPUs,
+    #: each run sees only its own devices (``CUDA_VISIBLE_DEVICES``, docs/cluster.md).
+    resources: tuple[tuple[str, float], ...] = ()
 
     @property
     def ref(self) -> tuple[str, str, str]:
@@ -253,6 +257,7 @@ def resume_target(
     launcher: str = LAUNCHER_HARNESS,
     max_restarts: int = 0,
     nnodes: int | tuple[int, int] = 1,
+    resources: Mapping[str, float] | None = None,
 ) -> Any:
     """Declare a target; usable as ``@resume_target(steps=...)`` or ``resume_target(fn, steps=...)``."""
 
@@ -283,6 +288,7 @@ def resume_target(
             launcher=launcher,
             max_restarts=max_restarts,
             nnodes=nnodes,
+            resources=resources,
         )
 
     return build(fn) if fn is not None else build
@@ -342,6 +348,7 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         capture_rng=_flag(name, "capture_rng", kw.get("capture_rng", True)),
         elastic_state=_flag(name, "elastic_state", kw.get("elastic_state", False)),
         early_stop=_early_stop(name, kw.get("early_stop", EARLY_STOP_EPOCH)),
+        resources=_resources(name, kw.get("resources")),
         **_distributed(name, kw.get("world_size", 1), kw.get("elastic", ()), kw.get("preemption", ()),
                        crash_save),
         **_launcher(name, kw.get("launcher", LAUNCHER_HARNESS), kw.get("max_restarts", 0), kw.get("nnodes", 1),
@@ -566,6 +573,33 @@ def _services(name: str, value: Any) -> tuple[Callable[[], Any], ...]:
                           "context manager that starts the service and yields environment variables for the runs, "
                           "e.g. services=[my_database]")
     return factories
+
+
+ERR_RESOURCES = ("target {name!r}: resources={value!r} must map resource names to amounts one run needs, each a "
+                 "number > 0 and GPU a whole number (a device is never shared), e.g. resources={{'CPU': 2, 'GPU': 1}}")
+#: What one run needs when a target declares nothing.
+DEFAULT_RESOURCES = {"CPU": 1.0}
+
+
+def _resources(name: str, value: Any) -> tuple[tuple[str, float], ...]:
+    """``resources`` as sorted (name, amount) pairs; empty for None (one CPU)."""
+    if value is None:
+        return ()
+    try:
+        pairs = sorted((str(k), float(v)) for k, v in dict(value).items()
+                       if isinstance(k, str) and k and not isinstance(v, bool))
+        if len(pairs) != len(dict(value)):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise TargetError(ERR_RESOURCES.format(name=name, value=value)) from None
+    if any(not 0 < amount < float("inf") for _, amount in pairs) or not dict(pairs).get("GPU", 1.0).is_integer():
+        raise TargetError(ERR_RESOURCES.format(name=name, value=value))
+    return tuple(pairs)
+
+
+def run_resources(target: Target) -> dict[str, float]:
+    """What one run of ``target`` needs (one CPU unless it declares otherwise)."""
+    return dict(target.resources) if target.resources else dict(DEFAULT_RESOURCES)
 
 
 def _tolerance(name: str, value: Any) -> tuple[float, float] | None:

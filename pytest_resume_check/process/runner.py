@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_resume_check.child.command import program_imports, python_program
-from pytest_resume_check.process import starter
+from pytest_resume_check.process import devices, starter
 from pytest_resume_check.process import supervisor as sv
 from pytest_resume_check.process.layout import Layout
 from pytest_resume_check.process.services import Services
@@ -21,7 +21,7 @@ from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.faults import FaultPlan
 from pytest_resume_check.records.plan import LAUNCHER_HARNESS, LAUNCHER_TORCHRUN, RESUME_AUTO, KillSpec, RunPlan
 from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT, Outcome, RunRecord
-from pytest_resume_check.targets import Target
+from pytest_resume_check.targets import Target, TargetError, run_resources
 
 #: The longest hang limit a run can wait for (about 23 days): ``poll()`` takes at most 2**31 - 1 ms, and a
 #: longer wait crashed every cell (issue 13). Longer limits, ``inf`` and 0 (both: no limit) become this.
@@ -122,7 +122,8 @@ class Runner:
             capture_rng=target.capture_rng and target.command is None, elastic_state=target.elastic_state,
             state_values_dir=state_values_dir,
             state_reference_dir=state_reference_dir, token=uuid.uuid4().hex, step_limit=_step_limit(target, case),
-            command=target.command, env=self.services.env_for(target, self.hang_limit_of(target)),
+            command=target.command,
+            env={**_devices(target), **self.services.env_for(target, self.hang_limit_of(target))},
             world_size=world, master_port=free_port() if distributed else 0,
             step_ranks=self._step_ranks.get((target.name, world)), launcher=target.launcher,
             max_restarts=target.max_restarts, nnodes=target.nnodes,
@@ -189,6 +190,14 @@ def _ephemeral_low() -> int:
             return int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return 32768  # Linux's default
+
+
+def _devices(target: Target) -> dict[str, str]:
+    """The GPUs a run of ``target`` may use (none asked: nothing); :class:`TargetError` where there are too few."""
+    try:
+        return devices.device_env(target.name, run_resources(target).get("GPU", 0.0))
+    except ValueError as exc:
+        raise TargetError(str(exc)) from None
 
 
 #: A run may take this many times its case's steps before it is stopped as a runaway.

@@ -4,7 +4,7 @@
 Case keys: ``sleep`` seconds per step; ``bytes`` per checkpoint; ``daemon``: each run double-forks a
 daemon into a new session; ``skip``: a resume loses its first input (a planted bug); ``gate``: a path the
 run waits for before it starts. ``TRAINER_FLAG_DIR`` in the environment: each run leaves a file there
-when it starts.
+when it starts, which names its target, its pytest-xdist worker and the GPUs it sees (``-`` for none).
 """
 
 import os
@@ -17,7 +17,8 @@ STEPS = 6
 def train(run):
     flag = os.environ.get("TRAINER_FLAG_DIR")
     if flag:
-        Path(flag, f"started-{os.getpid()}").touch()
+        seen = f"{os.environ.get('PYTEST_XDIST_WORKER', '-')} {os.environ.get('CUDA_VISIBLE_DEVICES', '-')}"
+        Path(flag, f"started-{os.getpid()}").write_text(f"{run.plan.target_name} {seen}\n")
     gate = run.case.get("gate")
     while gate and not os.path.exists(gate):  # held until the test lets it go on
         time.sleep(0.05)
