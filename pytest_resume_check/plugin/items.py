@@ -32,6 +32,10 @@ class Matrix(Protocol):
     def engine(self) -> Any:
         """The session's engine (made at its first use)."""
 
+    @property
+    def executor(self) -> Any:
+        """The Ray cluster that runs the cells (``--resume-matrix-ray``), None: they run here."""
+
     def targets(self) -> list[Any]:
         """The targets this session runs."""
 
@@ -145,6 +149,10 @@ class ResumeCell(pytest.Item):
         self.cell_json: dict[str, Any] | None = None
         #: Why the cell is skipped unrun (``--resume-matrix-budget`` left it out); None: it runs.
         self.left_out: str | None = None
+        #: How long this cell's case's reference runs took, if this cell made them.
+        self.reference_seconds = 0.0
+        #: The failure report of a cell run on a cluster node (its ``result`` lives there).
+        self.failure_text: str | None = None
         self.add_marker(MARKER)
         if cell.xfail_reason:
             self.add_marker(pytest.mark.xfail(reason=cell.xfail_reason, strict=True,
@@ -159,11 +167,14 @@ class ResumeCell(pytest.Item):
         if self.left_out is not None:
             pytest.skip(self.left_out)
         rerun = self.matrix.rerun_command(self.name)
+        if self.matrix.executor is not None:
+            return self._from_cluster(rerun)
         try:
             result = self.matrix.engine.run_cell(self.cell)
         except TargetError as exc:  # the target cannot run at all: one line, and the cell is counted
             raise self._target_error(exc, rerun) from None
         self.result = result
+        self.reference_seconds = result.reference_seconds
         self.cell_json = report.cell_json(result)
         self.cell_json["rerun"] = rerun
         self.config.hook.pytest_resume_check_cell_result(config=self.config, result=result)
@@ -173,6 +184,33 @@ class ResumeCell(pytest.Item):
             raise ResumeCheckFailure(report.failure_text(result, rerun))
         if result.workdir is not None:
             self.matrix.engine.layout.remove(result.workdir)
+
+    def _from_cluster(self, rerun: str) -> None:
+        """Report the outcome the cluster node gave this cell (its JSON and report with this session's
+        rerun line and paths); the ``pytest_resume_check_cell_result`` hook ran where the cell ran."""
+        from pytest_resume_check.cluster import wire
+        from pytest_resume_check.report import text as report
+
+        got = self.matrix.executor.outcome(self.name)
+        if got.kind == wire.SKIPPED:
+            pytest.skip(got.text)
+        remote_rerun = (got.cell_json or {}).get("rerun")
+        text = got.text.replace(remote_rerun, rerun) if remote_rerun else got.text
+        self.reference_seconds = got.reference_seconds
+        self.cell_json = dict(got.cell_json) if got.cell_json is not None else None
+        if self.cell_json is None and got.category is not None:  # no verdict: lost node, refused target
+            cell = self.cell
+            self.cell_json = report.unjudged_cell_json(cell.target.name, cell.case_id, cell.resume_mode, cell.kills,
+                                                       cell.kill_id, text, got.category, cell.case,
+                                                       cell.xfail_reason)
+        if self.cell_json is not None:
+            self.cell_json["rerun"] = rerun
+            self.user_properties += [("verdict", ",".join(self.cell_json.get("categories") or ()) or "PASSED"),
+                                     ("headline", self.cell_json.get("headline") or "")]
+        if got.kind == wire.PASSED:
+            return
+        self.failure_text = text
+        raise ResumeCheckFailure(text)
 
     def _target_error(self, exc: Exception, rerun: str) -> ResumeCheckFailure:
         """The one-line failure under ``TARGET_ERROR``; the cell's JSON is kept, counted as pytest counts it."""

@@ -38,6 +38,12 @@ from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT
 OPT_REPRO = "--resume-matrix-repro"
 OPT_STEP_SUMMARY = "--resume-matrix-step-summary"
 OPT_BUDGET = "--resume-matrix-budget"
+#: Running the matrix on a Ray cluster (docs/cluster.md).
+OPT_RAY = "--resume-matrix-ray"
+OPT_RAY_RETRIES = "--resume-matrix-ray-retries"
+OPT_RAY_COPY = "--resume-matrix-ray-copy"
+#: Megabytes of a failing cell's kept folders copied back from a node by default.
+DEFAULT_RAY_COPY_MB = 256.0
 #: The file GitHub Actions gives each step for its summary (Markdown, appended to); the default of
 #: ``--resume-matrix-step-summary``.
 GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
@@ -60,6 +66,13 @@ HELP_REPRO = ("write a standalone reproduction of each failing cell into DIR/<ce
               "(and the project modules it uses), a pytest.ini, and a README.md with the headline and the command")
 HELP_BUDGET = ("spend at most RUNS trainer runs: the matrix's cells that reveal most (epoch boundaries, first and "
                "last steps, buffered steps, double kills, one crash cell...) run, the rest are skipped and listed")
+HELP_RAY = ("run the matrix's cells on a Ray cluster: 'auto' (the cluster this machine is part of, or RAY_ADDRESS) or "
+            "the head's address (host:port); each group of cells (target, case, resume mode) is a task asking the "
+            "target's resources= (docs/cluster.md)")
+HELP_RAY_RETRIES = ("with " + OPT_RAY + ": run a lost node's unfinished cells again elsewhere up to N times (default "
+                    "0: they fail, one line each)")
+HELP_RAY_COPY = ("with " + OPT_RAY + ": copy at most MB megabytes of a failing cell's kept folders back from its node "
+                 f"(default {DEFAULT_RAY_COPY_MB:g}; beyond it the report names where they stayed)")
 HELP_STEP_SUMMARY = (f"append the matrix's summary in Markdown to this file (default: ${GITHUB_STEP_SUMMARY}, the "
                      "step summary GitHub Actions gives each step; /dev/null: none)")
 
@@ -84,6 +97,10 @@ DEPRECATED_MODE = ("{old} is deprecated: use {new} (a bare {opt} can no longer s
 ERR_HANG = "{opt}={value!r} must be a positive number of seconds (e.g. {opt}=60), or 0 or inf for no limit"
 ERR_BUDGET = ("{opt}={value!r} is not a budget; give the most trainer runs the matrix may make, a whole number of "
               "at least 1 (e.g. {opt}=50)")
+ERR_RAY_RETRIES = "{opt}={value!r} must be a whole number of retries >= 0 (e.g. {opt}=1)"
+ERR_RAY_COPY = "{opt}={value!r} must be a number of megabytes >= 0 (e.g. {opt}=512; 0: copy nothing back)"
+ERR_RAY_XDIST = ("{opt} runs the cells on the Ray cluster, and -n {n} would run them in pytest-xdist workers too; "
+                 "drop -n (the cluster's nodes run the groups in parallel)")
 ERR_ISOLATION = "{opt}={value!r} is not an isolation; use " + " or ".join(map(repr, ISOLATIONS))
 
 
@@ -111,6 +128,12 @@ class Settings:
     step_summary: str | None = None
     #: At most this many trainer runs (``--resume-matrix-budget``); None: the whole matrix.
     budget: int | None = None
+    #: The Ray cluster that runs the cells (``auto`` or the head's address); None: this machine.
+    ray: str | None = None
+    #: How many times a lost node's unfinished cells run again elsewhere.
+    ray_retries: int = 0
+    #: Bytes of a failing cell's kept folders copied back from its node.
+    ray_copy_bytes: int = int(DEFAULT_RAY_COPY_MB * 2**20)
 
 
 #: The session's settings, set in ``pytest_configure`` whether or not the matrix is on.
@@ -138,6 +161,10 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(OPT_BUDGET, default=None, dest="resume_matrix_budget", metavar="RUNS", help=HELP_BUDGET)
     group.addoption(OPT_STEP_SUMMARY, default=None, dest="resume_matrix_step_summary", metavar="PATH",
                     help=HELP_STEP_SUMMARY)
+    group.addoption(OPT_RAY, default=None, dest="resume_matrix_ray", metavar="auto|ADDRESS", help=HELP_RAY)
+    group.addoption(OPT_RAY_RETRIES, default=None, dest="resume_matrix_ray_retries", metavar="N",
+                    help=HELP_RAY_RETRIES)
+    group.addoption(OPT_RAY_COPY, default=None, dest="resume_matrix_ray_copy", metavar="MB", help=HELP_RAY_COPY)
     parser.addini("resume_matrix", "matrix mode to run without the command-line flag: quick or full")
     parser.addini("resume_matrix_seed", HELP_SEED)
     parser.addini("resume_matrix_targets", HELP_TARGET, type="args")
@@ -149,6 +176,9 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("resume_matrix_repro", HELP_REPRO)
     parser.addini("resume_matrix_step_summary", HELP_STEP_SUMMARY)
     parser.addini("resume_matrix_budget", HELP_BUDGET)
+    parser.addini("resume_matrix_ray", HELP_RAY)
+    parser.addini("resume_matrix_ray_retries", HELP_RAY_RETRIES)
+    parser.addini("resume_matrix_ray_copy", HELP_RAY_COPY)
 
 
 def read_settings(config: pytest.Config) -> Settings:
@@ -174,6 +204,7 @@ def read_settings(config: pytest.Config) -> Settings:
         repro_dir=_setting(config, "resume_matrix_repro"),
         step_summary=_setting(config, "resume_matrix_step_summary") or os.environ.get(GITHUB_STEP_SUMMARY) or None,
         budget=budget,
+        **_ray(config),
     )
 
 
@@ -201,12 +232,27 @@ def repro_command(config: pytest.Config, name: str, target: str) -> str:
     return shlex.join(["pytest", *_cell_words(config.stash[SETTINGS_KEY], name), f"{OPT_TARGET}={target}"])
 
 
-def _cell_words(settings: Settings, name: str) -> list[str]:
-    """The options that select the cell ``name`` and give it the result it had in this session."""
+def group_command(config: pytest.Config, names: list[str]) -> list[str]:
+    """The arguments of a pytest that runs exactly the cells ``names`` as this session would (a group's
+    pytest on a cluster node): as :func:`rerun_command` for them all, with the outputs this session
+    writes itself turned off there (JSON, HTML, reproductions, step summary), no budget, no cache and no
+    pytest-xdist."""
+    words = list(config.args) if config.args_source == pytest.Config.ArgsSource.ARGS else []
+    words += ["-p", "no:cacheprovider", *_cell_words(config.stash[SETTINGS_KEY], *names)]
+    for key in ("resume_matrix_json", "resume_matrix_html", "resume_matrix_repro", "resume_matrix_budget",
+                "resume_matrix_step_summary", "resume_matrix_ray"):
+        words += ["-o", f"{key}="]
+    if config.pluginmanager.hasplugin("xdist"):
+        words += ["-n", "0"]
+    return words
+
+
+def _cell_words(settings: Settings, *names: str) -> list[str]:
+    """The options that select the cells ``names`` and give each the result it had in this session."""
     words = [OPT_MATRIX]
     if settings.mode and settings.mode != QUICK:
         words.append(f"{OPT_MODE}={settings.mode}")
-    words += [f"{OPT_SEED}={settings.seed}", f"{OPT_CELL}={name}"]
+    words += [f"{OPT_SEED}={settings.seed}", *(f"{OPT_CELL}={name}" for name in names)]
     if settings.isolation:
         words.append(f"{OPT_ISOLATION}={settings.isolation}")
     if settings.exhaustive:
@@ -273,6 +319,36 @@ def _budget(config: pytest.Config) -> int | None:
     if budget < 1:
         raise pytest.UsageError(ERR_BUDGET.format(opt=opt, value=value))
     return budget
+
+
+def _ray(config: pytest.Config) -> dict[str, Any]:
+    """The cluster options, checked; none in a group's pytest on a node (its task must not submit more)."""
+    from pytest_resume_check.cluster import wire
+
+    address = _setting(config, "resume_matrix_ray")
+    retries, copy = _setting(config, "resume_matrix_ray_retries"), _setting(config, "resume_matrix_ray_copy")
+    out: dict[str, Any] = {}
+    if retries is not None:
+        try:
+            out["ray_retries"] = int(str(retries).strip())
+        except ValueError:
+            out["ray_retries"] = -1
+        if out["ray_retries"] < 0:
+            raise pytest.UsageError(ERR_RAY_RETRIES.format(opt=OPT_RAY_RETRIES, value=retries))
+    if copy is not None:
+        try:
+            megabytes = float(str(copy).strip())
+        except ValueError:
+            megabytes = -1.0
+        if not 0 <= megabytes < float("inf"):
+            raise pytest.UsageError(ERR_RAY_COPY.format(opt=OPT_RAY_COPY, value=copy))
+        out["ray_copy_bytes"] = int(megabytes * 2**20)
+    if address is not None and not wire.in_group():
+        workers = config.getoption("numprocesses", None)
+        if workers not in (None, 0, "0"):
+            raise pytest.UsageError(ERR_RAY_XDIST.format(opt=OPT_RAY, n=workers))
+        out["ray"] = str(address)
+    return out
 
 
 def _isolation(config: pytest.Config) -> str | None:

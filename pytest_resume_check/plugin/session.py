@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_resume_check.plugin import reports, repro, scheduler, summary
+from pytest_resume_check.plugin import cluster, reports, repro, scheduler, summary
 from pytest_resume_check.plugin.discovery import discover
 from pytest_resume_check.plugin.items import ResumeCell, ResumeMatrix
 from pytest_resume_check.plugin.options import (
@@ -66,6 +66,8 @@ class MatrixSession:
         self.budget_reason = ""
         self._root: Path | None = None
         self._engine: Any = None
+        #: The Ray cluster that runs the cells (``--resume-matrix-ray``), once they are known.
+        self._executor: Any = None
         cache = getattr(config, "cache", None)
         if cache is not None and not hasattr(config, "workerinput"):
             cache.set(CACHE_SEED, settings.seed)
@@ -84,6 +86,11 @@ class MatrixSession:
                                   hang_forced=s.hang_forced)
             self._engine.register(self.cells)
         return self._engine
+
+    @property
+    def executor(self) -> Any:
+        """The Ray cluster's executor when ``--resume-matrix-ray`` is given (None: cells run here)."""
+        return self._executor
 
     @property
     def root(self) -> Path:
@@ -145,6 +152,8 @@ class MatrixSession:
         self.cells = [item.cell for item in items]
         if self._engine is not None:
             self._engine.register(self.cells)
+        if self.settings.ray and items and not self.config.option.collectonly:
+            self._executor = cluster.start(self.config, self.settings, items, self.root)
 
     @staticmethod
     def _within_budget(items: list[ResumeCell], budget: int) -> list[ResumeCell]:
@@ -187,7 +196,9 @@ class MatrixSession:
         rep = yield
         if isinstance(item, ResumeCell) and call.when == "call" and item.cell_json is not None:
             repro.write_cell(self.config, item)
-            reports.carry(rep, item.cell_json, item.result.reference_seconds if item.result is not None else 0.0)
+            reports.carry(rep, item.cell_json, item.reference_seconds)
+        if isinstance(item, ResumeCell) and call.when == "call":
+            cluster.write_record(item, call, rep, self.root)
         return rep
 
     def pytest_report_teststatus(self, report: pytest.TestReport) -> Any:
@@ -218,11 +229,13 @@ class MatrixSession:
     def pytest_sessionfinish(self) -> None:
         """Also after Ctrl-C: no process a run started outlives the session, nor the fork server; of the
         session's files only the failing cells' folders stay (with their cases' references)."""
+        problems = self._executor.close() if self._executor is not None else []
         if self._engine is None:
+            summary.print_problems(self.config, problems)
             return
         from pytest_resume_check.process import starter
 
-        problems = self._engine.close()  # services first: they may use the server
+        problems += self._engine.close()  # services first: they may use the server
         worker_output = getattr(self.config, "workeroutput", None)
         if worker_output is not None:  # an xdist worker's output is not shown: its controller prints them
             worker_output[WORKER_PROBLEMS] = problems

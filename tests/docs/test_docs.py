@@ -309,16 +309,17 @@ def template_pattern(template: str) -> re.Pattern[str]:
 
 
 def test_report_page_example_lines_of_process_verdicts_match_the_message_templates():
+    from pytest_resume_check.cluster import executor
     from pytest_resume_check.judge import harness_errors
     from pytest_resume_check.process import starter, supervisor
 
     templates = [vd.MSG_CRASHED, vd.MSG_HUNG, vd.MSG_NONDETERMINISTIC, vd.MSG_PROTOCOL, vd.MSG_STEPS,
                  vd.MSG_HUNG_STALLED.format(who="{who}", what=supervisor.ERR_PEERS.replace("{s}", "")),
                  "TARGET_ERROR: " + starter.ERR_PRELOAD, harness_errors.MSG_DISK_FULL, harness_errors.MSG_FOLDER_GONE,
-                 harness_errors.MSG_WORKER_CRASHED]
+                 harness_errors.MSG_WORKER_CRASHED, "HARNESS: " + executor.MSG_NODE_LOST]
     shown = [line for lang, body in blocks("reading-a-report.md") if lang == "text"
              for line in body.splitlines() if line.startswith(TEMPLATE_CATEGORIES)]
-    assert len(shown) == 10
+    assert len(shown) == 11
     for line in shown:
         assert any(template_pattern(t).match(line) for t in templates), line
     # The PROTOCOL example for a missing resumed() call is the ledger's own message.

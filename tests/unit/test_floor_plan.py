@@ -21,7 +21,7 @@ PACKAGE = Path(pytest_resume_check.__file__).parent
 NAME = pytest_resume_check.__name__
 
 #: The layers, lowest first. A module may import its own layer and the layers before it.
-LAYERS = ("records", "api", "child", "process", "judge", "cells", "engine", "report", "plugin")
+LAYERS = ("records", "api", "child", "process", "judge", "cells", "engine", "report", "cluster", "plugin")
 
 #: The public modules at the top level, each in its layer (``""`` is the package itself).
 PUBLIC = {"": "api", "categories": "records", "ids": "records", "digest": "records", "client": "api", "run": "api",

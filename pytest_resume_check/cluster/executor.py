@@ -1,0 +1,363 @@
+"""The pytest side of ``--resume-matrix-ray``: the session's cells run on a Ray cluster, one task per group
+of cells that share a first run and a reference (target, case, resume mode), and each pytest item waits
+for its own cell's outcome.
+
+:meth:`RayExecutor.start` connects (a cluster that cannot be reached is one :class:`ClusterError` naming
+the fix), answers at once the cells of a target no node can run (its ``resources=``), and submits the
+other groups, each asking Ray for exactly its target's resources per task. A thread per task reads its
+records as they come (:mod:`.node`): a failing cell's kept folders are unpacked into this session's
+folder and every path in its report and JSON points there. A task whose node is lost fails its
+unfinished cells with one line naming the node, or, with retries left, runs them again elsewhere.
+:meth:`RayExecutor.close` stops every task still running (through the session's control actor: Ray's cancel
+does not reach a running generator task) and waits for each to end what it started.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import socket
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_resume_check.cluster import wire
+from pytest_resume_check.process.layout import check_inside
+
+#: How long the end of the session waits for stopped tasks to end their groups' pytest sessions.
+CANCEL_WAIT = 120.0
+#: How long a head's address may take to accept a connection before it counts as unreachable.
+CONNECT_TIMEOUT = 10.0
+#: Ray's namespace for the session's tasks.
+NAMESPACE = "pytest-resume-check"
+
+ERR_NO_RAY = ("{opt} needs Ray in this environment and on every node: pip install 'ray[default]' (verl brings it); "
+              "{error}")
+ERR_UNREACHABLE = ("{opt}={address}: no Ray head answers there ({error}); start the cluster's head "
+                   "(ray start --head --port=PORT) or give its address as host:port")
+ERR_NO_CLUSTER = ("{opt}=auto: no Ray cluster found for this machine ({error}); start one (ray start --head), join "
+                  "this machine to one, set RAY_ADDRESS, or give the head's address")
+ERR_CONNECT = "{opt}={address}: connecting to the Ray cluster failed: {error}"
+#: The headline of the cells of a target no node has the resources for.
+MSG_NO_NODE = ("target {target!r} needs {need} a run (resources=), and no node of the Ray cluster at {address} has "
+               "that (its nodes: {nodes}); add a node that has it, or declare the resources= a node has")
+#: The headline of a cell whose task's node was lost before the cell had its outcome.
+MSG_NODE_LOST = ("Ray node {node} was lost while it ran this cell's group ({error}); nothing was judged: rerun the "
+                 "cell, or give {opt}=1 to run a lost node's unfinished cells again elsewhere")
+#: The headline of a cell its task ended without (the group's pytest stopped early, or the task failed).
+MSG_NOT_RUN = "the group's pytest on node {node} ended {how} before this cell had an outcome: {why}"
+#: Added to a failing cell's report whose kept folders were too big to copy back.
+MSG_LEFT_ON_NODE = ("  kept on node {node} (not copied back: {mb:.0f} MB, more than {opt}={limit:g}): {paths}")
+MSG_CANCEL_PROBLEM = "the Ray task of {group} did not end within {seconds:g} s of the session's stop (node {node})"
+
+
+class ClusterError(Exception):
+    """The cluster cannot be used; the message names the fix."""
+
+
+@dataclass
+class CellOutcome:
+    """What a cell's item reports: ``kind`` as in :mod:`.wire`, the failure text or skip reason, the cell's
+    JSON (paths pointing into this session's folder) and its reference runs' seconds."""
+
+    kind: str
+    text: str = ""
+    cell_json: dict[str, Any] | None = None
+    reference_seconds: float = 0.0
+    #: A cell with no verdict: the category its JSON gets (``HARNESS``, ``TARGET_ERROR``).
+    category: str | None = None
+
+
+@dataclass
+class Task:
+    """One submitted group: its cells (names in item order), the Ray generator, the node it runs on."""
+
+    group: str
+    cells: list[str]
+    spec: dict[str, Any]
+    options: dict[str, Any]
+    generator: Any = None
+    node: dict[str, str] = field(default_factory=dict)
+    tries: int = 0
+    thread: threading.Thread | None = None
+
+    def node_name(self) -> str:
+        if not self.node:
+            return "(not known yet)"
+        node = self.node
+        return f"{node.get('ip', '?')} ({node.get('host', '?')}, node id {node.get('node_id', '?')[:12]})"
+
+
+@dataclass
+class Settings:
+    """What the executor needs of the session's settings."""
+
+    address: str
+    retries: int
+    copy_bytes: int
+    option: str
+    retries_option: str
+    copy_option: str
+
+
+class RayExecutor:
+    """Runs a session's cells on a Ray cluster; see the module."""
+
+    def __init__(self, settings: Settings, root: Path):
+        self.settings = settings
+        self.root = root
+        self.session = uuid.uuid4().hex
+        self._outcomes: dict[str, CellOutcome] = {}
+        self._cond = threading.Condition()
+        self._tasks: list[Task] = []
+        self._ray: Any = None
+        self._control: Any = None
+        self._closing = False
+        self._unpacking = threading.Lock()  # two groups of one case bring the same reference folder
+
+    # -- start ---------------------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        """Connect to the cluster as a driver; :class:`ClusterError` naming the fix if it cannot be."""
+        s = self.settings
+        try:
+            import ray
+        except ImportError as exc:
+            raise ClusterError(ERR_NO_RAY.format(opt=s.option, error=exc)) from None
+        if s.address != "auto" and not s.address.startswith("ray://"):
+            _check_reachable(s.option, s.address)
+        try:
+            ray.init(address=s.address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.ERROR)
+        except ConnectionError as exc:
+            template = ERR_NO_CLUSTER if s.address == "auto" else ERR_UNREACHABLE
+            raise ClusterError(template.format(opt=s.option, address=s.address, error=_first_line(exc))) from None
+        except Exception as exc:
+            raise ClusterError(ERR_CONNECT.format(opt=s.option, address=s.address, error=_first_line(exc))) from None
+        self._ray = ray
+
+    def start(self, groups: Sequence[tuple[str, list[str], Mapping[str, float], list[str]]], cwd: str) -> None:
+        """Submit ``groups``: (label, cell names, resources of one run, the group pytest's arguments). A
+        group whose resources no node has is answered here, each of its cells with one line."""
+        from pytest_resume_check import categories
+        from pytest_resume_check.cluster.node import Control, run_group
+
+        ray = self._ray
+        remote = ray.remote(run_group)
+        self._control = ray.remote(num_cpus=0)(Control).options(name=f"resume-check-{self.session}").remote()
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        for label, names, need, args in groups:
+            if not any(_fits(need, n.get("Resources", {})) for n in nodes):
+                text = f"{categories.TARGET_ERROR}: " + MSG_NO_NODE.format(
+                    target=label.split(" ")[0], need=_amounts(need), address=self.settings.address,
+                    nodes="; ".join(f"{n.get('NodeManagerAddress')} {_amounts(_plain(n.get('Resources', {})))}"
+                                    for n in nodes) or "none alive")
+                for name in names:
+                    self._answer(name, CellOutcome(wire.FAILED, text, category=categories.TARGET_ERROR))
+                continue
+            need = dict(need)
+            options = {"num_cpus": need.pop("CPU", 0.0), "num_gpus": need.pop("GPU", 0.0), "resources": need,
+                       "max_retries": 0, "retry_exceptions": False, "name": f"resume-check {label}"}
+            spec = {"session": self.session, "cwd": cwd, "args": args, "copy_limit": self.settings.copy_bytes}
+            task = Task(label, list(names), spec, options)
+            self._tasks.append(task)
+            self._submit(task, remote)
+
+    def _submit(self, task: Task, remote: Any) -> None:
+        task.generator = remote.options(**task.options).remote(task.spec, self._control)
+        task.thread = threading.Thread(target=self._follow, args=(task, remote), daemon=True,
+                                       name=f"resume-check-ray {task.group}")
+        task.thread.start()
+
+    # -- results -------------------------------------------------------------------------------------
+
+    def outcome(self, name: str) -> CellOutcome:
+        """The outcome of cell ``name``, once its task reported it (Ctrl-C interrupts the wait)."""
+        with self._cond:
+            while name not in self._outcomes:
+                self._cond.wait(0.5)
+            return self._outcomes[name]
+
+    def _answer(self, name: str, outcome: CellOutcome) -> None:
+        with self._cond:
+            self._outcomes.setdefault(name, outcome)
+            self._cond.notify_all()
+
+    def _follow(self, task: Task, remote: Any) -> None:
+        """Read one task's records until it ends; then its unanswered cells get one line each."""
+        from pytest_resume_check import categories
+
+        ray = self._ray
+        why: tuple[str, str] | None = None
+        try:
+            for ref in task.generator:
+                record = ray.get(ref)
+                if "node" in record:
+                    task.node = record["node"]
+                elif "ended" in record:
+                    code, tail = record["ended"], record.get("tail") or []
+                    why = (f"with exit code {code}" if code is not None else "at once",
+                           _last_error(tail))
+                else:
+                    self._answer(record["name"], self._outcome_of(record, task))
+        except Exception as exc:
+            if self._closing:
+                return
+            lost = _is_node_lost(ray, exc)
+            left = [n for n in task.cells if n not in self._outcomes]
+            if lost and left and task.tries < self.settings.retries and self._can_run(task):
+                retry = Task(task.group, left, task.spec, task.options, tries=task.tries + 1)
+                self._tasks.append(retry)
+                self._submit(retry, remote)
+                return
+            if lost:
+                self._fail_left(task, categories.HARNESS, MSG_NODE_LOST.format(
+                    node=task.node_name(), error=type(exc).__name__, opt=self.settings.retries_option))
+                return
+            why = ("with an error of its task", _first_line(exc))
+        if self._closing:
+            return
+        if why is not None or any(n not in self._outcomes for n in task.cells):
+            how, detail = why or ("normally", "it reported no outcome for it")
+            self._fail_left(task, categories.HARNESS, MSG_NOT_RUN.format(node=task.node_name(), how=how, why=detail))
+
+    def _can_run(self, task: Task) -> bool:
+        """Whether a node still alive has what one of ``task``'s runs needs (else a retry would wait forever)."""
+        need = {"CPU": task.options["num_cpus"], "GPU": task.options["num_gpus"], **task.options["resources"]}
+        return any(_fits({k: v for k, v in need.items() if v}, n.get("Resources", {}))
+                   for n in self._ray.nodes() if n.get("Alive"))
+
+    def _fail_left(self, task: Task, category: str, message: str) -> None:
+        for name in task.cells:
+            self._answer(name, CellOutcome(wire.FAILED, f"{category}: {message}", category=category))
+
+    def _outcome_of(self, record: dict[str, Any], task: Task) -> CellOutcome:
+        """A cell's record as its item reports it: evidence unpacked here, its paths pointing here."""
+        remote_root = str(record.get("root") or "")
+        text = str(record.get("text") or "")
+        cell_json = record.get("cell_json")
+        moved = False
+        if record.get("evidence") is not None and remote_root:
+            moved = self._unpack(record["evidence"])
+        if moved:
+            text = text.replace(remote_root, str(self.root))
+            cell_json = _replaced(cell_json, remote_root, str(self.root))
+        left = record.get("evidence_left")
+        if left:
+            text += "\n" + MSG_LEFT_ON_NODE.format(node=task.node_name(), mb=left["bytes"] / 2**20,
+                                                   opt=self.settings.copy_option,
+                                                   limit=self.settings.copy_bytes / 2**20,
+                                                   paths=", ".join(left["paths"]))
+            if cell_json is not None:
+                cell_json["kept_on_node"] = {"node": task.node, **left}
+        return CellOutcome(record["outcome"], text, cell_json, float(record.get("reference_seconds") or 0.0))
+
+    def _unpack(self, data: bytes) -> bool:
+        """Unpack kept folders into this session's folder (each member checked to stay inside it)."""
+        try:
+            with self._unpacking, tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+                members = [m for m in tar.getmembers() if _inside(self.root / m.name, self.root)]
+                tar.extractall(self.root, members=members, filter="data")
+        except (OSError, tarfile.TarError, ValueError):
+            return False
+        return True
+
+    # -- the end -------------------------------------------------------------------------------------
+
+    def close(self) -> list[str]:
+        """Cancel every task still running, wait for each to end its group (bounded), disconnect. Returns
+        what went wrong, one line each."""
+        if self._ray is None:
+            return []
+        self._closing = True
+        ray = self._ray
+        if self._control is not None and any(t.thread is not None and t.thread.is_alive() for t in self._tasks):
+            try:
+                ray.get(self._control.stop.remote(), timeout=CANCEL_WAIT)
+            except Exception:  # the actor is gone: the tasks take that as stop too
+                pass
+        problems = []
+        deadline = time.monotonic() + CANCEL_WAIT
+        for task in self._tasks:
+            if task.thread is not None:
+                task.thread.join(max(0.0, deadline - time.monotonic()))
+                if task.thread.is_alive():
+                    problems.append(MSG_CANCEL_PROBLEM.format(group=task.group, seconds=CANCEL_WAIT,
+                                                              node=task.node_name()))
+        try:
+            ray.shutdown()
+        finally:
+            self._ray = None
+        with self._cond:  # an item that still waits (it cannot: the session is over) gets an answer
+            self._cond.notify_all()
+        return problems
+
+
+def _check_reachable(option: str, address: str) -> None:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT):
+            return
+    except ValueError:
+        raise ClusterError(ERR_UNREACHABLE.format(opt=option, address=address,
+                                                  error="not host:port")) from None
+    except OSError as exc:
+        raise ClusterError(ERR_UNREACHABLE.format(opt=option, address=address,
+                                                  error=exc.strerror or str(exc))) from None
+
+
+def _is_node_lost(ray: Any, exc: Exception) -> bool:
+    """A task that failed because its node or worker process went away (not because of its own code)."""
+    kinds = tuple(getattr(ray.exceptions, name) for name in ("NodeDiedError", "WorkerCrashedError",
+                                                              "ObjectLostError", "LocalRayletDiedError")
+                  if hasattr(ray.exceptions, name))
+    return isinstance(exc, kinds)
+
+
+def _fits(need: Mapping[str, float], has: Mapping[str, Any]) -> bool:
+    return all(float(has.get(k, 0.0)) >= v for k, v in need.items())
+
+
+def _plain(resources: Mapping[str, Any]) -> dict[str, float]:
+    """A node's resources without Ray's bookkeeping ones (memory, object store, node:...)."""
+    return {k: float(v) for k, v in resources.items()
+            if not k.startswith("node:") and k not in ("memory", "object_store_memory")}
+
+
+def _amounts(resources: Mapping[str, float]) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in sorted(resources.items())) or "nothing"
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
+
+
+def _last_error(tail: Sequence[str]) -> str:
+    """The line of a pytest's output that says what went wrong (its ``ERROR:``), else its last line."""
+    errors = [ln for ln in tail if ln.startswith("ERROR")]
+    return (errors[-1] if errors else tail[-1] if tail else "no output")[:400]
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        check_inside(path, root)
+    except ValueError:
+        return False
+    return True
+
+
+def _replaced(value: Any, old: str, new: str) -> Any:
+    """``value`` (JSON data) with ``old`` replaced by ``new`` in every string."""
+    if isinstance(value, str):
+        return value.replace(old, new)
+    if isinstance(value, list):
+        return [_replaced(v, old, new) for v in value]
+    if isinstance(value, dict):
+        return {k: _replaced(v, old, new) for k, v in value.items()}
+    return value
+

@@ -1,0 +1,63 @@
+"""The matrix session's side of ``--resume-matrix-ray`` (docs/cluster.md): grouping the cells to run into
+tasks and starting the executor (:mod:`pytest_resume_check.cluster.executor`), and, in a group's pytest
+on a node, writing each cell's record for the task that started it (:mod:`pytest_resume_check.cluster.wire`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_resume_check.cluster import wire
+from pytest_resume_check.plugin.options import OPT_RAY, OPT_RAY_COPY, OPT_RAY_RETRIES, Settings, group_command
+from pytest_resume_check.records.names import REFERENCE
+
+
+def start(config: pytest.Config, settings: Settings, items: list[Any], root: Path) -> Any:
+    """Connect to the cluster and submit one task per group of ``items`` (target, case, resume mode), each
+    asking its target's resources; ``pytest.UsageError`` when the cluster cannot be used."""
+    from pytest_resume_check.cluster import executor as ex
+    from pytest_resume_check.targets import run_resources
+
+    assert settings.ray is not None
+    groups: dict[str, list[Any]] = {}
+    for item in items:
+        cell = item.cell
+        groups.setdefault(f"{cell.target.name} {cell.case_id} {cell.resume_mode}", []).append(item)
+    runner = ex.RayExecutor(ex.Settings(settings.ray, settings.ray_retries, settings.ray_copy_bytes, OPT_RAY,
+                                        OPT_RAY_RETRIES, OPT_RAY_COPY), root)
+    try:
+        runner.connect()
+    except ex.ClusterError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    runner.start([(label, [i.name for i in members], run_resources(members[0].cell.target),
+                   group_command(config, [i.name for i in members])) for label, members in groups.items()],
+                 cwd=str(config.invocation_params.dir))
+    return runner
+
+
+def write_record(item: Any, call: pytest.CallInfo[None], report: pytest.TestReport, root: Path) -> None:
+    """In a group's pytest on a node: the cell's outcome, for the task that reads it (nothing elsewhere)."""
+    path = wire.stream_path()
+    if path is None:
+        return
+    from pytest_resume_check.plugin.items import ResumeCheckFailure
+
+    excinfo = call.excinfo
+    kept: list[str] = []
+    if excinfo is None:
+        outcome, text = wire.PASSED, ""
+    elif excinfo.errisinstance(pytest.skip.Exception):
+        outcome, text = wire.SKIPPED, str(getattr(excinfo.value, "msg", excinfo.value))
+    elif excinfo.errisinstance(ResumeCheckFailure):
+        outcome, text = wire.FAILED, str(excinfo.value)
+        workdir = item.result.workdir if item.result is not None else None
+        if workdir is not None:
+            kept = [str(workdir), str(workdir.parent / REFERENCE)]
+    else:
+        outcome, text = wire.ERROR, report.longreprtext
+    cell_json = item.cell_json
+    wire.write(path, {"name": item.name, "outcome": outcome, "text": text, "cell_json": cell_json,
+                      "reference_seconds": item.reference_seconds, "root": str(root), "kept": kept})

@@ -1,0 +1,232 @@
+"""``--resume-matrix-ray`` on a real Ray cluster of two nodes on this machine (a head and a second raylet,
+each with resources of its own; docs/cluster.md): the same verdict for every cell as the local run of the
+same seed, a failing cell's report and kept evidence as locally, GPU resources given by Ray or refused, a
+lost node's cells failing one line each, Ctrl-C ending every task, and no process of ours left after."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from optional import requires
+from project_session import pytest_in
+
+pytestmark = requires("ray")
+
+TRAINER = Path(__file__).resolve().parents[1] / "support" / "project_trainer.py"
+GROUP_ENV = "PYTEST_RESUME_CHECK_RAY_GROUP"
+SEED = "--resume-matrix-seed=5"
+
+#: A correct case and a planted bug (a resume loses its first input); a target that needs one GPU a run
+#: (the second node declares one) and one that needs two (no node has them).
+CONFTEST = """
+import project_trainer
+from pytest_resume_check import resume_target
+
+def declare(name, cases, **options):
+    return resume_target(project_trainer.train, name=name, steps=project_trainer.STEPS, cases=cases,
+                         preload=("project_trainer",), crash_save=False, **options)
+
+files = declare("files", [{"id": "ok"}, {"id": "bug", "skip": True}])
+gpu = declare("gpu", [{"id": "g"}], resume_modes=["auto"], resources={"CPU": 1, "GPU": 1})
+gpu2 = declare("gpu2", [{"id": "g"}], resume_modes=["auto"], resources={"GPU": 2})
+"""
+
+#: Targets held at a gate each: one on the second node, one on the head.
+HELD = """
+import project_trainer
+from pytest_resume_check import resume_target
+
+def declare(name, node):
+    return resume_target(project_trainer.train, name=name, steps=project_trainer.STEPS, resume_modes=["auto"],
+                         cases=[{{"id": "held", "gate": {gate!r}}}], preload=("project_trainer",), crash_save=False,
+                         hang_timeout=600, resources={{"CPU": 1, node: 1}})
+
+on_second = declare("on_second", "second")
+on_head = declare("on_head", "head")
+"""
+
+
+def project(path: Path, conftest: str) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "project_trainer.py").write_text(TRAINER.read_text())
+    (path / "conftest.py").write_text(conftest)
+    return path
+
+
+def cluster_of(nodes: list[dict[str, float]], flags: Path) -> object:
+    from pytest_resume_check.cluster.testing import LocalCluster
+
+    cluster = LocalCluster(nodes, env={"TRAINER_FLAG_DIR": str(flags)})
+    cluster.start()
+    return cluster
+
+
+def cells(path: Path) -> dict[str, dict[str, object]]:
+    data = json.loads(path.read_text())
+    return {f"{c['target']}[{c['case_id']}-{c['resume_mode']}-{c['kill']}]": c for c in data["cells"]}
+
+
+def ours() -> list[int]:
+    """Processes started by a group of cells on a node (they carry the group's token)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and f"{GROUP_ENV}=".encode() in Path(f"/proc/{entry}/environ").read_bytes():
+                found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+def normalised(text: str) -> str:
+    """Output with every session folder spelled ROOT and durations left out."""
+    text = re.sub(r"/\S*?/resume-matrix\d+", "ROOT", text)
+    return re.sub(r"\d+(\.\d+)? ?s\b", "N s", text)
+
+
+def block(output: str, name: str) -> str:
+    """The failure report of the cell ``name`` in pytest's FAILURES section."""
+    header = re.search(rf"^_+ .*{re.escape(name)} _+$", output, re.MULTILINE)
+    assert header is not None, output
+    end = output.find("\n____", header.end())
+    return output[header.end():end if end > 0 else None]
+
+
+def test_cluster_gives_each_cell_the_local_verdict_report_and_evidence(tmp_path):
+    pytest.importorskip("torch")  # builtin_loop, a bundled target, trains a torch model
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    path = project(tmp_path / "project", CONFTEST)
+    cluster = cluster_of([{"CPU": 1, "head": 1}, {"CPU": 1, "second": 1, "GPU": 1}], flags)
+    try:
+        common = ["--resume-matrix", SEED, "--resume-matrix-target=builtin_loop", "--resume-matrix-target=files", "-v"]
+        code, remote = pytest_in(path, *common, "--resume-matrix-target=gpu", "--resume-matrix-target=gpu2",
+                                 "-k", "files or b4-take6 or gpu", f"--resume-matrix-ray={cluster.address}",
+                                 "--resume-matrix-json=cluster.json", env={**cluster.env(), "RAY_ADDRESS": ""})
+        left = ours()
+    finally:
+        cluster.stop()
+    assert code == 1, remote
+    local_code, local = pytest_in(path, *common, "-k", "files or b4-take6", "--resume-matrix-json=local.json")
+    assert local_code == 1, local
+    on_cluster, here = cells(path / "cluster.json"), cells(path / "local.json")
+
+    # Every cell the local run has, with the same verdict, headline and rerun line.
+    assert set(here) <= set(on_cluster) and len(here) > 20
+    for name, cell in here.items():
+        got = on_cluster[name]
+        assert (got["status"], got["headline"], got["rerun"]) == (cell["status"], cell["headline"], cell["rerun"])
+    failing = sorted(n for n, c in here.items() if c["status"] != "PASSED")
+    assert failing and all(n.startswith("files[bug-") for n in failing)
+    assert any(c["status"] == "PASSED" for n, c in here.items() if n.startswith("builtin_loop["))
+
+    # A failing cell's report reads as locally; its kept folders were copied into this session's folder.
+    name = failing[0]
+    assert normalised(block(remote, name)) == normalised(block(local, name))
+    kept = re.search(r"kept: (\S+) \(checkpoints.*and (\S+) \(the uninterrupted runs\)", block(remote, name))
+    assert kept is not None, block(remote, name)
+    for folder in map(Path, kept.groups()):
+        assert folder.is_dir() and "resume-matrix" in str(folder) and "pytest-resume-check-ray" not in str(folder)
+    assert (Path(kept.group(1)) / "run0.log").is_file()
+    root = Path(kept.group(1)).parents[2]  # ROOT/files/bug/auto-ckpt1: this session's folder
+    assert re.fullmatch(r"resume-matrix\d+", root.name)
+    for run in on_cluster[name]["runs"]:
+        assert run["log_file"].startswith(f"{root}/") and Path(run["log_file"]).is_file()
+
+    # GPU resources: each run of `gpu` saw the device Ray gave its task; `gpu2` is refused in one line.
+    seen = [f.read_text().split() for f in flags.iterdir()]
+    gpu_runs = [s for s in seen if s[0] == "gpu"]
+    assert gpu_runs and all(s[2] == "0" for s in gpu_runs), seen
+    assert all(s[2] == "-" for s in seen if s[0] == "files")
+    assert all(c["status"] == "PASSED" for n, c in on_cluster.items() if n.startswith("gpu["))
+    refused = [c for n, c in on_cluster.items() if n.startswith("gpu2[")]
+    assert refused and all(c["status"] == "TARGET_ERROR" and "no node of the Ray cluster" in c["headline"]
+                           and "\n" not in c["headline"] for c in refused)
+    assert left == []
+
+
+def test_lost_node_fails_its_cells_and_ctrl_c_stops_every_task(tmp_path):
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    gate = tmp_path / "never"
+    path = project(tmp_path / "project", HELD.format(gate=str(gate)))
+    code, listed = pytest_in(path, "--resume-matrix", "--co", "-q")
+    held = [ln for ln in listed.splitlines() if ln.startswith("resume-matrix::on_second[")]
+    assert held, listed
+    cluster = cluster_of([{"CPU": 1, "head": 1}, {"CPU": 1, "second": 1}], flags)
+    out = tmp_path / "out.txt"
+    try:
+        with open(out, "w") as sink:
+            session = subprocess.Popen(
+                [sys.executable, "-m", "pytest", "--resume-matrix", SEED, "-v", "-p", "no:randomly",
+                 f"--resume-matrix-ray={cluster.address}", "--resume-matrix-json=cluster.json"],
+                cwd=path, stdout=sink, stderr=subprocess.STDOUT,
+                env={**os.environ, **cluster.env(), "RAY_ADDRESS": "", "PYTHONPATH": str(path), "COLUMNS": "200"})
+        try:
+            runs = wait_for(lambda: {f.read_text().split()[0]: int(f.name.split("-")[1]) for f in flags.iterdir()},
+                            lambda got: len(got) == 2, "a run of each target to start")
+            cluster.kill_node(1)  # the second node's raylet: its task's cells fail, the session goes on
+            wait_for(lambda: out.read_text().count(" FAILED"), lambda n: n >= len(held), "the lost node's cells")
+            wait_for(lambda: alive(runs["on_second"]), lambda up: not up, "the lost node's run to end")
+            assert alive(runs["on_head"])
+            session.send_signal(signal.SIGINT)  # Ctrl-C: the head's task is stopped, its run ended
+            code = session.wait(timeout=120)
+        finally:
+            if session.poll() is None:
+                session.kill()
+        left = ours()
+    finally:
+        cluster.stop()
+    output = out.read_text()
+    assert code == 2, output
+    lost = {n: c for n, c in cells(path / "cluster.json").items() if n.startswith("on_second[")}
+    assert len(lost) == len(held)
+    for cell in lost.values():
+        assert cell["status"] == "HARNESS" and "\n" not in cell["headline"], cell["headline"]
+        assert re.match(r"HARNESS: Ray node \S+ \(.*node id [0-9a-f]{12}\) was lost while it ran this cell's group "
+                        r"\(NodeDiedError\)", cell["headline"]), cell["headline"]
+    assert not alive(runs["on_head"]) and left == []
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] != "Z"
+
+
+def wait_for(read, done, what: str, timeout: float = 180.0):
+    """Read until ``done(value)``; the limit only guards against a broken run hanging the suite."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = read()
+        if done(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:g} s for {what}; last seen: {value!r}")
+        time.sleep(0.1)
+
+
+def test_a_cluster_that_cannot_be_used_is_one_error(tmp_path):
+    path = project(tmp_path / "project", CONFTEST)
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    code, output = pytest_in(path, "--resume-matrix", "-k", "files", f"--resume-matrix-ray=127.0.0.1:{port}")
+    assert code == 4 and f"--resume-matrix-ray=127.0.0.1:{port}: no Ray head answers there" in output, output
+    assert "Traceback" not in output
+    code, output = pytest_in(path, "--resume-matrix", "--resume-matrix-ray=auto", "-n", "2")
+    assert code == 4 and "drop -n" in output, output
+    code, output = pytest_in(path, "--resume-matrix", "--resume-matrix-ray=auto", "--resume-matrix-ray-retries=x")
+    assert code == 4 and "--resume-matrix-ray-retries='x' must be a whole number" in output, output
