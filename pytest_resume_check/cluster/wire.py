@@ -4,8 +4,8 @@ grows and passes each record on).
 
 A record: ``name`` (the cell), ``outcome`` (``passed``, ``failed`` with ``text`` the failure report,
 ``skipped`` with ``text`` the reason, ``error`` with ``text`` pytest's report of an error outside a
-verdict), ``cell_json`` (None for an error), ``reference_seconds``, ``rerun`` (the command that session
-wrote, which the pytest side replaces with its own), ``root`` (that session's folder) and ``kept`` (the
+verdict), ``cell_json`` (None for an error; its ``rerun`` is that session's command, which the pytest
+side replaces with its own), ``reference_seconds``, ``root`` (that session's folder) and ``kept`` (the
 folders a failing cell keeps).
 
 Stdlib only: the plugin imports this whether or not Ray is installed.
