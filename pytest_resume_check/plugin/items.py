@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from pytest_resume_check.plugin.options import Settings
+from pytest_resume_check.plugin.options import NODE_PREFIX, Settings
 
 MARKER = "resume_matrix"
 
@@ -79,6 +79,8 @@ class ResumeMatrix(pytest.Collector):
             return [self._broken(f"{target.name}[matrix]", message)]
         items: list[pytest.Item] = []
         axis = matrix.crash_axis(target)  # declared, or the default smoke cells where they apply
+        if axis is not None and not self._crash_cells_wanted(target.name):
+            axis = None  # only other cells of it are named (a rerun line, a group on a cluster node)
         if axis is not None and self.config.option.collectonly:
             self.matrix.unrecorded.append(target.name)
         elif axis is not None:
@@ -92,6 +94,26 @@ class ResumeMatrix(pytest.Collector):
         items += [ResumeCell.from_parent(self, cell=cell, matrix=self.matrix,
                                          **self._named(cell.name)) for cell in cells]
         return items
+
+    def _crash_cells_wanted(self, target: str) -> bool:
+        """Whether the session may run crash cells of ``target``: not when cells are named and none of the
+        target's is one (recording the save runs the trainer once, for nothing then)."""
+        from pytest_resume_check.records import kill_ids
+
+        s = self.matrix.settings
+        named = [*s.cells, *(n[len(NODE_PREFIX):] for n in s.node_ids)]
+        if not named:
+            return True
+        for name in named:
+            parts = kill_ids.split_cell_name(name)
+            if parts is None or parts[0] != target:
+                continue
+            try:
+                if any(k.fault is not None for k in kill_ids.parse_kill_id(parts[3])):
+                    return True
+            except ValueError:  # not a kill id we read: let the matrix say the name is no cell's
+                return True
+        return False
 
     def _broken(self, name: str, message: str) -> pytest.Item:
         return BrokenTarget.from_parent(self, message=message, **self._named(name))

@@ -103,3 +103,20 @@ def test_collect_only_says_the_smoke_cells_are_not_listed_and_runs_nothing(tmp_p
     assert code == 0, out[-3000:]
     assert "resume-check: files: crash-consistency cells not listed" in out
     assert "save2" not in out
+
+
+def test_a_rerun_of_a_cell_killed_after_a_checkpoint_records_no_save(tmp_path):
+    """Naming only cells that are not crash cells (a rerun line, a group of cells on a cluster node) skips
+    recording the save the crash cells need: that run would train once for nothing. Naming a crash cell
+    still records it. Each run leaves a file when it starts: the reference's two runs, the cell's runs,
+    and the recording run if there is one."""
+    path = project(tmp_path / "p")
+    for name, recorded in (("files[ok-auto-ckpt1]", 0), ("files[ok-auto-save2op9:power]", 1)):
+        flags, report = tmp_path / f"flags-{recorded}", tmp_path / f"cells-{recorded}.json"
+        flags.mkdir()
+        done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
+                               "--resume-matrix", "--resume-matrix-seed=1", f"--resume-matrix-cell={name}",
+                               f"--resume-matrix-json={report}"], cwd=path, capture_output=True, text=True,
+                              timeout=600, env={**os.environ, "PYTHONPATH": str(path), "TRAINER_FLAG_DIR": str(flags)})
+        [cell] = json.loads(report.read_text())["cells"]
+        assert len(list(flags.iterdir())) == 2 + len(cell["runs"]) + recorded, done.stdout[-3000:]
