@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import socket
 import tarfile
 import threading
@@ -129,10 +130,11 @@ class RayExecutor:
             import ray
         except ImportError as exc:
             raise ClusterError(ERR_NO_RAY.format(opt=s.option, error=exc)) from None
-        if s.address != "auto" and not s.address.startswith("ray://"):
-            _check_reachable(s.option, s.address)
+        address = _resolved(s.option, s.address)
+        if not address.startswith("ray://") and address != "auto":
+            _check_reachable(s.option, address, auto=s.address == "auto")
         try:
-            ray.init(address=s.address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.ERROR)
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.ERROR)
         except ConnectionError as exc:
             template = ERR_NO_CLUSTER if s.address == "auto" else ERR_UNREACHABLE
             raise ClusterError(template.format(opt=s.option, address=s.address, error=_first_line(exc))) from None
@@ -297,17 +299,40 @@ class RayExecutor:
         return problems
 
 
-def _check_reachable(option: str, address: str) -> None:
+def _resolved(option: str, address: str) -> str:
+    """The head's ``host:port`` for ``auto`` as Ray finds it (``RAY_ADDRESS``, else the cluster last started
+    on this machine); ``address`` itself otherwise, or where Ray's lookup is not there to ask."""
+    if address != "auto":
+        return address
+    if os.environ.get("RAY_ADDRESS"):  # as given: Ray's lookup would turn 127.0.0.1 into this machine's address
+        return os.environ["RAY_ADDRESS"]
+    try:
+        from ray._private import services
+    except ImportError:
+        return address
+    try:
+        found = services.canonicalize_bootstrap_address(address)
+    except Exception as exc:
+        raise ClusterError(ERR_NO_CLUSTER.format(opt=option, error=_first_line(exc))) from None
+    if not found:
+        raise ClusterError(ERR_NO_CLUSTER.format(opt=option, error="RAY_ADDRESS is unset and no cluster was started "
+                                                                   "on this machine"))
+    return str(found)
+
+
+def _check_reachable(option: str, address: str, auto: bool = False) -> None:
+    """A head that does not accept a connection within :data:`CONNECT_TIMEOUT` is one error (Ray itself
+    would retry for minutes)."""
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT):
             return
-    except ValueError:
-        raise ClusterError(ERR_UNREACHABLE.format(opt=option, address=address,
-                                                  error="not host:port")) from None
-    except OSError as exc:
-        raise ClusterError(ERR_UNREACHABLE.format(opt=option, address=address,
-                                                  error=exc.strerror or str(exc))) from None
+    except (ValueError, OSError) as exc:
+        error = "not host:port" if isinstance(exc, ValueError) else exc.strerror or str(exc)
+    if auto:
+        error = f"the cluster Ray finds, {address}, does not answer: {error}"
+        raise ClusterError(ERR_NO_CLUSTER.format(opt=option, error=error))
+    raise ClusterError(ERR_UNREACHABLE.format(opt=option, address=address, error=error))
 
 
 def _is_node_lost(ray: Any, exc: Exception) -> bool:

@@ -167,9 +167,10 @@ def test_lost_node_fails_its_cells_and_ctrl_c_stops_every_task(tmp_path):
         with open(out, "w") as sink:
             session = subprocess.Popen(
                 [sys.executable, "-m", "pytest", "--resume-matrix", SEED, "-v", "-p", "no:randomly",
-                 f"--resume-matrix-ray={cluster.address}", "--resume-matrix-json=cluster.json"],
+                 "--resume-matrix-ray=auto", "--resume-matrix-json=cluster.json"],
                 cwd=path, stdout=sink, stderr=subprocess.STDOUT,
-                env={**os.environ, **cluster.env(), "RAY_ADDRESS": "", "PYTHONPATH": str(path), "COLUMNS": "200"})
+                env={**os.environ, **cluster.env(), "RAY_ADDRESS": cluster.address, "PYTHONPATH": str(path),
+                     "COLUMNS": "200"})
         try:
             runs = wait_for(lambda: {f.read_text().split()[0]: int(f.name.split("-")[1]) for f in flags.iterdir()},
                             lambda got: len(got) == 2, "a run of each target to start")
@@ -226,6 +227,10 @@ def test_a_cluster_that_cannot_be_used_is_one_error(tmp_path):
     code, output = pytest_in(path, "--resume-matrix", "-k", "files", f"--resume-matrix-ray=127.0.0.1:{port}")
     assert code == 4 and f"--resume-matrix-ray=127.0.0.1:{port}: no Ray head answers there" in output, output
     assert "Traceback" not in output
+    code, output = pytest_in(path, "--resume-matrix", "-k", "files", "--resume-matrix-ray=auto",
+                             env={"RAY_ADDRESS": f"127.0.0.1:{port}"})
+    assert code == 4 and (f"--resume-matrix-ray=auto: no Ray cluster found for this machine (the cluster Ray finds, "
+                          f"127.0.0.1:{port}, does not answer") in output, output
     code, output = pytest_in(path, "--resume-matrix", "--resume-matrix-ray=auto", "-n", "2")
     assert code == 4 and "drop -n" in output, output
     code, output = pytest_in(path, "--resume-matrix", "--resume-matrix-ray=auto", "--resume-matrix-ray-retries=x")
