@@ -50,6 +50,9 @@ MSG_NO_NODE = ("target {target!r} needs {need} a run (resources=), and no node o
 #: The headline of a cell whose task's node was lost before the cell had its outcome.
 MSG_NODE_LOST = ("Ray node {node} was lost while it ran this cell's group ({error}); nothing was judged: rerun the "
                  "cell, or give {opt}=1 to run a lost node's unfinished cells again elsewhere")
+MSG_WORKER_LOST = ("the Ray worker that ran this cell's group on node {node} died ({error}: out of memory, or "
+                   "killed); nothing was judged: rerun the cell, or give {opt}=1 to run its group's unfinished cells "
+                   "again")
 #: The headline of a cell its task ended without (the group's pytest stopped early, or the task failed).
 MSG_NOT_RUN = "the group's pytest on node {node} ended {how} before this cell had an outcome: {why}"
 #: Added to a failing cell's report whose kept folders were too big to copy back.
@@ -217,7 +220,8 @@ class RayExecutor:
                 self._submit(retry, remote)
                 return
             if lost:
-                self._fail_left(task, categories.HARNESS, MSG_NODE_LOST.format(
+                template = MSG_NODE_LOST if lost == LOST_NODE else MSG_WORKER_LOST
+                self._fail_left(task, categories.HARNESS, template.format(
                     node=task.node_name(), error=type(exc).__name__, opt=self.settings.retries_option))
                 return
             why = ("with an error of its task", _first_line(exc))
@@ -230,8 +234,9 @@ class RayExecutor:
     def _can_run(self, task: Task) -> bool:
         """Whether a node still alive has what one of ``task``'s runs needs (else a retry would wait forever)."""
         need = {"CPU": task.options["num_cpus"], "GPU": task.options["num_gpus"], **task.options["resources"]}
+        lost = task.node.get("node_id")  # Ray may list it alive for a moment still
         return any(_fits({k: v for k, v in need.items() if v}, n.get("Resources", {}))
-                   for n in self._ray.nodes() if n.get("Alive"))
+                   for n in self._ray.nodes() if n.get("Alive") and n.get("NodeID") != lost)
 
     def _fail_left(self, task: Task, category: str, message: str) -> None:
         for name in task.cells:
@@ -335,12 +340,21 @@ def _check_reachable(option: str, address: str, auto: bool = False) -> None:
     raise ClusterError(ERR_UNREACHABLE.format(opt=option, address=address, error=error))
 
 
-def _is_node_lost(ray: Any, exc: Exception) -> bool:
-    """A task that failed because its node or worker process went away (not because of its own code)."""
-    kinds = tuple(getattr(ray.exceptions, name) for name in ("NodeDiedError", "WorkerCrashedError",
-                                                              "ObjectLostError", "LocalRayletDiedError")
-                  if hasattr(ray.exceptions, name))
-    return isinstance(exc, kinds)
+#: What :func:`_is_node_lost` answers: the task's node went away, or only the worker process it ran in.
+LOST_NODE, LOST_WORKER = "node", "worker"
+
+
+def _is_node_lost(ray: Any, exc: Exception) -> str:
+    """Why a task failed when its node or worker process went away (not because of its own code); ``""``
+    for any other failure."""
+    def kinds(*names: str) -> tuple[type, ...]:
+        return tuple(getattr(ray.exceptions, name) for name in names if hasattr(ray.exceptions, name))
+
+    if isinstance(exc, kinds("NodeDiedError", "LocalRayletDiedError")):
+        return LOST_NODE
+    if isinstance(exc, kinds("WorkerCrashedError", "ObjectLostError")):
+        return LOST_WORKER
+    return ""
 
 
 def _fits(need: Mapping[str, float], has: Mapping[str, Any]) -> bool:

@@ -2,9 +2,9 @@
 (target, case, resume mode), and the entry point of the pytest session it starts there.
 
 :func:`run_group` is a generator task: it first yields which node it runs on, then starts the group's
-own pytest (``python -m pytest_resume_check.cluster.node PARENT ARGS...``: the cells named, the seed
-and the options of the session that submitted it, a folder of its own under the node's temporary
-directory), and yields each cell's record (:mod:`.wire`) as that pytest writes it, a failing cell's kept
+own pytest (``python -m pytest_resume_check.cluster.node LINE OUTPUT EXIT ARGS...``: the cells named,
+the seed and the options of the session that submitted it, a folder of its own under the node's
+temporary directory), and yields each cell's record (:mod:`.wire`) as that pytest writes it, a failing cell's kept
 folders packed with it (up to the copy limit; beyond it their paths are named and the folders stay on
 the node). Last it yields how that pytest ended.
 
@@ -51,7 +51,8 @@ TAIL_LINES = 15
 
 ERR_NO_FOLDER = ("node {host} has no folder {cwd}: every node runs the project from the path pytest was started in "
                  "on the submitting machine; check the project out there (and install it as there)")
-
+ERR_BASE = ("{path} is not a folder of this user's own (a symlink, or another user's): remove it, or point TMPDIR "
+            "elsewhere on this node")
 
 
 def node_info() -> dict[str, str]:
@@ -114,8 +115,7 @@ class Group:
     def __init__(self, spec: dict[str, Any], stopped: Any = lambda: False):
         self.spec = spec
         self.stopped = stopped
-        self.base = Path(tempfile.gettempdir(), BASE_FOLDER.format(uid=os.getuid()))
-        self.base.mkdir(mode=0o700, exist_ok=True)
+        self.base = own_folder(Path(tempfile.gettempdir(), BASE_FOLDER.format(uid=os.getuid())))
         self.folder = Path(tempfile.mkdtemp(prefix=f"{spec['session'][:12]}-", dir=self.base))
         self.stream = self.folder / "cells.jsonl"
         self.output = self.folder / "pytest.log"
@@ -205,6 +205,18 @@ class Group:
         sweep.kill_until_gone(lambda: sweep.escaped(self.token, variable=wire.GROUP_ENV))
         if not self.keep:
             remove_inside(self.folder, self.base, ignore_errors=True)
+
+
+def own_folder(path: Path) -> Path:
+    """``path``, made if missing; it must be a real folder of this user's, private (the node's temporary
+    directory is shared: another user could have put a symlink there)."""
+    path.mkdir(mode=0o700, exist_ok=True)
+    st = path.lstat()
+    if not path.is_dir() or path.is_symlink() or st.st_uid != os.getuid():
+        raise RuntimeError(ERR_BASE.format(path=path))
+    if st.st_mode & 0o077:
+        path.chmod(0o700)
+    return path
 
 
 def _environ(pid: int) -> str:

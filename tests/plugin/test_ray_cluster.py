@@ -108,9 +108,11 @@ def test_cluster_gives_each_cell_the_local_verdict_report_and_evidence(tmp_path)
     cluster = cluster_of([{"CPU": 1, "head": 1}, {"CPU": 1, "second": 1, "GPU": 1}], flags)
     try:
         common = ["--resume-matrix", SEED, "--resume-matrix-target=builtin_loop", "--resume-matrix-target=files", "-v"]
-        code, remote = pytest_in(path, *common, "--resume-matrix-target=gpu", "--resume-matrix-target=gpu2",
-                                 "-k", "files or b4-take6 or gpu", f"--resume-matrix-ray={cluster.address}",
-                                 "--resume-matrix-json=cluster.json", env={**cluster.env(), "RAY_ADDRESS": ""})
+        ray = [f"--resume-matrix-ray={cluster.address}", "--resume-matrix-target=gpu", "--resume-matrix-target=gpu2"]
+        env = {**cluster.env(), "RAY_ADDRESS": ""}
+        code, remote = pytest_in(path, *common, *ray, "-k", "files or b4-take6 or gpu", "--junitxml=junit.xml",
+                                 "--resume-matrix-json=cluster.json", env=env)
+        again_code, again = pytest_in(path, *common, *ray, "--lf", "--resume-matrix-json=again.json", env=env)
         left = ours()
     finally:
         cluster.stop()
@@ -121,9 +123,12 @@ def test_cluster_gives_each_cell_the_local_verdict_report_and_evidence(tmp_path)
 
     # Every cell the local run has, with the same verdict, headline and rerun line.
     assert set(here) <= set(on_cluster) and len(here) > 20
+    same = ("status", "headline", "rerun", "categories", "findings", "reference", "composite", "marks", "story",
+            "resumed_from", "known_finding")
     for name, cell in here.items():
         got = on_cluster[name]
-        assert (got["status"], got["headline"], got["rerun"]) == (cell["status"], cell["headline"], cell["rerun"])
+        assert {k: got[k] for k in same} == {k: cell[k] for k in same}, name
+        assert [r["outcome"] for r in got["runs"]] == [r["outcome"] for r in cell["runs"]], name
     failing = sorted(n for n, c in here.items() if c["status"] != "PASSED")
     assert failing and all(n.startswith("files[bug-") for n in failing)
     assert any(c["status"] == "PASSED" for n, c in here.items() if n.startswith("builtin_loop["))
@@ -151,6 +156,13 @@ def test_cluster_gives_each_cell_the_local_verdict_report_and_evidence(tmp_path)
     assert refused and all(c["status"] == "TARGET_ERROR" and "no node of the Ray cluster" in c["headline"]
                            and "\n" not in c["headline"] for c in refused)
     assert left == []
+
+    # junit has every cell with its target's class name and verdict; --lf reruns exactly the failing cells.
+    junit = (path / "junit.xml").read_text()
+    assert junit.count('classname="resume-matrix.files"') == sum(n.startswith("files[") for n in on_cluster)
+    assert '<property name="verdict" value="LOST"' in junit or '<property name="verdict" value="DUPLICATED"' in junit
+    failed_before = sorted(n for n, c in on_cluster.items() if c["status"] not in ("PASSED", "XFAIL"))
+    assert again_code == 1 and sorted(cells(path / "again.json")) == failed_before, again
 
 
 def test_lost_node_fails_its_cells_and_ctrl_c_stops_every_task(tmp_path):
