@@ -23,6 +23,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from pytest_resume_check.process.sweep import group_members
+
 #: How long a node may take to join, and its processes to end once stopped.
 START_TIMEOUT = 120.0
 STOP_TIMEOUT = 30.0
@@ -34,22 +36,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live processes of process group ``pgid`` (from ``/proc``)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            found.append(int(entry))
-    return found
 
 
 def command_line(pid: int) -> str:

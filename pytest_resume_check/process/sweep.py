@@ -55,6 +55,22 @@ def escaped(token: str, server_pid: int | None = None, variable: str = RUN_TOKEN
     return found
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live processes (not zombies) of process group ``pgid``; empty without ``/proc``."""
+    if not os.path.isdir(PROC):
+        return []
+    members = []
+    for name in os.listdir(PROC):
+        try:
+            with open(f"{PROC}/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[-1].split()
+            if name.isdigit() and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+                members.append(int(name))
+        except (OSError, IndexError, ValueError):  # not a process, or gone meanwhile
+            continue
+    return members
+
+
 def group_not_stopped(pgid: int) -> list[int]:
     """Threads (by id) of the processes of group ``pgid`` that are neither stopped nor dead. Empty
     without ``/proc``: the caller then cannot check and goes on."""
