@@ -57,6 +57,8 @@ MSG_WORKER_LOST = ("the Ray worker that ran this cell's group on node {node} die
 MSG_NOT_RUN = "the group's pytest on node {node} ended {how} before this cell had an outcome: {why}"
 #: Added to a failing cell's report whose kept folders were too big to copy back.
 MSG_LEFT_ON_NODE = ("  kept on node {node} (not copied back: {mb:.0f} MB, more than {opt}={limit:g}): {paths}")
+#: The outcome of a cell asked for after the session stopped the cluster's tasks.
+MSG_STOPPED = "HARNESS: the session stopped its Ray tasks before this cell had an outcome; rerun the cell"
 MSG_CANCEL_PROBLEM = "the Ray task of {group} did not end within {seconds:g} s of the session's stop (node {node})"
 
 
@@ -183,9 +185,9 @@ class RayExecutor:
     def outcome(self, name: str) -> CellOutcome:
         """The outcome of cell ``name``, once its task reported it (Ctrl-C interrupts the wait)."""
         with self._cond:
-            while name not in self._outcomes:
+            while name not in self._outcomes and not self._closing:
                 self._cond.wait(0.5)
-            return self._outcomes[name]
+            return self._outcomes.get(name) or CellOutcome(wire.FAILED, MSG_STOPPED, category="HARNESS")
 
     def _answer(self, name: str, outcome: CellOutcome) -> None:
         with self._cond:
@@ -299,7 +301,7 @@ class RayExecutor:
             ray.shutdown()
         finally:
             self._ray = None
-        with self._cond:  # an item that still waits (it cannot: the session is over) gets an answer
+        with self._cond:  # an item that would still wait gets MSG_STOPPED
             self._cond.notify_all()
         return problems
 
