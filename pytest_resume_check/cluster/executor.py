@@ -36,6 +36,8 @@ CANCEL_WAIT = 120.0
 CONNECT_TIMEOUT = 10.0
 #: Ray's namespace for the session's tasks.
 NAMESPACE = "pytest-resume-check"
+#: The resource only Ray's head node has (the session's control actor lives there).
+HEAD_RESOURCE = "node:__internal_head__"
 
 ERR_NO_RAY = ("{opt} needs Ray in this environment and on every node: pip install 'ray[default]' (verl brings it); "
               "{error}")
@@ -155,8 +157,11 @@ class RayExecutor:
 
         ray = self._ray
         remote = ray.remote(run_group)
-        self._control = ray.remote(num_cpus=0)(Control).options(name=f"resume-check-{self.session}").remote()
         nodes = [n for n in ray.nodes() if n.get("Alive")]
+        # On the head: an actor on a node that is lost would tell every task the session stopped.
+        head = {HEAD_RESOURCE: 0.001} if any(HEAD_RESOURCE in n.get("Resources", {}) for n in nodes) else {}
+        self._control = ray.remote(num_cpus=0)(Control).options(name=f"resume-check-{self.session}",
+                                                                resources=head).remote()
         for label, names, need, args in groups:
             if not any(_fits(need, n.get("Resources", {})) for n in nodes):
                 text = f"{categories.TARGET_ERROR}: " + MSG_NO_NODE.format(

@@ -78,6 +78,14 @@ for every node."""
             raise
         return self.address
 
+    def add_node(self, resources: Mapping[str, float]) -> int:
+        """Start one more node with ``resources`` and wait until it has joined; returns its index."""
+        self.nodes.append(dict(resources))
+        index = len(self.nodes) - 1
+        self._start_node(index, resources, 0)
+        self._wait_joined()
+        return index
+
     def _start_node(self, index: int, resources: Mapping[str, float], port: int) -> None:
         ray = str(Path(sys.executable).with_name("ray"))
         custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}

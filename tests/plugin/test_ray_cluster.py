@@ -39,18 +39,20 @@ gpu = declare("gpu", [{"id": "g"}], resume_modes=["auto"], resources={"CPU": 1, 
 gpu2 = declare("gpu2", [{"id": "g"}], resume_modes=["auto"], resources={"GPU": 2})
 """
 
-#: Targets held at a gate each: one on the second node, one on the head.
+#: Targets held at a gate each: one only the second node can run, one that a third node can run too (the
+#: gate of its first runs opens once the second node is lost), one on the head.
 HELD = """
 import project_trainer
 from pytest_resume_check import resume_target
 
-def declare(name, node):
+def declare(name, node, gate):
     return resume_target(project_trainer.train, name=name, steps=project_trainer.STEPS, resume_modes=["auto"],
-                         cases=[{{"id": "held", "gate": {gate!r}}}], preload=("project_trainer",), crash_save=False,
+                         cases=[{{"id": "held", "gate": gate}}], preload=("project_trainer",), crash_save=False,
                          hang_timeout=600, resources={{"CPU": 1, node: 1}})
 
-on_second = declare("on_second", "second")
-on_head = declare("on_head", "head")
+on_second = declare("on_second", "second", {never!r})
+roams = declare("roams", "roam", {later!r})
+on_head = declare("on_head", "head", {never!r})
 """
 
 
@@ -165,29 +167,36 @@ def test_cluster_gives_each_cell_the_local_verdict_report_and_evidence(tmp_path)
     assert again_code == 1 and sorted(cells(path / "again.json")) == failed_before, again
 
 
-def test_lost_node_fails_its_cells_and_ctrl_c_stops_every_task(tmp_path):
+def test_lost_node_fails_its_cells_or_runs_them_elsewhere_and_ctrl_c_stops_every_task(tmp_path):
+    """The second node runs two groups when its raylet is killed: `on_second`'s cells (no other node has its
+    resource) fail one line each; `roams`'s run again on a third node (--resume-matrix-ray-retries=1) and
+    pass. Then Ctrl-C while `on_head`'s group waits: the session ends, nothing of ours is left."""
     flags = tmp_path / "flags"
     flags.mkdir()
-    gate = tmp_path / "never"
-    path = project(tmp_path / "project", HELD.format(gate=str(gate)))
+    later = tmp_path / "later"
+    path = project(tmp_path / "project", HELD.format(never=str(tmp_path / "never"), later=str(later)))
     code, listed = pytest_in(path, "--resume-matrix", "--co", "-q")
     held = [ln for ln in listed.splitlines() if ln.startswith("resume-matrix::on_second[")]
-    assert held, listed
-    cluster = cluster_of([{"CPU": 1, "head": 1}, {"CPU": 1, "second": 1}], flags)
+    moved = [ln for ln in listed.splitlines() if ln.startswith("resume-matrix::roams[")]
+    assert held and moved, listed
+    cluster = cluster_of([{"CPU": 1, "head": 1}, {"CPU": 2, "second": 1, "roam": 1}], flags)
     out = tmp_path / "out.txt"
     try:
         with open(out, "w") as sink:
             session = subprocess.Popen(
                 [sys.executable, "-m", "pytest", "--resume-matrix", SEED, "-v", "-p", "no:randomly",
-                 "--resume-matrix-ray=auto", "--resume-matrix-json=cluster.json"],
+                 "--resume-matrix-ray=auto", "--resume-matrix-ray-retries=1", "--resume-matrix-json=cluster.json"],
                 cwd=path, stdout=sink, stderr=subprocess.STDOUT,
                 env={**os.environ, **cluster.env(), "RAY_ADDRESS": cluster.address, "PYTHONPATH": str(path),
                      "COLUMNS": "200"})
         try:
             runs = wait_for(lambda: {f.read_text().split()[0]: int(f.name.split("-")[1]) for f in flags.iterdir()},
-                            lambda got: len(got) == 2, "a run of each target to start")
-            cluster.kill_node(1)  # the second node's raylet: its task's cells fail, the session goes on
+                            lambda got: len(got) == 3, "a run of each target to start")
+            cluster.add_node({"CPU": 1, "roam": 1})  # where the roaming group can go once the second is lost
+            cluster.kill_node(1)  # the second node's raylet: its tasks fail, the session goes on
+            later.touch()
             wait_for(lambda: out.read_text().count(" FAILED"), lambda n: n >= len(held), "the lost node's cells")
+            wait_for(lambda: out.read_text().count(" PASSED"), lambda n: n >= len(moved), "the moved cells")
             wait_for(lambda: alive(runs["on_second"]), lambda up: not up, "the lost node's run to end")
             assert alive(runs["on_head"])
             session.send_signal(signal.SIGINT)  # Ctrl-C: the head's task is stopped, its run ended
@@ -200,12 +209,15 @@ def test_lost_node_fails_its_cells_and_ctrl_c_stops_every_task(tmp_path):
         cluster.stop()
     output = out.read_text()
     assert code == 2, output
-    lost = {n: c for n, c in cells(path / "cluster.json").items() if n.startswith("on_second[")}
+    judged = cells(path / "cluster.json")
+    lost = {n: c for n, c in judged.items() if n.startswith("on_second[")}
     assert len(lost) == len(held)
     for cell in lost.values():
         assert cell["status"] == "HARNESS" and "\n" not in cell["headline"], cell["headline"]
         assert re.match(r"HARNESS: Ray node \S+ \(.*node id [0-9a-f]{12}\) was lost while it ran this cell's group "
                         r"\(NodeDiedError\)", cell["headline"]), cell["headline"]
+    again = {n: c for n, c in judged.items() if n.startswith("roams[")}
+    assert len(again) == len(moved) and all(c["status"] == "PASSED" for c in again.values()), again
     assert not alive(runs["on_head"]) and left == []
 
 
