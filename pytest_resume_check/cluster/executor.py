@@ -32,6 +32,8 @@ from pytest_resume_check.process.layout import check_inside
 
 #: How long the end of the session waits for stopped tasks to end their groups' pytest sessions.
 CANCEL_WAIT = 120.0
+#: How long the session's control actor may take to start, or to take the stop.
+ACTOR_TIMEOUT = 120.0
 #: How long a head's address may take to accept a connection before it counts as unreachable.
 CONNECT_TIMEOUT = 10.0
 #: Ray's namespace for the session's tasks.
@@ -45,6 +47,8 @@ ERR_UNREACHABLE = ("{opt}={address}: no Ray head answers there ({error}); start 
                    "(ray start --head --port=PORT) or give its address as host:port")
 ERR_NO_CLUSTER = ("{opt}=auto: no Ray cluster found for this machine ({error}); start one (ray start --head), join "
                   "this machine to one, set RAY_ADDRESS, or give the head's address")
+ERR_ACTOR = ("{opt}: the session's control actor did not start on the Ray head within {seconds:g} s ({error}); check "
+             "the head's health (ray status)")
 ERR_CONNECT = "{opt}={address}: connecting to the Ray cluster failed: {error}"
 #: The headline of the cells of a target no node has the resources for.
 MSG_NO_NODE = ("target {target!r} needs {need} a run (resources=), and no node of the Ray cluster at {address} has "
@@ -162,6 +166,11 @@ class RayExecutor:
         head = {HEAD_RESOURCE: 0.001} if any(HEAD_RESOURCE in n.get("Resources", {}) for n in nodes) else {}
         self._control = ray.remote(num_cpus=0)(Control).options(name=f"resume-check-{self.session}",
                                                                 resources=head).remote()
+        try:  # ready before any task asks it
+            ray.get(self._control.stopped.remote(), timeout=ACTOR_TIMEOUT)
+        except Exception as exc:
+            raise ClusterError(ERR_ACTOR.format(opt=self.settings.option, seconds=ACTOR_TIMEOUT,
+                                                error=_first_line(exc))) from None
         for label, names, need, args in groups:
             if not any(_fits(need, n.get("Resources", {})) for n in nodes):
                 text = f"{categories.TARGET_ERROR}: " + MSG_NO_NODE.format(
@@ -291,8 +300,8 @@ class RayExecutor:
         ray = self._ray
         if self._control is not None and any(t.thread is not None and t.thread.is_alive() for t in self._tasks):
             try:
-                ray.get(self._control.stop.remote(), timeout=CANCEL_WAIT)
-            except Exception:  # the actor is gone: the tasks take that as stop too
+                ray.get(self._control.stop.remote(), timeout=ACTOR_TIMEOUT)
+            except Exception:  # gone or not answering: the tasks end with the driver (their pipes close)
                 pass
         problems = []
         deadline = time.monotonic() + CANCEL_WAIT

@@ -95,11 +95,15 @@ def run_group(spec: dict[str, Any], control: Any) -> Iterator[dict[str, Any]]:
 
 
 def _stopped(control: Any) -> bool:
+    """Whether the session said stop, or its actor is gone (and so is the session); a slow answer on a
+    loaded cluster is asked again later, never taken for a stop."""
     import ray
 
     try:
         return bool(ray.get(control.stopped.remote(), timeout=CONTROL_TIMEOUT))
-    except Exception:  # the session's actor is gone: so is the session
+    except ray.exceptions.GetTimeoutError:
+        return False
+    except Exception:
         return True
 
 

@@ -30,11 +30,12 @@ def start(config: pytest.Config, settings: Settings, items: list[Any], root: Pat
                                         OPT_RAY_RETRIES, OPT_RAY_COPY), root)
     try:
         runner.connect()
+        runner.start([(label, [i.name for i in members], run_resources(members[0].cell.target),
+                       group_command(config, [i.name for i in members])) for label, members in groups.items()],
+                     cwd=str(config.invocation_params.dir))
     except ex.ClusterError as exc:
+        runner.close()
         raise pytest.UsageError(str(exc)) from None
-    runner.start([(label, [i.name for i in members], run_resources(members[0].cell.target),
-                   group_command(config, [i.name for i in members])) for label, members in groups.items()],
-                 cwd=str(config.invocation_params.dir))
     return runner
 
 
