@@ -114,14 +114,18 @@ def test_cluster_gives_each_cell_the_local_verdict_report_and_evidence(tmp_path)
         common = ["--resume-matrix", SEED, "--resume-matrix-target=builtin_loop", "--resume-matrix-target=files", "-v"]
         ray = [f"--resume-matrix-ray={cluster.address}", "--resume-matrix-target=gpu", "--resume-matrix-target=gpu2"]
         env = {**cluster.env(), "RAY_ADDRESS": ""}
+        # Each session keeps its folder in a --basetemp of its own: in pytest's numbered ones, other sessions
+        # of the suite (with -n 2) remove a finished session's folder before this test reads it.
         code, remote = pytest_in(path, *common, *ray, "-k", "files or b4-take6 or gpu", "--junitxml=junit.xml",
-                                 "--resume-matrix-json=cluster.json", env=env)
+                                 "--resume-matrix-json=cluster.json", f"--basetemp={tmp_path / 'on-cluster'}",
+                                 env=env)
         again_code, again = pytest_in(path, *common, *ray, "--lf", "--resume-matrix-json=again.json", env=env)
         left = ours(cluster)
     finally:
         cluster.stop()
     assert code == 1, remote
-    local_code, local = pytest_in(path, *common, "-k", "files or b4-take6", "--resume-matrix-json=local.json")
+    local_code, local = pytest_in(path, *common, "-k", "files or b4-take6", "--resume-matrix-json=local.json",
+                                  f"--basetemp={tmp_path / 'here'}")
     assert local_code == 1, local
     on_cluster, here = cells(path / "cluster.json"), cells(path / "local.json")
 
@@ -229,10 +233,16 @@ def ended(session: subprocess.Popen[bytes], out: Path, timeout: float = 300.0) -
     try:
         return session.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        try:  # whether SIGINT is blocked or pending in it (a Ctrl-C that never became KeyboardInterrupt)
+            masks = [ln for ln in Path(f"/proc/{session.pid}/status").read_text().splitlines()
+                     if ln.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))]
+        except OSError:
+            masks = []
         session.send_signal(signal.SIGABRT)
         session.wait(timeout=30)
         tail = out.read_text()[-8000:]
-        raise AssertionError(f"the session did not end within {timeout:g} s of Ctrl-C:\n{tail}") from None
+        raise AssertionError(f"the session did not end within {timeout:g} s of Ctrl-C ({'; '.join(masks)}):\n"
+                             f"{tail}") from None
 
 
 def alive(pid: int) -> bool:
