@@ -112,6 +112,7 @@ class RunContext:
         self._state_step: int | None = None
         self._ended = 0  # the last step whose step_end was reported
         self._state_seen: dict[str, str] = {}
+        self._before_captured: int | None = None  # the last step whose first inputs the generators were captured at
 
     # -- what the target reads -------------------------------------------------------------------
     @property
@@ -168,7 +169,15 @@ class RunContext:
     def consumed(self, ids: Iterable[Any], *, step: int, epoch: int) -> None:
         """Report inputs taken from the data pipeline for training in ``step``, in order."""
         self._check_open("consumed", step)
-        self._sink.send(ev.Event(ev.CONSUMED, step=int(step), epoch=int(epoch), ids=tuple(plain_ids(ids))))
+        taken = tuple(plain_ids(ids))
+        if self.plan.report_state and self.plan.capture_rng and self._before_captured != int(step):
+            # The step's first inputs: what the process-global generators are as training goes on, so a
+            # resume is judged by the generators it continues with (restored before or after the loader's
+            # iterator started), not by those at the moment it reported its restored state.
+            self._before_captured = int(step)
+            self._sink.send(ev.Event(ev.STATE, step=int(step) - 1, extra={**self._digested(captured_generators()),
+                                                                          ev.STATE_BEFORE_NEXT: True}))
+        self._sink.send(ev.Event(ev.CONSUMED, step=int(step), epoch=int(epoch), ids=taken))
 
     def trained(self, ids: Iterable[Any], *, step: int, epoch: int) -> None:
         """Report inputs used in the update of ``step`` (for trainers with a separate training stage)."""
@@ -284,10 +293,15 @@ class RunContext:
 
     def _send_digests(self, kind: str, step: int | None, components: Mapping[str, Any]) -> dict[str, str]:
         """Digest ``components`` and send them as one ``kind`` event; returns the component digests."""
+        extra = self._digested(components)
+        self._sink.send(ev.Event(kind, step=step, extra=extra))
+        return extra[ev.STATE_DIGESTS]
+
+    @staticmethod
+    def _digested(components: Mapping[str, Any]) -> dict[str, Any]:
+        """A state event's ``extra`` for ``components``: their digests and their leaves' digests."""
         leaves = {str(name): leaf_digests(value) for name, value in components.items()}
-        digests = {name: combine(values) for name, values in leaves.items()}
-        self._sink.send(ev.Event(kind, step=step, extra={ev.STATE_DIGESTS: digests, ev.STATE_LEAVES: leaves}))
-        return digests
+        return {ev.STATE_DIGESTS: {name: combine(values) for name, values in leaves.items()}, ev.STATE_LEAVES: leaves}
 
     def _capture(self, step: int) -> None:
         """Record the process-global generators after ``step`` as components of their own (the trainer

@@ -27,7 +27,7 @@ from pytest_resume_check.categories import NONDETERMINISTIC, PROTOCOL, STALE_RES
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.plan import RESUME_DISABLED, SIGNAL_TERM
 from pytest_resume_check.records.results import Finding, Outcome, RunRecord, StepState
-from pytest_resume_check.records.state import CAPTURED, digest_kind, drawn_after, first_differing_key
+from pytest_resume_check.records.state import CAPTURED, GENERATOR_BODY, digest_kind, drawn_after, first_differing_key
 
 MSG_STALE = ("STALE_RESUME: run {run} resumed from {got} but {want} was the newest checkpoint whose save "
              "completed before the crash ({why}); the work saved since is trained again")
@@ -199,7 +199,7 @@ def judge_state(reference: RunRecord, runs: Sequence[RunRecord], labels: Sequenc
             if not expected:
                 continue
             found = _first_divergence(expected, states, resumed, elastic, _partial_steps(rec, resumed))
-            if found is not None and (first is None or found[0] < first[0]):
+            if found is not None and (first is None or _earlier(found[0], found[1], first[0], first[2])):
                 first = (found[0], rank, *found[1:])
         if first is not None:
             step, rank, differ, agree, later = first
@@ -283,6 +283,20 @@ def judge_reference_state(first: RunRecord, second: RunRecord) -> Finding | None
     return None
 
 
+def _earlier(step: int, differ: Mapping[str, str], than_step: int, than_differ: Mapping[str, str]) -> bool:
+    """Whether a rank's first divergence (``step``, ``differ``) names the cause better than another rank's:
+    it comes at an earlier step, or at the same step a generator differs there and not on the other rank (a
+    generator is an input of the step; a model or optimizer that differs on every rank after an all-reduce
+    is the consequence of the rank whose generator was not restored). Otherwise the lower rank stays."""
+    if step != than_step:
+        return step < than_step
+    return _generator_differs(differ) and not _generator_differs(than_differ)
+
+
+def _generator_differs(differ: Mapping[str, str]) -> bool:
+    return any(name in CAPTURED for name in differ)
+
+
 def _partial_steps(rec: RunRecord, resumed: int) -> set[int]:
     """Steps where a run may have reported only part of its state: the restored step (what the resume
     code reports), and the step a killed run was killed in (the kill may come before the trainer's call)."""
@@ -293,28 +307,66 @@ def _first_divergence(expected: Mapping[int, StepState], states: Mapping[int, St
                       elastic: bool, partial: set[int]) -> tuple[int, dict[str, str], list[str], dict[str, int]] | None:
     """The earliest step from ``resumed`` on whose compared components differ: (step, differing
     components with their first differing key, agreeing ones, later steps from which the agreeing ones
-    differ too). At a ``partial`` step only the components the run reported there are compared; at the
-    restored step no captured generator either (the harness records those at step ends). A captured
-    generator is compared only if the reference still draws from it after the restored step."""
+    differ too). At a ``partial`` step only the components the run reported there are compared. A captured
+    generator is compared only if the reference still draws from it after the restored step: at the
+    restored step as the next step took its first inputs (the state the resume continues with), later at
+    each step's end. At the restored step a reported copy of a process-global generator is judged as that
+    generator (:func:`_generator_copied`)."""
     digests = _digests(expected)
     first: tuple[int, dict[str, str], list[str]] | None = None
     later: dict[str, int] = {}
     for step in sorted(s for s in states if s >= resumed and s in expected):
         want, got = expected[step], states[step]
         diff = differences(want, got)
+        # Reported copies of a generator at the restored step, judged as that generator: name -> generator.
+        copies: dict[str, str] = {}
         for name in list(diff):
             captured = name in CAPTURED
+            if step == resumed and not captured:
+                copied = _generator_copied(want, got, name)
+                if copied is not None:
+                    copies[name] = copied
             if (captured and (elastic or step == resumed or not drawn_after(digests, name, resumed))) or (
-                    step in partial and not _reported(got, name)):
+                    step in partial and not _reported(got, name)) or name in copies:
                 del diff[name]
+        diff = {name: "" if name in CAPTURED else key for name, key in diff.items()}  # a generator has no key to name
+        if step == resumed and not elastic:
+            for generator, when in _before_next_differences(want, got, step, digests).items():
+                # Named as the trainer reported it, where it did: the copy it restored (or did not).
+                copy = next((name for name, copied in copies.items() if copied == generator), None)
+                diff[copy or generator] = when
         if first is None and diff:
-            names = [c for c in _names(want, got) if c not in CAPTURED or c in diff]
+            names = [c for c in _names(want, got) if (c not in CAPTURED or c in diff) and c not in copies]
             first = (step, diff, [c for c in names if c not in diff and (step not in partial or _reported(got, c))])
         elif first is not None:
             for component in diff:
                 if component not in first[1]:
                     later.setdefault(component, step)
     return None if first is None else (*first, later)
+
+
+def _before_next_differences(want: StepState, got: StepState, step: int,
+                             digests: Mapping[int, Mapping[str, str]]) -> dict[str, str]:
+    """The captured generators a resume of ``step`` continued with that differ from the reference's as its
+    step ``step + 1`` took its first inputs (only those the reference draws from after ``step``)."""
+    return {name: f"as step {step + 1} took its first inputs" for name, digest in sorted(got.before_next.items())
+            if name in want.before_next and want.before_next[name] != digest and drawn_after(digests, name, step)}
+
+
+def _generator_copied(want: StepState, got: StepState, name: str) -> str | None:
+    """The process-global generator that component ``name`` copies, when every leaf of it that differs at the
+    restored step is, in the reference, that generator's state as the harness captured it there
+    (``"rng": torch.get_rng_state()``); else None. Such a copy is judged as the generator is: by what the
+    resumed run continues with. A trainer that restores torch's generator only after a mid-epoch resume
+    started its loader's iterator (which draws from it) reports it before that restore; its copy differs at
+    the restored step and agrees from the next step on."""
+    ours, theirs = got.leaves.get(name, {}), want.leaves.get(name, {})
+    if not ours or not theirs:
+        return None
+    bodies = {digest: captured for captured, body in GENERATOR_BODY.items()
+              for key, digest in want.leaves.get(captured, {}).items() if body is None or key in body}
+    copied = {bodies.get(theirs.get(key, "")) for key in {*ours, *theirs} if ours.get(key) != theirs.get(key)}
+    return copied.pop() if len(copied) == 1 and None not in copied else None
 
 
 def _reported(state: StepState, name: str) -> bool:
@@ -360,7 +412,7 @@ def describe(differ: Mapping[str, str], agree: Sequence[str], later: Mapping[str
 
 def _differs(name: str, key: str) -> str:
     if name in CAPTURED:
-        return f"{name} differs (captured by the harness)"
+        return f"{name} differs (captured by the harness{', ' + key if key else ''})"
     return f"{name} differs ({key})" if key else f"{name} differs"
 
 

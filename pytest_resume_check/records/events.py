@@ -51,6 +51,9 @@ SIGNALLED = "signalled"
 STATE_DIGESTS = "digests"
 STATE_LEAVES = "leaves"
 STATE_COMPARED = "compared"
+#: Key of a state event's ``extra`` (True) for the generators the harness captured as the step after
+#: ``step`` took its first inputs (the state a resume of ``step`` continues from; see RunContext.consumed).
+STATE_BEFORE_NEXT = "before_next"
 
 KINDS = frozenset({CONSUMED, TRAINED, STEP_END, CHECKPOINT, RESUMED, KILL_READY, LOG, ERROR, DONE, STATE,
                    PAUSED, CONVERGED, FINAL, FILE_OP, VIOLATION, RANKS, SIGNALLED})

@@ -60,10 +60,19 @@ class StepState:
     digests: dict[str, str] = field(default_factory=dict)
     leaves: dict[str, dict[str, str]] = field(default_factory=dict)
     compared: dict[str, str | None] = field(default_factory=dict)
+    #: The process-global generators the harness captured as the next step took its first inputs (digests
+    #: and leaves by generator): what a resume of this step continues from, whenever the trainer restored
+    #: them before it took those inputs.
+    before_next: dict[str, str] = field(default_factory=dict)
+    before_next_leaves: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def _merge(state: StepState, event: ev.Event) -> None:
     """Add a state event's components to ``state``."""
+    if event.extra.get(ev.STATE_BEFORE_NEXT):
+        state.before_next.update(event.extra.get(ev.STATE_DIGESTS, {}))
+        state.before_next_leaves.update(event.extra.get(ev.STATE_LEAVES, {}))
+        return
     state.digests.update(event.extra.get(ev.STATE_DIGESTS, {}))
     state.leaves.update(event.extra.get(ev.STATE_LEAVES, {}))
     state.compared.update(event.extra.get(ev.STATE_COMPARED, {}))

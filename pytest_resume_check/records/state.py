@@ -44,6 +44,10 @@ CAPTURED_NUMPY = "numpy global RNG"
 CAPTURED_TORCH = "torch CPU RNG"
 CAPTURED_CUDA = "torch CUDA RNG"
 CAPTURED = frozenset({CAPTURED_PYTHON, CAPTURED_NUMPY, CAPTURED_TORCH, CAPTURED_CUDA})
+#: The leaves of each captured generator that hold its state proper, a large block of random content (None:
+#: every leaf); numpy's other leaves (its position, its cached Gaussian) are small values any state may hold.
+GENERATOR_BODY: dict[str, tuple[str, ...] | None] = {
+    CAPTURED_PYTHON: None, CAPTURED_NUMPY: ("state.key",), CAPTURED_TORCH: None, CAPTURED_CUDA: None}
 
 
 def captured_generators() -> dict[str, Any]:
@@ -169,12 +173,39 @@ def first_not_close(ours: Mapping[str, Any], theirs: Mapping[str, Any], rtol: fl
     return next((path for path in theirs if path not in ours), None)
 
 
+def pending_state(value: Any) -> dict[str, Any] | None:
+    """The state an object that loads its state lazily will continue from, while its ``state_dict()`` does
+    not say it yet; None for any other object (its ``state_dict()`` is what decides what comes next).
+
+    torchdata's loaders apply a loaded state only when iteration starts: a ``StatefulDataLoader`` keeps it
+    as ``next_iter_state`` until the next ``iter()``, and ``StatefulDistributedSampler`` (and the stateful
+    random sampler's iterator) keep the position as ``next_yielded`` while ``state_dict()`` reports 0
+    (torchdata 0.11; docs/findings.md). Digesting what they will continue from, not what ``state_dict()``
+    says, compares the position that decides the next inputs at a restored step, and calls nothing on the
+    loader: its ``state_dict()`` there would start an iterator (and draw its base seed from torch's
+    generator) earlier than the trainer does."""
+    pending = getattr(value, "next_iter_state", None)
+    if isinstance(pending, Mapping) and pending and getattr(value, "_iterator", None) is None:
+        return dict(pending)
+    position = getattr(value, "next_yielded", None)
+    if isinstance(position, int) and not isinstance(position, bool) and hasattr(value, "yielded"):
+        state = getattr(value, "state_dict", None)
+        current = state() if callable(state) else None
+        if isinstance(current, Mapping) and "yielded" in current:
+            return {**current, "yielded": position}
+    return None
+
+
 # -- helpers ---------------------------------------------------------------------------------------
 
 def _expand(value: Any) -> Any:
-    """Stateful objects (modules, optimizers, schedulers, loaders, generators) as their state."""
+    """Stateful objects (modules, optimizers, schedulers, loaders, generators) as their state; an object
+    that loads its state lazily as the state it will continue from (:func:`pending_state`)."""
     if _is_tensor(value) or isinstance(value, (Mapping, list, tuple, str, bytes, bytearray)):
         return value
+    pending = pending_state(value)
+    if pending is not None:
+        return pending
     for method in ("state_dict", "get_state"):
         fn = getattr(value, method, None)
         if callable(fn):

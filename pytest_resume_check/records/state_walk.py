@@ -26,7 +26,7 @@ callable ``acquire`` and ``release`` (a lock), with ``pid`` and a callable ``pol
 process), or with callable ``is_alive`` and ``join`` (a thread). An object reached twice (a cycle, or
 the same module under two names) is reported once, under the first path. A tensor or module that a
 reported module holds (its parameters, buffers and submodules) is not reported again under its own
-path.
+path, nor is a sampler that a reported loader holds (its position is part of the loader's state).
 
 What it does NOT see:
 
@@ -135,10 +135,18 @@ class _Walk:
             self.visit(child, f"{path}.{name}", depth + 1)
 
     def covered(self) -> set[int]:
-        """Ids of what the reported modules hold: parameters, buffers, submodules."""
+        """Ids of what the reported modules hold (parameters, buffers, submodules) and the samplers a reported
+        loader holds (their position is part of the loader's ``state_dict()``; a sampler reported on its
+        own would show, right after the loader was restored, the position it had before: torchdata hands
+        a loaded position to its sampler only when the next iterator starts)."""
         out: set[int] = set()
         keep: list[Any] = []
         for _, value in self.found:
+            if callable(_get(value, "state_dict")):
+                batches = _get(value, "batch_sampler")
+                held = [s for s in (_get(value, "sampler"), batches, _get(batches, "sampler")) if s is not None]
+                keep.extend(held)
+                out.update(id(item) for item in held)
             if not callable(getattr(value, "parameters", None)):
                 continue
             for method in ("parameters", "buffers", "modules"):

@@ -18,8 +18,10 @@ later steps), the last step included - nothing needs to be trained after it:
 
 * ``no_scheduler``, ``no_optimizer``: once the optimizer has stepped (k >= 2): before, a fresh one is
   the saved one.
-* ``no_rng``: at every checkpoint (the model's initialisation and k steps of dropout moved the global
-  generator); from step k + 1 the generator the harness captures (``torch CPU RNG``) differs too.
+* ``no_rng``: at every checkpoint but the last (the model's initialisation and k steps of dropout moved the
+  global generator). Its ``rng`` component is a copy of torch's generator, judged as the harness judges
+  the generator: by what the resumed run continues with as step k + 1 takes its first inputs, and only
+  while the reference draws from it after step k. After the last step nothing draws from it.
 * ``lost_accum``: at a checkpoint in the middle of an accumulation window (odd k).
 * ``never_resumes``: in auto mode, after every published checkpoint; ``older_checkpoint``: in auto
   mode, once two checkpoint folders are kept. Path mode names the folder, so neither bites there.
@@ -164,7 +166,7 @@ def bites(bug, case, k):
         return {"scheduler"}
     if bug == trainer.NO_OPTIMIZER and stepped:
         return {"optimizer"}
-    if bug == trainer.NO_RNG:  # the fresh generator has drawn the initial weights only
+    if bug == trainer.NO_RNG and k < last:  # the fresh generator has drawn the initial weights only
         return {"rng"}
     if bug == trainer.LOST_ACCUM and k % accum and k < last:  # the window's first gradients are missing
         return {"grad_accum"}
@@ -233,8 +235,8 @@ def test_a_trainer_that_takes_the_older_kept_checkpoint_is_a_stale_resume_once_t
 #: One headline per state bug, word for word: the first differing key is named, then the consequences.
 #: no_scheduler: step 6 updates with the restored rate, then the fresh schedule sets a wrong one, which
 #: step 8's update uses. no_optimizer: step 6 updates with a fresh Adam; step 7's gradients are of other
-#: weights. no_rng: step 5 draws other dropout masks (the harness's capture of the generator shows it
-#: from there). lost_accum: step 4 closes a window that lacks step 3's gradients.
+#: weights. no_rng: step 5 starts with the fresh generator (the copy is named with when it was compared) and
+#: draws other dropout masks. lost_accum: step 4 closes a window that lacks step 3's gradients.
 HEADLINES = {
     "no_scheduler": ("auto-ckpt4", "STATE_DIVERGED at step 4 (the restored step of resume from step_4): scheduler "
                                    "differs (_last_lr.0), model, optimizer, rng, grad_accum, data, ema and scaler "
@@ -244,10 +246,11 @@ HEADLINES = {
                                    "differs (param_groups.0.lr), model, scheduler, rng, grad_accum, data, ema and "
                                    "scaler agree; model differs from step 6, ema differs from step 6, grad_accum "
                                    "differs from step 7"),
-    "no_rng": ("auto-ckpt4", "STATE_DIVERGED at step 4 (the restored step of resume from step_4): rng differs, model, "
-                             "optimizer, scheduler, grad_accum, data, ema and scaler agree; torch CPU RNG (captured by "
-                             "the harness) differs from step 5, grad_accum differs from step 5, model differs from "
-                             "step 6, optimizer differs from step 6, ema differs from step 6"),
+    "no_rng": ("auto-ckpt4", "STATE_DIVERGED at step 4 (the restored step of resume from step_4): rng differs (as step "
+                             "5 took its first inputs), model, optimizer, scheduler, grad_accum, data, ema and scaler "
+                             "agree; torch CPU RNG (captured by the harness) differs from step 5, grad_accum differs "
+                             "from step 5, model differs from step 6, optimizer differs from step 6, ema differs from "
+                             "step 6"),
     "lost_accum": ("auto-ckpt3", "STATE_DIVERGED at step 3 (the restored step of resume from step_3): grad_accum "
                                  "differs (0), model, optimizer, scheduler, rng, data, ema and scaler agree; model "
                                  "differs from step 4, optimizer differs from step 4, ema differs from step 4"),
@@ -341,7 +344,6 @@ WEIGHTS_BLIND = [
     (trainer.no_scheduler, 7, "scheduler", False),
     (trainer.no_scheduler, 8, "scheduler", False),
     (trainer.no_optimizer, 8, "optimizer", False),
-    (trainer.no_rng, 8, "rng", False),
     # The scale is a power of two: a window scaled and unscaled by one scale gives the exact update,
     # whichever scale it is. Step 3's window began with the scale a fresh scaler has (only its growth
     # tracker differs); step 4 ends a window. From step 5, the window began with twice the fresh scale:
@@ -363,3 +365,11 @@ def test_state_diverges_where_the_final_weights_cannot_show_it(oracle, fn, k, co
     if fn in STATE_BUGS:
         assert outcome(result) == expected_state(fn.__name__, DEFAULT, (KillSpec(k),))
     assert final_weights_equal(result) != weights_show_it
+
+
+def test_a_generator_nothing_draws_from_after_a_resume_at_the_last_step_fails_no_cell(oracle):
+    # The copy of torch's generator that no_rng reports is judged as the generator: after the last step
+    # nothing draws from it, so it cannot change what the job trains or delivers (the final weights agree).
+    result = oracle.run_cell(make_cell(trainer.no_rng, DEFAULT, "auto-ckpt8", (KillSpec(8),)))
+    assert result.passed, result.verdict.headline
+    assert final_weights_equal(result)

@@ -16,8 +16,8 @@ then every later step; so a bug that loses a piece of state is seen at the resto
 * ``save_before_step``: after a step that updates (even k, the last included): the checkpoint holds
   the weights from before the update. ``model`` is named first: every component the update moves
   (model, optimizer, scheduler, grad_accum, ema, scaler) differs, named in the trainer's order.
-* ``numpy_noise`` reports no state: only the numpy generator the harness captures at each step end
-  shows it, never at the restored step, so at step k + 1 - and not at the last step (nothing left that
+* ``numpy_noise`` reports no state: only the numpy generator the harness captures shows it, at the
+  restored step k as step k + 1 takes its first inputs - and not at the last step (nothing left that
   draws from it).
 * ``ema_final_only`` never reports its EMA per step: only the final outputs show it, after a last
   resume from k >= 2 (the EMA restarts in every run: it is never saved).
@@ -111,8 +111,8 @@ def bites_at(name, k):
         return k
     if name == "save_before_step" and not window_open:  # step k updated after its checkpoint was captured
         return k
-    if name == "numpy_noise" and k < LAST:  # seen at the first step end after the resume, if one is left
-        return k + 1
+    if name == "numpy_noise" and k < LAST:  # seen as the next step takes its first inputs, if one is left
+        return k
     return None
 
 
@@ -187,7 +187,9 @@ def test_every_cell_fails_exactly_where_the_bug_bites_naming_it_first_in_quick_a
         if not result.passed:
             assert first_component(result.verdict.headline) == FIRST[fn], (cell_id, result.verdict.headline)
             if fn is trainer.numpy_noise:
-                assert f"{CAPTURED_NUMPY} differs (captured by the harness)" in result.verdict.headline
+                k = next(k for k in restored(cell) if bites_at("numpy_noise", k) is not None)
+                assert (f"{CAPTURED_NUMPY} differs (captured by the harness, as step {k + 1} took its first inputs)"
+                        in result.verdict.headline), (cell_id, result.verdict.headline)
         # Final outputs (and no reported state at all) rule the early stop out; without them a run whose
         # state meets the reference's at the epoch's end stops there.
         stops = not case.get("final", True) and result.passed and restored(cell)[-1] < EPOCH_END

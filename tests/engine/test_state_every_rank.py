@@ -15,11 +15,13 @@ step after a checkpoint, from scratch, twice in one job, in path mode, after ran
 * ``rank0_rng`` (only rank 0's generator is saved, every rank loads it): rank 1's generator differs
   from rank 0's from its seeding on, and rank 1 draws a mask in every step, so every checkpoint of a
   step k >= 1 gives rank 1 a generator that is not its own. The first resume from such a checkpoint
-  on two ranks fails at the restored step k itself: ``STATE_DIVERGED at step k on rank 1 (the
-  restored step of resume from step_k): rng differs, model and optimizer agree`` (the model and the
-  optimizer are replicas, saved from rank 0 and right on every rank). A resume from scratch restores
-  nothing; a resume on one rank (``:ws1``) is judged by the elastic contract, without the state (a
-  world size of 1 trains on other batches), and its only rank loads its own generator: both pass.
+  on two ranks before the last step fails at the restored step k itself: ``STATE_DIVERGED at step k on
+  rank 1 (the restored step of resume from step_k): rng differs (as step k+1 took its first inputs),
+  model and optimizer agree`` (the model and the optimizer are replicas, saved from rank 0 and right on
+  every rank; ``rng`` is a copy of torch's generator, judged by what the rank continues with). After the
+  last step nothing draws from it: that resume passes. A resume from scratch restores nothing; a resume
+  on one rank (``:ws1``) is judged by the elastic contract, without the state (a world size of 1 trains
+  on other batches), and its only rank loads its own generator: both pass.
 
 A multi-rank run is never stopped early, so quick mode differs from exhaustive mode only by its shared
 first runs (cells killed right after a checkpoint); each resumed run trains to the end in both.
@@ -80,9 +82,9 @@ def expected(name, cell):
     for k, world in resumes(cell):
         # Rank 1 restores rank 0's generator from any checkpoint; only a resume on as many ranks as the
         # reference has a rank 1 whose state is compared.
-        if name == "rank0_rng" and k > 0 and world == trainer.WORLD_SIZE:
+        if name == "rank0_rng" and 0 < k < LAST and world == trainer.WORLD_SIZE:
             return (f"STATE_DIVERGED at step {k} on rank 1 (the restored step of resume from step_{k}): "
-                    "rng differs, model and optimizer agree")
+                    f"rng differs (as step {k + 1} took its first inputs), model and optimizer agree")
     return PASSED
 
 

@@ -295,3 +295,107 @@ def st_verdict_message(run, got, want):
     from pytest_resume_check.judge.state_verdict import MSG_DIGEST_KINDS
 
     return MSG_DIGEST_KINDS.format(run=run, got=got, want=want)
+
+
+# -- generators at the restored step -----------------------------------------------------------------
+
+def generators(step, torch_rng, numpy_rng=b"numpy", before_next=False):
+    """The harness's capture of the process-global generators (bytes stand in for their states): at
+    ``step``'s end, or (``before_next``) as step ``step + 1`` takes its first inputs."""
+    components = {st.CAPTURED_TORCH: torch_rng, st.CAPTURED_NUMPY: {"state": {"key": numpy_rng}}}
+    leaves = {name: st.leaf_digests(value) for name, value in components.items()}
+    extra = {ev.STATE_DIGESTS: {name: st.combine(v) for name, v in leaves.items()}, ev.STATE_LEAVES: leaves}
+    if before_next:
+        extra[ev.STATE_BEFORE_NEXT] = True
+    return ev.Event(ev.STATE, step=step, extra=extra)
+
+
+def torch_rng(s):
+    """torch's generator after step ``s`` (each step draws from it)."""
+    return f"torch-rng-{s}".encode()
+
+
+def with_rng(s, rng=None):
+    """The run's events of one step as a trainer that reports its rng copy makes them, with the harness's
+    captures: the first inputs, the step's end, the state."""
+    rng = torch_rng(s) if rng is None else rng
+    return [generators(s - 1, torch_rng(s - 1), before_next=True), consumed(s, *INPUTS[s]),
+            generators(s, torch_rng(s)), ev.Event(ev.STEP_END, step=s),
+            state(s, model={"w": [float(s)]}, rng=rng)]
+
+
+RNG_REFERENCE = record([e for s in range(1, 7) for e in with_rng(s)])
+
+
+def rng_resume(k, restored_for_next, report_at_restore=b"fresh-generator", later=None):
+    """A run resumed from step k that reports its rng copy right after restoring (``report_at_restore``: the
+    generator before the trainer restored it) and continues with ``restored_for_next`` as step k + 1 takes
+    its first inputs."""
+    events = [resumed(k), state(k, model={"w": [float(k)]}, rng=report_at_restore),
+              generators(k, restored_for_next, before_next=True)]
+    for s in range(k + 1, 7):
+        events += with_rng(s, later)[1:]
+    return record(events, Outcome.DONE, is_resume=True)
+
+
+def test_a_generator_restored_after_the_resumed_iterator_started_is_no_finding():
+    # The trainer reports its copy of torch's generator before restoring it (it restores it once its loader's
+    # iterator drew a base seed): what it continues with as step 5 takes its inputs is the reference's.
+    verdict = vd.judge(RNG_REFERENCE, [first_run(), rng_resume(4, torch_rng(4))], Contract())
+    assert verdict.passed, verdict.headline
+
+
+def test_a_generator_copy_never_restored_is_named_where_the_next_step_takes_its_inputs():
+    verdict = vd.judge(RNG_REFERENCE, [first_run(), rng_resume(4, b"fresh-generator", later=b"wrong")], Contract())
+    assert verdict.headline == ("STATE_DIVERGED at step 4 (the restored step of resume from step_4): rng differs "
+                                "(as step 5 took its first inputs), model agrees")
+
+
+def test_a_generator_copy_at_the_last_step_nothing_draws_from_after_fails_nothing():
+    reference = record([e for s in range(1, 7) for e in with_rng(s)])
+    run = record([resumed(6), state(6, model={"w": [6.0]}, rng=b"fresh-generator")], Outcome.DONE, is_resume=True)
+    assert vd.judge(reference, [first_run(kill_after=6, publish=(6,)), run], Contract()).passed
+
+
+def test_a_generator_of_the_trainers_own_is_compared_at_the_restored_step_as_reported():
+    # A torch.Generator the trainer owns is no process-global generator: the harness sees it only in the
+    # report, so the report right after restoring is what is compared.
+    def own(s, rng=None):
+        return [*with_rng(s)[:-1], state(s, model={"w": [float(s)]}, rng=rng or f"own-{s}".encode())]
+
+    reference = record([e for s in range(1, 7) for e in own(s)])
+    events = [resumed(4), state(4, model={"w": [4.0]}, rng=b"fresh"), generators(4, torch_rng(4), before_next=True)]
+    events += [e for s in (5, 6) for e in own(s)[1:]]
+    verdict = vd.judge(reference, [first_run(), record(events, Outcome.DONE, is_resume=True)], Contract())
+    assert verdict.headline == ("STATE_DIVERGED at step 4 (the restored step of resume from step_4): rng differs, "
+                                "model agrees")
+
+
+def test_the_rank_whose_generator_differs_is_named_not_the_ranks_whose_model_follows_it():
+    def ranked(events, rank):
+        return [ev.Event(e.kind, step=e.step, epoch=e.epoch, ids=e.ids, path=e.path, extra=e.extra, rank=rank)
+                for e in events]
+
+    def job(model_after, numpy_before):
+        out = []
+        for rank in (0, 1):
+            for s in range(1, 7):
+                out += ranked([generators(s - 1, torch_rng(s - 1), numpy_before(rank, s - 1), before_next=True),
+                               consumed(s, *INPUTS[s]), generators(s, torch_rng(s), numpy_before(rank, s)),
+                               ev.Event(ev.STEP_END, step=s), state(s, model={"w": [model_after(s)]})], rank)
+        return out
+
+    reference = record(job(float, lambda rank, s: f"np-{rank}-{s}".encode()))
+    resumed_events = []
+    for rank in (0, 1):
+        resumed_events += ranked([resumed(4), state(4, model={"w": [4.0]}),
+                                  generators(4, torch_rng(4), f"np-0-{4}".encode(), before_next=True)], rank)
+        for s in (5, 6):  # both ranks' models differ after step 5: the all-reduce spreads rank 1's noise
+            resumed_events += ranked([consumed(s, *INPUTS[s]), generators(s, torch_rng(s), f"np-0-{s}".encode()),
+                                      ev.Event(ev.STEP_END, step=s), state(s, model={"w": [s + 0.5]})], rank)
+    killed = first_run()
+    killed = record(ranked(killed.events, 0) + ranked(killed.events, 1), Outcome.KILLED, kill=killed.plan.kill)
+    verdict = vd.judge(reference, [killed, record(resumed_events, Outcome.DONE, is_resume=True)], Contract())
+    assert verdict.headline == (
+        "STATE_DIVERGED at step 4 on rank 1 (the restored step of resume from step_4): numpy global RNG differs "
+        "(captured by the harness, as step 5 took its first inputs), model agrees; model differs from step 5")

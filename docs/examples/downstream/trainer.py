@@ -9,9 +9,12 @@ checkpoints, plus the few report calls the harness needs. Three choices make the
   ``torch.Generator`` does not work: resumed mid-epoch, torchdata 0.11 draws a different permutation
   for the *next* epoch than the uninterrupted run does.)
 * A checkpoint holds everything the next input depends on: loader state, epoch and step, besides the
-  model and the optimizer.
+  model, the optimizer and torch's generator.
 * A checkpoint appears atomically (temporary file, fsync, rename), so a kill during a save leaves
   the previous checkpoint selected instead of a torn file.
+
+It reports its training state (``run.state``) right after restoring and after every step, and what it
+delivers at the end (``run.final``), so a resume that forgets part of the state fails too.
 
 Case keys: ``n`` inputs, ``batch`` size, ``epochs``, ``shuffle``.
 """
@@ -103,7 +106,12 @@ def train(run: RunContext) -> None:
     sampler, loader = make_loader(case, run.seed)
     model = torch.nn.Linear(3, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    step, epoch = 0, 0
+    step, epoch, rng = 0, 0, None
+
+    def components() -> dict[str, Any]:
+        """The state that decides the rest of the run, by component (compared with the reference's)."""
+        return {"model": model, "optimizer": optimizer, "rng": torch.get_rng_state(),
+                "data": {"loader": loader, "epoch": epoch}}
 
     folder = checkpoint_to_resume(run)
     if folder is not None:
@@ -111,13 +119,19 @@ def train(run: RunContext) -> None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         loader.load_state_dict(state["loader"])  # lazy: takes effect at the next iter(loader)
-        step, epoch = state["step"], state["epoch"]
+        step, epoch, rng = state["step"], state["epoch"], state["rng"]
     run.resumed(step, folder)  # required once, before consuming: the harness cuts the killed run here
+    if folder is not None:
+        run.state(step, components())  # what the checkpoint restored
 
     while epoch < case["epochs"]:
         # The sampler's state holds only its position, not the epoch: set the epoch before iter().
         sampler.set_epoch(epoch)
-        for batch in loader:
+        batches = iter(loader)  # draws the iterator's base seed from torch's generator
+        if rng is not None:  # so restore the generator after that draw, as it was after the saved step
+            torch.set_rng_state(rng)
+            rng = None
+        for batch in batches:
             step += 1
             run.consumed(ids_of(batch), step=step, epoch=epoch)
             train_step(model, optimizer, batch)
@@ -129,9 +143,12 @@ def train(run: RunContext) -> None:
                     "loader": loader.state_dict(),  # the position inside this epoch
                     "epoch": epoch,
                     "step": step,
+                    "rng": torch.get_rng_state(),
                 })
                 run.checkpoint_published(step, path)
+            run.state(step, components())
         epoch += 1
+    run.final({"model": model})  # what the job delivers
 
 
 def warm_up() -> None:
