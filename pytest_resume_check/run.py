@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from pytest_resume_check.client import plain_ids
 from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.ledger import step_inputs_digest
 from pytest_resume_check.records.plan import (  # noqa: F401  (re-exported: targets import them from here)
     LAUNCHER_TORCHRUN,
     RESUME_AUTO,
@@ -113,6 +114,11 @@ class RunContext:
         self._ended = 0  # the last step whose step_end was reported
         self._state_seen: dict[str, str] = {}
         self._before_captured: int | None = None  # the last step whose first inputs the generators were captured at
+        #: The inputs this run consumed by step, while it may stop early (the early stop compares them).
+        self._inputs: dict[int, list[tuple[Any, int]]] = {}
+        #: (step, thread) of a state equal to the reference's: the run stops as that thread takes the next
+        #: step's first inputs, if they are the reference's (see _check_converged).
+        self._converging: tuple[int, int] | None = None
 
     # -- what the target reads -------------------------------------------------------------------
     @property
@@ -170,6 +176,7 @@ class RunContext:
         """Report inputs taken from the data pipeline for training in ``step``, in order."""
         self._check_open("consumed", step)
         taken = tuple(plain_ids(ids))
+        self._stop_if_converged(int(step), taken, int(epoch))
         if self.plan.report_state and self.plan.capture_rng and self._before_captured != int(step):
             # The step's first inputs: what the process-global generators are as training goes on, so a
             # resume is judged by the generators it continues with (restored before or after the loader's
@@ -177,6 +184,8 @@ class RunContext:
             self._before_captured = int(step)
             self._sink.send(ev.Event(ev.STATE, step=int(step) - 1, extra={**self._digested(captured_generators()),
                                                                           ev.STATE_BEFORE_NEXT: True}))
+        if self.plan.converge:
+            self._inputs.setdefault(int(step), []).extend((i, int(epoch)) for i in taken)
         self._sink.send(ev.Event(ev.CONSUMED, step=int(step), epoch=int(epoch), ids=taken))
 
     def trained(self, ids: Iterable[Any], *, step: int, epoch: int) -> None:
@@ -316,18 +325,42 @@ class RunContext:
 
     def _check_converged(self, step: int, digests: Mapping[str, str]) -> None:
         """Stop the run once every component reported in this step equals the reference's, and so does
-        every captured generator the reference still draws from (the ones ``converge`` lists)."""
+        every captured generator the reference still draws from (the ones ``converge`` lists), it took the
+        reference's inputs at each of its steps, and it takes the reference's inputs of the next step next:
+        its position in the epoch matches too (a replay still pending would make its epoch longer, and the
+        reference's rest would hide it). The stop then comes in that next :meth:`consumed` call, before it
+        reports anything; where the reference took no inputs after this step, at once."""
         self._seen(step, digests)
+        self._converging = None
         resumed = self._resumed_step
         want = self.plan.converge.get(step)
         if not want or resumed is None or step <= resumed:
+            return
+        inputs = self.plan.converge_inputs
+        if any(inputs.get(s) != step_inputs_digest(self._inputs.get(s, ())) for s in range(resumed + 1, step + 1)):
             return
         seen = self._state_seen
         reported = {name for name in seen if name not in CAPTURED}
         if reported == {name for name in want if name not in CAPTURED} and all(
                 seen.get(name) == digest for name, digest in want.items()):
+            if step + 1 in inputs:
+                self._converging = (step, threading.get_ident())
+                return
             self._sink.send(ev.Event(ev.CONVERGED, step=step))
             raise Converged(step)
+
+    def _stop_if_converged(self, step: int, ids: tuple[Any, ...], epoch: int) -> None:
+        """The stop :meth:`_check_converged` left for the next step's first inputs: taken here when they are
+        the reference's, by the thread whose state report matched (a Converged raised in another thread would
+        end only that thread), before this call reports anything."""
+        converging, self._converging = self._converging, None
+        if converging is None:
+            return
+        at, thread = converging
+        if step == at + 1 and thread == threading.get_ident() and self.plan.converge_inputs.get(step) == \
+                step_inputs_digest((i, epoch) for i in ids):
+            self._sink.send(ev.Event(ev.CONVERGED, step=at))
+            raise Converged(at)
 
     def _state_values(self, kind: str, step: int | None, components: Mapping[str, Any]) -> None:
         """Tolerance mode: write the values (first reference run) or compare them with the reference's

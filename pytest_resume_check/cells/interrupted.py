@@ -24,13 +24,15 @@ def run_interrupted(runner: Runner, target: Target, case: Mapping[str, Any], kil
                     resume_mode: str, workdir: Path, prior_checkpoints: Sequence[int] = (),
                     first: tuple[RunRecord, str | None] | None = None,
                     converge: Mapping[int, Mapping[str, str]] | None = None,
-                    state_reference: str | None = None) -> list[RunRecord]:
+                    state_reference: str | None = None,
+                    converge_inputs: Mapping[int, str] | None = None) -> list[RunRecord]:
     """The runs of one interrupted job, first to last.
 
     ``first``: the first run already happened (a shared first run): its record and the checkpoint it
     published last. Resumed runs report their state. ``converge``: the reference's state digests; the
-    final run stops once its state equals the reference's at the same step. ``state_reference``: the
-    reference's state values (targets compared under a tolerance).
+    final run stops once its state equals the reference's at the same step, and it took the reference's
+    inputs at each of its steps (``converge_inputs``). ``state_reference``: the reference's state values
+    (targets compared under a tolerance).
     """
     runs: list[RunRecord] = []
     latest: str | None = None
@@ -50,7 +52,8 @@ def run_interrupted(runner: Runner, target: Target, case: Mapping[str, Any], kil
         plan = runner.plan(target, case, workdir, index, out=Layout.out(workdir, resume_mode, index),
                            resume_mode=mode, resume_path=path, kill=kill, is_resume=index > 0,
                            checkpoint_steps=prior_checkpoints if index == 0 else (),
-                           converge=converge if kill is None else None, report_state=index > 0,
+                           converge=converge if kill is None else None,
+                           converge_inputs=converge_inputs if kill is None else None, report_state=index > 0,
                            state_reference_dir=state_reference if index > 0 else None, world_size=world)
         record = runner.run(plan, target)
         runs.extend(split_restarts(record))  # torchrun's restarts within the run are resumes too

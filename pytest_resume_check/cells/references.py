@@ -12,6 +12,7 @@ from pytest_resume_check.judge.verdict import judge_reference
 from pytest_resume_check.process.layout import REPEAT_OUT, STATE_VALUES, Layout
 from pytest_resume_check.process.runner import Runner
 from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.ledger import step_inputs_digest
 from pytest_resume_check.records.names import case_id
 from pytest_resume_check.records.plan import EARLY_STOP_ANY, EARLY_STOP_EPOCH, EARLY_STOP_NEVER, RESUME_DISABLED
 from pytest_resume_check.records.results import Finding, Outcome, RunRecord
@@ -46,6 +47,23 @@ class Reference:
         steps = reported if self.early_stop == EARLY_STOP_ANY else reported & epoch_ends(record)
         return {step: {name: digest for name, digest in states[step].items()
                        if name not in CAPTURED or drawn_after(states, name, step)} for step in sorted(steps)}
+
+
+    @cached_property
+    def converge_inputs(self) -> dict[int, str]:
+        """The reference's consumed inputs of each step up to the one after its last :attr:`converge` step,
+        one digest a step: a resumed run may stop early only where it took the same inputs at each of its
+        steps and takes the next step's inputs next, so a resume that replays a batch (and so has a longer
+        epoch than the reference) runs on to show it."""
+        converge = self.converge
+        if not converge:
+            return {}
+        last = max(converge)
+        steps: dict[int, list[tuple[object, int]]] = {step: [] for step in range(1, last + 1)}
+        for e in self.record.events:  # the step after the last is there only if the reference took inputs in it
+            if e.kind == ev.CONSUMED and not e.rank and e.step is not None and e.step <= last + 1:
+                steps.setdefault(e.step, []).extend((i, e.epoch or 0) for i in e.ids)
+        return {step: step_inputs_digest(entries) for step, entries in steps.items()}
 
 
 def epoch_ends(record: RunRecord) -> set[int]:

@@ -95,7 +95,8 @@ class Runner:
     def plan(self, target: Target, case: Mapping[str, Any], workdir: Path, index: int, *, out: Path | None = None,
              resume_mode: str = RESUME_AUTO, resume_path: str | None = None, kill: KillSpec | None = None,
              checkpoint_steps: Sequence[int] = (), is_resume: bool = False,
-             converge: Mapping[int, Mapping[str, str]] | None = None, pause_steps: Sequence[int] = (),
+             converge: Mapping[int, Mapping[str, str]] | None = None,
+             converge_inputs: Mapping[int, str] | None = None, pause_steps: Sequence[int] = (),
              faults: FaultPlan | None = None, report_state: bool = False, state_values_dir: str | None = None,
              state_reference_dir: str | None = None, world_size: int | None = None) -> RunPlan:
         """A plan for run ``index`` of ``target`` whose files live under ``workdir`` (checkpoints in
@@ -111,12 +112,13 @@ class Runner:
         if distributed:
             # One rank stopping early would leave the others waiting in a collective; after an elastic
             # resume the state cannot equal the reference's.
-            converge = None
+            converge = converge_inputs = None
         return RunPlan(
             target_name=target.name, target_ref=target.ref, case=dict(case), seed=self.seed,
             checkpoint_dir=str(ckpt), log_path=str(Layout.log(workdir, index)),
             resume_mode=resume_mode, resume_path=resume_path, checkpoint_steps=frozenset(checkpoint_steps),
-            kill=kill, is_resume=is_resume, converge=dict(converge or {}), pause_steps=frozenset(pause_steps),
+            kill=kill, is_resume=is_resume, converge=dict(converge or {}), converge_inputs=dict(converge_inputs or {}),
+            pause_steps=frozenset(pause_steps),
             faults=faults if faults is not None else (kill.fault if kill is not None else None),
             report_state=report_state, state_tolerance=target.state_tolerance,
             capture_rng=target.capture_rng and target.command is None, elastic_state=target.elastic_state,

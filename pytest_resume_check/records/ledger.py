@@ -8,6 +8,8 @@ does not count.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +18,14 @@ from pytest_resume_check.records import events as ev
 
 CONSUMED = ev.CONSUMED
 TRAINED = ev.TRAINED
+
+
+def step_inputs_digest(entries: Iterable[tuple[Any, int]]) -> str:
+    """One digest of the inputs one step consumed, as (id, epoch) pairs in any order: the early stop's check
+    that a resumed run took the same inputs at each of its steps as the uninterrupted run, and takes the
+    same ones next, computed alike in the child and from the reference's events."""
+    text = json.dumps(sorted(json.dumps([i, int(epoch)]) for i, epoch in entries))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,11 @@ class RunPlan:
     is_resume: bool = False
     #: The reference's component digests by step: a resumed run whose state equals them stops early.
     converge: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
+    #: The reference's consumed inputs by step (:func:`~pytest_resume_check.records.ledger.step_inputs_digest`),
+    #: up to the step after its last ``converge`` step: a resumed run whose state equals the reference's at
+    #: step s stops only if it took the same inputs at each of its steps and takes step s + 1's next (its
+    #: position in the epoch matches too: no replay pending, no longer epoch).
+    converge_inputs: Mapping[int, str] = field(default_factory=dict)
     #: Whether ``run.state`` digests what the target reports (reference and resumed runs; a first run's
     #: state is never compared, so it costs nothing there).
     report_state: bool = False

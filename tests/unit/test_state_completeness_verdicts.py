@@ -9,6 +9,7 @@ from test_state_verdicts import INPUTS, REFERENCE, consumed, first_run, model, p
 from pytest_resume_check.cells.references import Reference, epoch_ends
 from pytest_resume_check.judge import verdict as vd
 from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.ledger import step_inputs_digest
 from pytest_resume_check.records.plan import EARLY_STOP_ANY, EARLY_STOP_NEVER
 from pytest_resume_check.records.results import Outcome
 from pytest_resume_check.records.state import CAPTURED_NUMPY, CAPTURED_PYTHON, combine, leaf_digests
@@ -200,6 +201,16 @@ def test_the_early_stop_waits_for_a_captured_generator_only_while_the_reference_
     drawn_to_step_4 = record([*epochs_run(3, 2).events, *(captured(s, CAPTURED_NUMPY, min(s, 4)) for s in range(1, 7))])
     converge = Reference(drawn_to_step_4, [], early_stop=EARLY_STOP_ANY).converge
     assert CAPTURED_NUMPY in converge[3] and CAPTURED_NUMPY not in converge[4]
+
+
+def test_the_early_stop_knows_the_inputs_of_each_step_up_to_the_one_after_its_last_stop():
+    run = epochs_run(3, 2)
+    inputs = Reference(run, []).converge_inputs
+    assert list(inputs) == [1, 2, 3, 4]  # the stop at 3 waits for step 4's first inputs
+    assert inputs[4] == step_inputs_digest([(4, 1)]) != step_inputs_digest([(4, 0)])  # the epoch counts
+    assert step_inputs_digest([(1, 0), (2, 0)]) == step_inputs_digest([(2, 0), (1, 0)])
+    assert list(Reference(run, [], early_stop=EARLY_STOP_ANY).converge_inputs) == [1, 2, 3, 4, 5, 6]  # none after 6
+    assert Reference(run, [], early_stop=EARLY_STOP_NEVER).converge_inputs == {}
 
 
 def test_a_bad_early_stop_is_a_clear_target_error():
