@@ -18,9 +18,9 @@ steps marked *final* ends the judging; the other steps add theirs and go on.
    (``EPOCH``) and, for ordered contracts, in another order (``REORDERED``); a resumed run that never
    said where it resumed is ``PROTOCOL`` (final);
 8. state: the training state after a resume differs from the reference's at the restored step or a
-   later one, on any rank, or the job's final outputs differ (``STATE_DIVERGED``), unless only from the
-   step the resume whose inputs differ restored (after a resume at another world size only with
-   ``elastic_state``).
+   later one, on any rank, or the job's final outputs differ (``STATE_DIVERGED``), unless only after the
+   step the resume whose inputs differ restored (their consequence); at that restored step itself it is
+   their cause and comes first (after a resume at another world size only with ``elastic_state``).
 
 :func:`judge_reference` judges the reference runs themselves, and :func:`entry_marks` marks each ledger
 entry as :func:`compare` matches it.
@@ -367,9 +367,9 @@ def _state(judging: _Judging) -> bool:
     step included, every rank), or the job's final outputs do. At another world size only a target whose
     state does not depend on it is judged (``elastic_state``; other batches otherwise, so the state cannot
     equal the reference's). A state that differs only from where the inputs did is their consequence, not
-    a second finding (from the step the resume whose inputs differ restored: a buffer dropped from the
-    checkpoint shows in the restored state and in the ledger, and the ledger says which inputs), and so are
-    final outputs of a job whose inputs differ."""
+    a second finding, and so are final outputs of a job whose inputs differ; but a state that differs at the
+    step the resume whose inputs differ restored is their cause (a buffer dropped from the checkpoint shows
+    in the restored state, then in the ledger): it comes first, and the ledger's findings say which inputs."""
     elastic = judging.elastic
     if elastic and not judging.reference.plan.elastic_state:
         return False
@@ -380,8 +380,13 @@ def _state(judging: _Judging) -> bool:
     if kinds is not None:
         return judging.add(kinds)
     state = judge_state(judging.reference, judging.runs, labels, elastic=elastic)
-    if state is not None and not (inputs_differ and state.step is not None
-                                  and state.step >= _restored_before(judging, min(inputs_differ))):
+    restored = _restored_before(judging, min(inputs_differ)) if inputs_differ else None
+    if state is not None and restored is not None and state.step == restored and restored > 0:
+        # The resume restored a state that already differs (a buffer, a loader position left out of the
+        # checkpoint): the cause, reported first, before the inputs it then takes or loses.
+        findings.insert(0, state)
+        return False
+    if state is not None and not (restored is not None and state.step is not None and state.step >= restored):
         return judging.add(state)
     if state is not None or inputs_differ or elastic:
         return False

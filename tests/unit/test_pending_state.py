@@ -17,6 +17,9 @@ from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler  # 
 
 from pytest_resume_check.records import state as st  # noqa: E402
 
+#: torchdata 0.11 warns at every loader it builds (a deprecated torch call of its own).
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
+
 DATA = list(range(12))
 
 

@@ -155,6 +155,24 @@ def test_state_that_differs_only_where_the_inputs_do_is_not_a_second_finding():
     assert vd.judge(REFERENCE, [first_run(), other_state], Contract()).categories == [vd.LOST]
 
 
+def test_a_restored_state_that_differs_is_the_cause_named_before_the_inputs_it_loses():
+    # The buffer of step 4's unused inputs is not in the checkpoint: the restored state shows it, then the
+    # ledger shows which inputs were lost.
+    def buffered(s, kept=(9,)):
+        return state(s, model={"w": [float(s), 2.0 * s]}, buffer=list(kept))
+
+    reference = record([e for s in range(1, 7) for e in (consumed(s, *INPUTS[s]), ev.Event(ev.STEP_END, step=s),
+                                                          buffered(s))])
+    lossy = record([resumed(4), buffered(4, kept=()), consumed(5, 8), ev.Event(ev.STEP_END, step=5), buffered(5),
+                    *steps(6, 6, buffered)], Outcome.DONE, is_resume=True)
+    verdict = vd.judge(reference, [first_run(), lossy], Contract())
+    assert verdict.categories == [vd.LOST, vd.STATE_DIVERGED]
+    assert [f.category for f in verdict.findings] == [vd.STATE_DIVERGED, vd.LOST]
+    assert verdict.headline == ("STATE_DIVERGED at step 4 (the restored step of resume from step_4): buffer differs "
+                                "(0), model agrees")
+    assert verdict.state_diverged == 4
+
+
 def test_a_converged_run_agrees_with_the_reference():
     run = record([resumed(4), consumed(5, *INPUTS[5]), model(5), ev.Event(ev.CONVERGED, step=5)], Outcome.CONVERGED,
                  is_resume=True)
