@@ -21,6 +21,12 @@ right after restoring (``run.state(step, {"model", "optimizer", "rng"})``).
 
 Planted bug ``rank0_rng``: only rank 0 saves its RNG, and on resume every rank loads it, so rank 1
 continues with rank 0's generator (``STATE_DIVERGED ... on rank 1 ...: rng differs`` at the restored step).
+
+``numpy_noise`` adds noise from numpy's global generator (seeded ``seed + rank``) to each rank's input, and
+each rank saves and restores that generator too (``numpy_rank<r>.json``); it reports it nowhere, so only the
+harness's capture sees it. Planted bug ``rank1_numpy``: rank 1 does not restore it. Its other noise changes
+its gradients, and the all-reduce spreads them to rank 0's model at the first step after the resume: the
+cause is rank 1's generator, captured as that step takes its first inputs.
 torch is imported inside the functions: loading this module costs nothing.
 """
 
@@ -45,6 +51,8 @@ DATA_FILE = "data.json"
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel")
 
 RANK0_RNG = "rank0_rng"
+NUMPY_NOISE = "numpy_noise"
+RANK1_NUMPY = "rank1_numpy"
 
 
 def total_steps(case: Any = None) -> int:
@@ -60,6 +68,10 @@ def epoch_boundaries(case: Any = None) -> list[int]:
 
 def rng_file(rank: int) -> str:
     return f"rng_rank{rank}.pt"
+
+
+def numpy_file(rank: int) -> str:
+    return f"numpy_rank{rank}.json"
 
 
 def features(index: int) -> Any:
@@ -92,6 +104,11 @@ def _loop(run: Any, bug: str | None) -> None:
     model = DistributedDataParallel(net)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     torch.manual_seed(run.seed + rank)  # each rank's own dropout masks
+    noisy = bug in (NUMPY_NOISE, RANK1_NUMPY)
+    if noisy:
+        import numpy as np
+
+        np.random.seed(run.seed + rank)
     step, epoch, taken = 0, 0, 0
     folder = _resume_source(run)
     if folder is not None:
@@ -102,6 +119,9 @@ def _loop(run: Any, bug: str | None) -> None:
         step, epoch, taken = int(data["step"]), int(data["epoch"]), int(data["taken"])
         own = 0 if bug == RANK0_RNG else rank
         torch.set_rng_state(torch.load(folder / rng_file(own), weights_only=True))
+        if noisy and not (bug == RANK1_NUMPY and rank == 1):
+            kind, keys, pos, has_gauss, gauss = json.loads((folder / numpy_file(rank)).read_text())
+            np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
     run.resumed(step, folder)
 
     def report(at: int) -> None:
@@ -114,7 +134,10 @@ def _loop(run: Any, bug: str | None) -> None:
             index = taken + rank
             step += 1
             run.consumed([index], step=step, epoch=epoch)
-            loss = model(features(index).unsqueeze(0)).pow(2).mean()
+            x = features(index)
+            if noisy:
+                x = x + torch.from_numpy(np.random.normal(0.0, 0.1, FEATURES).astype("float32"))
+            loss = model(x.unsqueeze(0)).pow(2).mean()
             optimizer.zero_grad()
             loss.backward()  # DDP all-reduces the gradients here
             optimizer.step()
@@ -145,6 +168,11 @@ def _save(run: Any, step: int, epoch: int, taken: int, net: Any, optimizer: Any,
     folder.mkdir(parents=True, exist_ok=True)
     if bug != RANK0_RNG or run.rank == 0:
         _write(folder / rng_file(run.rank), _torch_bytes(torch.get_rng_state()))
+    if bug in (NUMPY_NOISE, RANK1_NUMPY):
+        import numpy as np
+
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        _write(folder / numpy_file(run.rank), json.dumps([kind, keys.tolist(), pos, has_gauss, gauss]).encode())
     if run.rank == 0:
         buffer = io.BytesIO()
         torch.save({"model": net.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
@@ -186,3 +214,13 @@ def correct(run: Any) -> None:
 def rank0_rng(run: Any) -> None:
     """Only rank 0's RNG is saved; every rank restores it on resume."""
     train(run, RANK0_RNG)
+
+
+def numpy_noise(run: Any) -> None:
+    """Every rank draws input noise from numpy's global generator, and saves and restores it."""
+    train(run, NUMPY_NOISE)
+
+
+def rank1_numpy(run: Any) -> None:
+    """As numpy_noise, but rank 1 does not restore its numpy generator."""
+    train(run, RANK1_NUMPY)
