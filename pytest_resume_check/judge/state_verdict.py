@@ -397,16 +397,32 @@ def differences(expected: StepState, actual: StepState) -> dict[str, str]:
     return out
 
 
+#: How many components a headline names in each of its lists (those that differ, agree, differ later);
+#: past it the rest is counted (``... and 31 more agree``): a trainer reported through ``state_of`` has
+#: dozens, and the headline is one line.
+HEADLINE_NAMES = 8
+
+
 def describe(differ: Mapping[str, str], agree: Sequence[str], later: Mapping[str, int]) -> str:
     """``optimizer differs (state.0.exp_avg), model and rng agree; model differs from step 6``: the
     components that differ first (the cause), then, as consequences, the steps from which others differ.
-    A generator the harness captured says so."""
+    A generator the harness captured says so. Each list names at most :data:`HEADLINE_NAMES` components
+    and counts the rest."""
     parts = [_differs(name, key) for name, key in differ.items()]
+    if len(parts) > HEADLINE_NAMES:
+        parts = [*parts[:HEADLINE_NAMES - 1], f"{len(parts) - HEADLINE_NAMES + 1} more differ"]
     text = ", ".join(parts)
     if agree:
-        text += f", {_and(agree)} agree{'s' if len(agree) == 1 else ''}"
+        if len(agree) > HEADLINE_NAMES:
+            named = [*agree[:HEADLINE_NAMES - 1], f"{len(agree) - HEADLINE_NAMES + 1} more"]
+            text += f", {_and(named)} agree"
+        else:
+            text += f", {_and(agree)} agree{'s' if len(agree) == 1 else ''}"
     if later:
-        text += "; " + ", ".join(f"{_name(name)} differs from step {step}" for name, step in later.items())
+        steps = [f"{_name(name)} differs from step {step}" for name, step in later.items()]
+        if len(steps) > HEADLINE_NAMES:
+            steps = [*steps[:HEADLINE_NAMES - 1], f"{len(steps) - HEADLINE_NAMES + 1} more differ later"]
+        text += "; " + ", ".join(steps)
     return text
 
 

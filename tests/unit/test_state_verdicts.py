@@ -417,3 +417,18 @@ def test_the_rank_whose_generator_differs_is_named_not_the_ranks_whose_model_fol
     assert verdict.headline == (
         "STATE_DIVERGED at step 4 on rank 1 (the restored step of resume from step_4): numpy global RNG differs "
         "(captured by the harness, as step 5 took its first inputs), model agrees; model differs from step 5")
+
+
+def test_a_headline_names_a_few_components_of_each_list_and_counts_the_rest():
+    from pytest_resume_check.judge.state_verdict import HEADLINE_NAMES, describe
+
+    agree = [f"layers.{i}.weight" for i in range(40)]
+    later = {f"layers.{i}.bias": 6 for i in range(12)}
+    text = describe({"optimizer": "state.0.exp_avg"}, agree, later)
+    assert text.startswith("optimizer differs (state.0.exp_avg), layers.0.weight, ")
+    assert f"layers.{HEADLINE_NAMES - 2}.weight and {40 - HEADLINE_NAMES + 1} more agree; " in text
+    assert text.endswith(f"layers.{HEADLINE_NAMES - 2}.bias differs from step 6, {12 - HEADLINE_NAMES + 1} more "
+                         "differ later")
+    assert len(text) < 500 and "layers.39" not in text and "layers.11" not in text
+    # Short lists are named whole, as before.
+    assert describe({"model": "w"}, ["optimizer", "rng"], {}) == "model differs (w), optimizer and rng agree"
