@@ -102,6 +102,10 @@ ERR_RAY_COPY = "{opt}={value!r} must be a number of megabytes >= 0 (e.g. {opt}=5
 ERR_RAY_XDIST = ("{opt} runs the cells on the Ray cluster, and -n {n} would run them in pytest-xdist workers too; "
                  "drop -n (the cluster's nodes run the groups in parallel)")
 ERR_ISOLATION = "{opt}={value!r} is not an isolation; use " + " or ".join(map(repr, ISOLATIONS))
+#: The session's folder could not be made in pytest's base temporary directory (a ``--basetemp`` whose parent
+#: folder is missing, a read-only disk): one usage error, not pytest's INTERNALERROR traceback.
+ERR_SESSION_FOLDER = ("the resume matrix cannot make its session folder in {where} ({error}); create {parent} "
+                      "or give a --basetemp in a folder that exists and is writable")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from pytest_resume_check.plugin.discovery import discover
 from pytest_resume_check.plugin.items import ResumeCell, ResumeMatrix
 from pytest_resume_check.plugin.options import (
     CACHE_SEED,
+    ERR_SESSION_FOLDER,
     MATRIX_NODE,
     NODE_PREFIX,
     OPT_BUDGET,
@@ -101,10 +102,15 @@ class MatrixSession:
         numbered directory while its lock is held). Without pytest's tmpdir plugin: a private new folder."""
         if self._root is None:
             factory = getattr(self.config, "_tmp_path_factory", None)
-            if factory is not None:
-                self._root = factory.mktemp(SESSION_FOLDER, numbered=True)
-            else:
-                self._root = Path(tempfile.mkdtemp(prefix=f"pytest-{SESSION_FOLDER}-"))
+            try:
+                if factory is not None:
+                    self._root = factory.mktemp(SESSION_FOLDER, numbered=True)
+                else:
+                    self._root = Path(tempfile.mkdtemp(prefix=f"pytest-{SESSION_FOLDER}-"))
+            except OSError as exc:
+                where = Path(exc.filename) if isinstance(exc.filename, str) else Path(tempfile.gettempdir())
+                raise pytest.UsageError(ERR_SESSION_FOLDER.format(where=where, error=exc.strerror or exc,
+                                                                  parent=where.parent)) from None
         return self._root
 
     def targets(self) -> list[Any]:

@@ -163,6 +163,16 @@ def test_a_hang_limit_that_is_not_a_number_of_seconds_is_refused(pytester, value
     assert options.ERR_HANG.format(opt=options.OPT_HANG, value=float(value)) in result.stderr.str()
 
 
+def test_a_basetemp_whose_parent_folder_is_missing_is_one_usage_error_naming_it(project):
+    project.makeconftest(GOOD)
+    missing = project.path / "no-such-folder" / "deeper"
+    result = run_matrix(project, args=[f"--basetemp={missing / 'bt'}"])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.stderr.fnmatch_lines([f"ERROR: the resume matrix cannot make its session folder in {missing / 'bt'} "
+                                 f"(No such file or directory); create {missing} or give a --basetemp *"])
+
+
 @pytest.mark.parametrize("value", ["inf", "1e7"])  # 0 is inf (see the unit tests below)
 def test_no_hang_limit_and_a_huge_one_run_the_matrix(project, value):
     project.makeconftest(GOOD)
