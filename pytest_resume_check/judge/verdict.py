@@ -22,8 +22,8 @@ steps marked *final* ends the judging; the other steps add theirs and go on.
    step the resume whose inputs differ restored (their consequence); at that restored step itself it is
    their cause and comes first (after a resume at another world size only with ``elastic_state``).
 
-:func:`judge_reference` judges the reference runs themselves, and :func:`entry_marks` marks each ledger
-entry as :func:`compare` matches it.
+:func:`judge_reference` judges the reference runs themselves, :func:`entry_marks` marks each ledger
+entry as :func:`compare` matches it, and :func:`first_difference` finds where two ledgers part.
 """
 
 from __future__ import annotations
@@ -325,8 +325,9 @@ def _resumes(judging: _Judging) -> bool:
 
 
 def _ledger(judging: _Judging, kind: str) -> bool:
-    """Compose the runs' ledger of ``kind``, keep it on the verdict (the contract's first kind), and add
-    what :func:`compare` finds against the reference's, or else what one rank's own ledger shows."""
+    """Compose the runs' ledger of ``kind``, keep it on the verdict (``ledgers``; ``reference`` and
+    ``composite`` too for the contract's first kind), and add what :func:`compare` finds against the
+    reference's, or else what one rank's own ledger shows."""
     runs, verdict = judging.runs, judging.verdict
     ref = Ledger.from_events(judging.reference.events, kind)
     try:
@@ -340,6 +341,7 @@ def _ledger(judging: _Judging, kind: str) -> bool:
         comp = Ledger(comp + Ledger(tail))
     verdict.resumed_from = resumed_from
     verdict.resume_labels = [resume_label(r.resumed_step, r.resumed_path) for r in runs[1:]]
+    verdict.ledgers[kind] = (ref, comp)
     if kind == judging.contract.ledgers[0]:
         verdict.reference, verdict.composite = ref, comp
     ordered = judging.contract.ordered and not judging.elastic
@@ -594,6 +596,12 @@ def _keys(ledger: Ledger) -> list[tuple[Any, int]]:
     return [(e.id, e.epoch) for e in ledger]
 
 
+def first_difference(reference: Ledger, composite: Ledger) -> int | None:
+    """The index of the first entry where the two ledgers differ (by id and epoch; the end of the shorter
+    one when it is a prefix of the other), None when they are equal."""
+    return _first_difference(_keys(reference), _keys(composite))
+
+
 def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -637,11 +645,11 @@ def _by_resume(entries: Sequence[Entry], resume_of: Callable[[Entry], int],
 
 
 def _on_rank(finding: Finding, rank: int) -> Finding:
-    """A finding of one rank's own ledger, saying so (``REORDERED on rank 1: ...``)."""
+    """A finding of one rank's own ledger, saying so (``REORDERED on rank 1: ...``) and naming the rank."""
     if " on rank" in finding.headline:
-        return finding
+        return replace(finding, rank=rank)
     head, sep, rest = finding.headline.partition(":")
-    return replace(finding, headline=f"{head} on rank {rank}{sep}{rest}" if finding.category == REORDERED
+    return replace(finding, rank=rank, headline=f"{head} on rank {rank}{sep}{rest}" if finding.category == REORDERED
                    else finding.headline.replace(" after ", f" on rank {rank} after ", 1))
 
 

@@ -83,8 +83,7 @@ def describe(config: pytest.Config, item: Any) -> Any:
     excerpt: list[str] = []
     report = "\n".join([headline, f"  rerun: {rerun}"] if rerun else [headline])
     if result is not None and not result.passed:  # (an expected failure that passed has no failure text)
-        v = result.verdict
-        excerpt = text.excerpt(v.reference, v.composite, v.first_divergence())
+        excerpt = text.evidence_lines(result.verdict)
         report = text.failure_text(result, rerun)
     elif getattr(item, "failure_text", None):  # run on a cluster node: its report came back whole
         report = item.failure_text

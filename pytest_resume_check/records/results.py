@@ -302,11 +302,31 @@ class Finding:
 
     category: str
     headline: str
-    ledger: str = "consumed"
+    #: The ledger whose comparison found it (``consumed``, ``trained``); None: not about a ledger.
+    ledger: str | None = None
     ids: tuple[Any, ...] = ()
+    #: Where the compared sequences first differ (of the rank's own ledger, for a finding of one rank).
     position: int | None = None
     #: The step where the problem starts (the first differing entry's or state's step), when known.
     step: int | None = None
+    #: The rank whose own ledger it is about, when the job's whole ledger agrees (multi-rank runs).
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The two sequences a cell shows as evidence (the excerpt, the JSON's ledgers, the HTML timeline): those
+    of the ledger its first finding about inputs is about, so a ``LOST ... [trained ledger]`` is shown on the
+    trained ledger, never on a consumed ledger that agrees."""
+
+    #: Which ledger ``reference`` and ``composite`` are (None: the cell judged none).
+    ledger: str | None
+    reference: Ledger
+    composite: Ledger
+    #: The finding is about this rank's own ledger (the job's whole ledger agrees): the excerpt shows its entries.
+    rank: int | None = None
+    #: The other ledgers that differ too, in the order of their findings (each finding's headline names its own).
+    others: tuple[str, ...] = ()
 
 
 @dataclass
@@ -314,10 +334,13 @@ class Verdict:
     """The judgement of one cell."""
 
     findings: list[Finding] = field(default_factory=list)
+    #: The reference's and the composite ledger of the contract's first kind (``consumed`` by default).
     reference: Ledger = field(default_factory=Ledger)
     composite: Ledger = field(default_factory=Ledger)
     resumed_from: list[int] = field(default_factory=list)
     resume_labels: list[str] = field(default_factory=list)
+    #: Every judged ledger's (reference, composite) by kind, in the contract's order.
+    ledgers: dict[str, tuple[Ledger, Ledger]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -336,8 +359,17 @@ class Verdict:
         """The first step whose training state differs from the reference's after a resume, if any."""
         return next((f.step for f in self.findings if f.category == STATE_DIVERGED), None)
 
-    def first_divergence(self) -> int | None:
-        return next((f.position for f in self.findings if f.position is not None), None)
+    def evidence(self) -> Evidence:
+        """What the cell shows: the ledger of the first finding about a judged ledger, with the other ledgers
+        that differ too; without such a finding, the contract's first ledger (or ``reference`` and
+        ``composite`` as they are, for a verdict that judged no ledger)."""
+        about = [f for f in self.findings if f.ledger is not None and f.ledger in self.ledgers]
+        if about:
+            first = about[0]
+            reference, composite = self.ledgers[str(first.ledger)]
+            others = tuple(dict.fromkeys(str(f.ledger) for f in about if f.ledger != first.ledger))
+            return Evidence(first.ledger, reference, composite, first.rank, others)
+        return Evidence(next(iter(self.ledgers), None), self.reference, self.composite)
 
 
 @dataclass

@@ -6,7 +6,8 @@ nothing is fetched from the network.
 It holds a summary table, a heatmap per target (cases x kill points, coloured by verdict) and, for a
 target with crash-consistency cells, one more (fault kinds x file operations of the save), and for each
 failing cell its headline, the story of its runs, the rerun command and a timeline picture: the inputs
-of the reference and of the resumed job per step, the kills, the checkpoints resumed from, and the
+of the reference and of the resumed job per step (of the ledger the cell's first finding about inputs is
+about, named when it is not the plain consumed one), the kills, the checkpoints resumed from, and the
 inputs that were lost, duplicated, reordered or relabelled, each with its id on hover.
 
 Marks, colours, labels, the legend and the summary columns of every status and verdict category come
@@ -66,6 +67,8 @@ TITLE = "Resume matrix report"
 RUN_LABEL = "run {number}"
 REMAINDER_LABEL = "reference (after the early stop at step {step})"
 REMAINDER_LABEL_NO_STEP = "reference (after the early stop)"
+#: Above a failing cell's timeline when it draws another ledger than the plain consumed one.
+TIMELINE_OF = "The timeline draws the {title}."
 
 
 def entry_categories() -> dict[str, Category]:
@@ -153,11 +156,14 @@ def timeline(cell: Mapping[str, Any]) -> dict[str, Any]:
     (``reference r0``, ``reference r1``, ``resumed r0``, ...; rows carry the rank as a fifth item);
     ``kills``: ``[run, checkpoint step, kill step, description]``; ``resumed``: the step each later run
     restored; ``lo``/``hi``: the shown steps; ``last``: the last step of the reference; ``ran``: each
-    run's outcome; ``labels``: the name of each ``run`` a row can carry (:func:`run_labels`).
+    run's outcome; ``labels``: the name of each ``run`` a row can carry (:func:`run_labels`); ``ledger``:
+    which ledger the rows are (None for a cell JSON that does not say) and ``others``: the other ledgers
+    the cell's findings are about (:func:`ledgers_shown`).
     """
     reference = [list(r) for r in cell.get("reference") or []]
     composite = [list(r) for r in cell.get("composite") or []]
     ref_marks, comp_marks = _entry_marks(cell, reference, composite)
+    ledger, others = ledgers_shown(cell)
     kill_points = summary.kills_of(cell)
     kills = [[run, k.checkpoint_step, k.kill_step, k.describe()] for run, k in enumerate(kill_points)]
     resumed = [int(s) for s in cell.get("resumed_from") or []]
@@ -187,7 +193,18 @@ def timeline(cell: Mapping[str, Any]) -> dict[str, Any]:
         "ran": [str(r.get("outcome", "")) for r in cell.get("runs") or []],
         "labels": run_labels(cell, composite),
         "state": _state_line(cell),
+        "ledger": ledger,
+        "others": others,
     }
+
+
+def ledgers_shown(cell: Mapping[str, Any]) -> tuple[str | None, list[str]]:
+    """The ledger a cell's ``reference`` and ``composite`` are (None in a cell JSON of format 1, which does not
+    say), and the other ledgers its findings are about, in their order."""
+    ledger = cell.get("ledger")
+    about = (f.get("ledger") for f in cell.get("findings") or [] if isinstance(f, Mapping))
+    others = [str(kind) for kind in dict.fromkeys(about) if kind and kind != ledger]
+    return (str(ledger) if ledger else None), others
 
 
 def run_labels(cell: Mapping[str, Any], composite: Sequence[Sequence[Any]]) -> list[str]:
@@ -446,13 +463,15 @@ def _failure(cell: Mapping[str, Any], anchor: str, index: int, is_open: bool, se
     if cell.get("xfail_reason"):
         expected = f'<p class="expected">expected failure: {escape(str(cell["xfail_reason"]))}</p>'
     story = f'<p class="runs">{escape(str(cell["story"]))}</p>' if cell.get("story") else ""
+    title = report.evidence_title(*ledgers_shown(cell))
+    shown = f'<p class="note ledger">{escape(TIMELINE_OF.format(title=title))}</p>' if title else ""
     search = escape(f"{name} {categories.headline(cell)}".lower())
     return (f'<details class="failure" id="{anchor}" data-t="{index}" data-search="{search}"'
             f'{" open" if is_open else ""}><summary><span class="sw s-{escape(st)}">'
             f"{escape(categories.mark(st))}</span> <code>{escape(name)}</code> {cats}"
             f'<span class="headline">{escape(categories.headline(cell))}</span>{_known(cell)}</summary>'
             f'<div class="body">{expected}{story}'
-            f'<p class="rerun">rerun: <code>{escape(_rerun(cell, seed))}</code></p>'
+            f'<p class="rerun">rerun: <code>{escape(_rerun(cell, seed))}</code></p>{shown}'
             f'<div class="timeline" data-t="{index}"><p class="note">opening this cell draws its timeline '
             "(needs JavaScript)</p></div></div></details>")
 

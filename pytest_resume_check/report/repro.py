@@ -55,7 +55,8 @@ class Repro:
     name: str
     target: str
     headline: str
-    #: The two aligned lines around the first divergence (none when the ledgers agree).
+    #: The failure text's excerpt: two aligned lines around where the ledger the first finding is about parts
+    #: (under a line naming that ledger when it is not the plain consumed one; none when the ledgers agree).
     excerpt: Sequence[str]
     #: The one-line command, run in the folder.
     command: str

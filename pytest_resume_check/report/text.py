@@ -15,12 +15,12 @@ from typing import Any
 import pytest_resume_check
 from pytest_resume_check.categories import HARNESS, status
 from pytest_resume_check.judge.state_verdict import step_unit_of
-from pytest_resume_check.judge.verdict import entry_marks, run_label
+from pytest_resume_check.judge.verdict import entry_marks, first_difference, run_label
 from pytest_resume_check.records import events as ev
-from pytest_resume_check.records.ledger import Ledger
+from pytest_resume_check.records.ledger import CONSUMED, Ledger
 from pytest_resume_check.records.names import OPT_CELL, OPT_MATRIX, OPT_SEED, REFERENCE
 from pytest_resume_check.records.plan import LAUNCHER_HARNESS
-from pytest_resume_check.records.results import AS_PLANNED, CellResult, Outcome, RunRecord
+from pytest_resume_check.records.results import AS_PLANNED, CellResult, Outcome, RunRecord, Verdict
 from pytest_resume_check.report import known_findings
 
 #: The story of a cell whose reference failed (no interrupted run was made).
@@ -36,9 +36,18 @@ LOG_TAIL_BYTES = 16384
 LOG_LINE_CHARS = 240
 
 
-def excerpt(reference: Ledger, composite: Ledger, position: int | None) -> list[str]:
-    """Two aligned lines of ids around ``position``; ``[x]`` marks the first difference and ``|``
-    marks where a resumed run's entries begin."""
+#: Above the excerpt when it is not the plain consumed ledger (:func:`evidence_title`): the ledger its lines
+#: show, of which rank, and the other ledgers that differ too (their findings follow as ``also:`` lines).
+EVIDENCE_TITLE = "{ledger} ledger{rank}{others}"
+EVIDENCE_RANK = " of rank {rank}"
+EVIDENCE_OTHERS = " (the {others} ledger{s} differ{verb} too)"
+
+
+def excerpt(reference: Ledger, composite: Ledger) -> list[str]:
+    """Two aligned lines of ids around the first entry where the two sequences differ (by id and epoch),
+    which ``[x]`` marks (``[end]``: the shorter one ends there); ``|`` marks where a resumed run's entries
+    begin. No lines when they are equal."""
+    position = first_difference(reference, composite)
     if position is None:
         return []
     lo = max(0, position - EXCERPT_BEFORE)
@@ -59,6 +68,31 @@ def excerpt(reference: Ledger, composite: Ledger, position: int | None) -> list[
         return ("... " if lo else "") + " ".join(cells) + (" ..." if hi < len(ledger) else "")
 
     return [f"  reference: {line(reference)}", f"  resumed:   {line(composite)}"]
+
+
+def evidence_title(ledger: str | None, others: Sequence[str] = (), rank: int | None = None) -> str | None:
+    """What a cell's evidence shows, when it is not the plain consumed ledger of the whole job (None then):
+    ``trained ledger (the consumed ledger differs too)``, ``consumed ledger of rank 1``."""
+    if ledger is None or (ledger == CONSUMED and not others and rank is None):
+        return None
+    many = len(others) > 1
+    also = EVIDENCE_OTHERS.format(others=" and ".join(others), s="s" if many else "",
+                                  verb="" if many else "s") if others else ""
+    return EVIDENCE_TITLE.format(ledger=ledger, rank=EVIDENCE_RANK.format(rank=rank) if rank is not None else "",
+                                 others=also)
+
+
+def evidence_lines(verdict: Verdict) -> list[str]:
+    """The excerpt of a verdict's evidence (:meth:`Verdict.evidence`: the ledger its first finding about
+    inputs is about, one rank's own for a finding of one rank), under its :func:`evidence_title` when it
+    has one; none when the two sequences are equal."""
+    shown = verdict.evidence()
+    reference, composite = shown.reference, shown.composite
+    if shown.rank is not None:
+        reference, composite = reference.of_rank(shown.rank), composite.of_rank(shown.rank)
+    lines = excerpt(reference, composite)
+    title = evidence_title(shown.ledger, shown.others, shown.rank)
+    return [f"  {title}:", *lines] if lines and title else lines
 
 
 def story(result: CellResult) -> str:
@@ -251,7 +285,7 @@ def failure_text(result: CellResult, rerun: str | None = None) -> str:
     if known is not None:  # a framework's own bug, documented on docs/findings.md
         lines.append(f"  {known_findings.line(known)}")
     lines += [f"  also: {f.headline}" for f in v.findings[1:]]
-    lines += excerpt(v.reference, v.composite, v.first_divergence())
+    lines += evidence_lines(v)
     if result.runs:
         lines.append(f"  runs: {story(result)}")
     contract = result.cell.target.contract.describe()
@@ -283,7 +317,8 @@ ELASTIC_CONTRACT = "elastic resume: each epoch's inputs exactly once over all ra
 def cell_json(result: CellResult) -> dict[str, Any]:
     """Machine-readable verdict of one cell (for --resume-matrix-json)."""
     v = result.verdict
-    reference, composite = v.reference.to_json(), v.composite.to_json()
+    shown = v.evidence()
+    reference, composite = shown.reference.to_json(), shown.composite.to_json()
     ref_marks, comp_marks = entry_marks(reference, composite)
     cell = {
         "target": result.cell.target.name,
@@ -300,7 +335,9 @@ def cell_json(result: CellResult) -> dict[str, Any]:
         "resumed_from": v.resumed_from,
         "step_unit": step_unit_of(result.cell.target),
         "state_diverged": v.state_diverged,
-        "findings": [{"category": f.category, "headline": f.headline, "step": f.step} for f in v.findings],
+        "findings": [{"category": f.category, "headline": f.headline, "step": f.step, "ledger": f.ledger}
+                     for f in v.findings],
+        "ledger": shown.ledger,
         "reference": reference,
         "composite": composite,
         "marks": {"reference": ref_marks, "composite": comp_marks},
@@ -326,7 +363,8 @@ def unjudged_cell_json(target: str, case_id: str, resume_mode: str, kills: Seque
         "kills": [k.to_json() for k in kills], "passed": False, "xfail_reason": xfail_reason,
         "categories": [category],
         "headline": headline, "known_finding": None, "resumed_from": [], "state_diverged": None,
-        "findings": [{"category": category, "headline": headline, "step": None}], "reference": [], "composite": [],
+        "findings": [{"category": category, "headline": headline, "step": None, "ledger": None}], "ledger": None,
+        "reference": [], "composite": [],
         "marks": {"reference": "", "composite": ""}, "story": NOT_JUDGED, "runs": [],
     }
     cell["status"] = status(cell)
@@ -374,7 +412,9 @@ def rerun_command(cell_name: str, seed: int | None) -> str:
 
 #: Version of the JSON report's layout; raised when a key changes meaning or goes away (new keys may
 #: come without it). 1: the cells of issue 19 (``findings``, ``state_diverged``, ``runs[].log_tail``).
-JSON_FORMAT = 1
+#: 2: ``reference``, ``composite`` and ``marks`` are the ledger ``ledger`` names, the one the first finding
+#: about inputs is about (1: always the contract's first ledger); each finding names its ``ledger``.
+JSON_FORMAT = 2
 
 
 def dump_json(results: Sequence[dict[str, Any]], seed: int) -> str:

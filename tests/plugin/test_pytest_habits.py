@@ -205,7 +205,7 @@ def test_json_has_a_format_version_and_junit_groups_cells_by_target(tmp_path):
     code, out = pytest_in(path, "-p", "no:cacheprovider", "--resume-matrix", "-k", "ckpt1]",
                           f"--resume-matrix-json={tmp_path / 'r.json'}", f"--junitxml={tmp_path / 'j.xml'}")
     assert code == 0, out[-3000:]
-    assert json.loads((tmp_path / "r.json").read_text())["format"] == 1
+    assert json.loads((tmp_path / "r.json").read_text())["format"] == 2
     classnames = set(re.findall(r'classname="([^"]*)"', (tmp_path / "j.xml").read_text()))
     assert classnames == {"resume-matrix.files"}
 

@@ -140,7 +140,7 @@
     var height = TOP + total + 40;
     var svg = el("svg", {xmlns: NS, "class": "timeline", width: width, height: height,
                          viewBox: "0 0 " + width + " " + height, role: "img"});
-    el("title", {}, svg, "reference and resumed inputs per step");
+    el("title", {}, svg, "reference and resumed " + (t.ledger ? t.ledger + " " : "") + "inputs per step");
     var bottom = TOP + total;
     drawBands(svg, t);
     for (var s = t.lo; s <= t.hi; s++) {
