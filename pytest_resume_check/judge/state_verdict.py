@@ -183,11 +183,13 @@ def _preempted(before: RunRecord, rec: RunRecord, index: int) -> Finding | None:
 
 
 def judge_state(reference: RunRecord, runs: Sequence[RunRecord], labels: Sequence[str],
-                elastic: bool = False) -> Finding | None:
+                elastic: bool = False, consequences: bool = True) -> Finding | None:
     """``STATE_DIVERGED`` at the earliest compared step of a resumed run, on any rank, whose state differs
     from the reference's: the restored step (when the run reported its state right after restoring) and
     every later step, each rank against the same rank of the reference (``elastic``: every rank against
-    rank 0, without the captured generators, for a state that does not depend on the world size)."""
+    rank 0, without the captured generators, for a state that does not depend on the world size).
+    ``consequences``: False leaves out the later steps from which other components differ (where the inputs
+    differ from there on, the input findings that follow say what happened)."""
     expected_by_rank = reference.states_by_rank
     if not expected_by_rank:
         return None
@@ -212,7 +214,8 @@ def judge_state(reference: RunRecord, runs: Sequence[RunRecord], labels: Sequenc
             label = labels[index] if index < len(labels) else "the resume"
             where = f"step {step}" + (f" on rank {rank}" if _ranks(rec) > 1 else "")
             return Finding(STATE_DIVERGED, MSG_STATE_DIVERGED.format(
-                step=where, when=when, label=label, what=describe(differ, agree, later)), step=step)
+                step=where, when=when, label=label, what=describe(differ, agree, later if consequences else {})),
+                step=step)
     return None
 
 

@@ -385,8 +385,10 @@ def _state(judging: _Judging) -> bool:
     restored = _restored_before(judging, min(inputs_differ)) if inputs_differ else None
     if state is not None and restored is not None and state.step == restored and restored > 0:
         # The resume restored a state that already differs (a buffer, a loader position left out of the
-        # checkpoint): the cause, reported first, before the inputs it then takes or loses.
-        findings.insert(0, state)
+        # checkpoint): the cause, reported first, before the inputs it then takes or loses (which say what
+        # follows, so its headline stops at the restored step).
+        findings.insert(0, judge_state(judging.reference, judging.runs, labels, elastic=elastic,
+                                       consequences=False) or state)
         return False
     if state is not None and not (restored is not None and state.step is not None and state.step >= restored):
         return judging.add(state)

@@ -421,7 +421,8 @@ def test_verl_finding_reproduces_with_its_documented_command(pytester):
     assert "1 xfailed" in done.stdout
     cell = json.loads((pytester.path / "verl.json").read_text())["cells"][0]
     shown = text_block_after("findings.md", line)
-    assert cell["categories"] == ["REORDERED"] and shown == [cell["headline"]]
+    assert cell["categories"] == ["REORDERED", "STATE_DIVERGED"]
+    assert shown == [cell["headline"], *(f"  also: {f['headline']}" for f in cell["findings"][1:])]
     # The junit excerpt on the CI page is this cell's.
     xml = (pytester.path / "verl.xml").read_text()
     page = (DOCS / "ci.md").read_text()

@@ -32,7 +32,10 @@ RERUN = re.compile(r"^\s*rerun: pytest (.*)$")
 # the current epoch from its first batch (like verl skipping data.pt at a presumed epoch boundary).
 CORRECT_LOAD = 'loader.load_state_dict(state["loader"])'
 BUGGY_LOAD = "pass  # planted bug: the loader state is not restored"
-DUPLICATED_HEADLINE = "DUPLICATED * input* after resume from step_*: ids * (epoch*)"
+#: The cause first (the loader position the resume restored), then what it did to the inputs.
+STATE_HEADLINE = ("STATE_DIVERGED at step * (the restored step of resume from step_*): data differs "
+                  "(loader._num_yielded), model and optimizer agree")
+DUPLICATED_LINE = "  also: DUPLICATED * input* after resume from step_*: ids * (epoch*)"
 
 
 def copy_example(pytester: pytest.Pytester, files: tuple[str, ...]) -> None:
@@ -111,7 +114,8 @@ def test_planted_bug_fails_with_a_headline_and_a_rerun_that_reproduces_it(pytest
     cells, failing, seed = summary(result)
     assert failing > 0
     result.assert_outcomes(passed=cells - failing, failed=failing)
-    result.stdout.fnmatch_lines([DUPLICATED_HEADLINE, "*rerun: pytest *--resume-matrix-cell=regression[[]*"])
+    result.stdout.fnmatch_lines([STATE_HEADLINE, DUPLICATED_LINE,
+                                 "*rerun: pytest *--resume-matrix-cell=regression[[]*"])
 
     # The first failing cell: its headline (from the summary) and its rerun command.
     reruns = list(dict.fromkeys(m.group(1) for m in map(RERUN.match, result.outlines) if m))
@@ -121,7 +125,7 @@ def test_planted_bug_fails_with_a_headline_and_a_rerun_that_reproduces_it(pytest
     cell = next(a for a in args if a.startswith("--resume-matrix-cell=")).partition("=")[2]
     headline = next(line.strip().partition(": ")[2] for line in result.outlines
                     if line.strip().startswith(cell + ": "))
-    assert headline.startswith("DUPLICATED ")
+    assert headline.startswith("STATE_DIVERGED at step ")
 
     again = pytester.runpytest_subprocess(*args, timeout=300)
     again.assert_outcomes(failed=1)
