@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_resume_check.records.errors import TargetError
+from pytest_resume_check.records.faults import (  # noqa: F401  (re-exported: integrations.durable.leaves_incomplete)
+    leaves_incomplete as fault_leaves_incomplete,
+)
 from pytest_resume_check.records.names import ISOLATION_FORKSERVER, ISOLATIONS, case_id
 from pytest_resume_check.records.plan import (
     EARLY_STOP_EPOCH,

@@ -1,4 +1,4 @@
-"""Making a framework's checkpoint durable before it is published (stdlib only).
+"""Making a framework's checkpoint durable before it is published (no framework imported).
 
 Lightning, Accelerate and the Transformers ``Trainer`` write their checkpoint files in place and never
 fsync them; the integrations flush them with these before telling the harness a checkpoint exists.
@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+
+from pytest_resume_check.targets import fault_leaves_incomplete
 
 
 def fsync_path(path: Path) -> None:
@@ -40,14 +42,7 @@ def leaves_incomplete(cell: Any, name: str) -> bool:
     """Whether a crash cell (``cell.kills[0].fault`` inside the save whose file operations are
     ``cell.save_ops``) leaves the file called ``name`` of that save empty or cut: a kill after it was opened
     and up to its close, or a power loss after it was opened and up to its fsync (the save's end when it
-    has none). False for a cell with no fault, or a save that never opens such a file."""
+    has none). False for a cell with no fault, or a save that never opens such a file. The report's known
+    findings read the same rule (docs/findings.md)."""
     fault = cell.kills[0].fault if cell.kills else None
-    ops = [op for op in cell.save_ops if os.path.basename(op.path) == name]
-    opened = next((op.index for op in ops if op.kind == "open"), None)
-    if fault is None or opened is None:
-        return False
-    closed = next((op.index for op in ops if op.kind == "close"), opened)
-    synced = next((op.index for op in ops if op.kind == "fsync"), len(cell.save_ops))
-    if fault.mode == "power":
-        return bool(opened < fault.op <= synced)
-    return bool(fault.mode == "crash" and opened < fault.op <= closed)
+    return fault_leaves_incomplete(fault, cell.save_ops, name)

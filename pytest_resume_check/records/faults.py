@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import errno as errno_codes
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -131,3 +131,18 @@ def apply_after_kill(root: str, extra: Mapping[str, Any]) -> DiskDamage:
             torn = (rel, size, size // 2)
     return DiskDamage(tuple(cut), torn)
 
+
+def leaves_incomplete(fault: FaultPlan | None, ops: Sequence[FileOp], name: str) -> bool:
+    """Whether ``fault``, in the save whose file operations are ``ops``, leaves the file called ``name`` (its
+    base name) of that save empty or cut: a kill after the file was opened and up to its close, or a power
+    loss after it was opened and up to its fsync (the save's end when it has none). False without a fault,
+    or for a save that never opens such a file."""
+    mine = [op for op in ops if os.path.basename(op.path) == name]
+    opened = next((op.index for op in mine if op.kind == "open"), None)
+    if fault is None or fault.op is None or opened is None:
+        return False
+    closed = next((op.index for op in mine if op.kind == "close"), opened)
+    synced = next((op.index for op in mine if op.kind == "fsync"), len(ops))
+    if fault.mode == MODE_POWER:
+        return opened < fault.op <= synced
+    return fault.mode == MODE_CRASH and opened < fault.op <= closed
