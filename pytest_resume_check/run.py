@@ -64,6 +64,11 @@ class EventSink(Protocol):
 #: In a cell's folder: what resumed run ``i`` restored, kept as the report's evidence (``restored-run1``).
 RESTORED = "restored-"
 
+#: The values :meth:`RunContext.settings` takes: plain ones, which travel as they are and read the same back.
+SETTING_TYPES = (str, int, float, bool, type(None))
+ERR_SETTING = ("run.settings({{{name!r}: ...}}): got a {type}; a setting is a plain value (a str, int, float, bool "
+               "or None), e.g. run.settings({{\"dataloader_num_workers\": 0}})")
+
 
 def keep_restored(source: Path, log_path: Path) -> None:
     """Keep what a resumed run restored beside its log (``restored-run1/`` for ``run1.log``), as hard links:
@@ -272,6 +277,16 @@ class RunContext:
         :mod:`pytest_resume_check.digest`); it counts as one state component, ``state_digest``.
         Prefer :meth:`state`, which names the component that differs."""
         self.state(step, {DIGEST_COMPONENT: str(digest)})
+
+    def settings(self, values: Mapping[str, Any]) -> None:
+        """Optional: how the framework in this run is set up, as plain values (``{"dataloader_num_workers": 0}``).
+        Nothing compares them: a failing cell's report reads them to tell whether a framework's known bug
+        (docs/findings.md) can be what the cell shows, since each such bug needs a setup of its own. The
+        integrations report what their frameworks' findings need; later calls add names or replace them."""
+        for name, value in values.items():
+            if not isinstance(value, SETTING_TYPES):
+                raise TypeError(ERR_SETTING.format(name=name, type=type(value).__name__))
+        self._sink.send(ev.Event(ev.SETTINGS, extra={str(name): value for name, value in values.items()}))
 
     def log(self, text: str) -> None:
         """Write a line to this run's log file (``run<i>.log``, beside the child's stdout and stderr), which a

@@ -99,6 +99,10 @@ STATE_COMPONENTS = ("model", "optimizer", "scheduler", "registered", "rng", "dat
 #: The component the final outputs report (the models), and the one left out at a restored step.
 STATE_MODEL, STATE_DATA = "model", "data"
 WRAPPED = ("prepare", "skip_first_batches", "save_state", "load_state")
+#: The setting reported when ``prepare`` returns a data loader (``run.settings``): whether every loader prepared
+#: so far has a generator of its own. One without draws its iterators' seed from the global torch RNG, which a
+#: resume inside an epoch has just restored (docs/findings.md); the report's known findings read it.
+SETTING_LOADER_GENERATOR = "loader_generator"
 
 ERR_PREPARED = ("ResumeCheck: accelerator.prepare(...) already returned {count} data loader(s), which it cannot "
                 "watch; create ResumeCheck(run, accelerator) before calling accelerator.prepare")
@@ -173,6 +177,7 @@ class ResumeCheck:
         # The state of the last ended step is what the objects hold: true from the step's end until the
         # trainer's code runs on (a batch taken, a pass over the loader ended, a save_state of it returned).
         self._at_step_end = False
+        self._loader_generators: list[bool] = []  # of each loader prepare returned: has it a generator?
         self._originals = {name: getattr(accelerator, name) for name in WRAPPED}
         accelerator.prepare = self._prepare
         accelerator.skip_first_batches = self._skip_first_batches
@@ -247,6 +252,11 @@ class ResumeCheck:
     # -- wrapped methods -----------------------------------------------------------------------
     def _prepare(self, *args: Any, **kwargs: Any) -> Any:
         result = self._originals["prepare"](*args, **kwargs)
+        loaders = [obj for obj in (result if isinstance(result, tuple) else (result,))
+                   if isinstance(obj, torch.utils.data.DataLoader)]
+        if loaders:
+            self._loader_generators += [getattr(loader, "generator", None) is not None for loader in loaders]
+            self._run.settings({SETTING_LOADER_GENERATOR: all(self._loader_generators)})
         if isinstance(result, tuple):
             return tuple(self._watch(obj) for obj in result)
         return self._watch(result)

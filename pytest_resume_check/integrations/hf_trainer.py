@@ -34,11 +34,14 @@ Where each report comes from in the Trainer's loop (transformers 5.x ``Trainer._
 * ``checkpoint_published``: in ``on_save``, which runs after ``Trainer._save_checkpoint`` returned (model,
   optimizer, scheduler, RNG state and ``trainer_state.json`` written, old checkpoints rotated out). The files
   are fsynced first, because the Trainer writes them in place and never syncs.
-* ``state``: after each optimizer step (after the step's save, if it has one): model, optimizer, LR
-  scheduler, the Python, NumPy and torch RNGs, and the trainer state that a checkpoint restores. After a
-  resume, also at the restored step in ``on_train_begin``, which the Trainer calls once it has loaded the
-  model, the optimizer, the LR scheduler and ``trainer_state.json``: those components, without the RNGs
-  (see :meth:`ResumeCheck.restored_state`).
+* ``state``: after each optimizer step (after the step's save, if it has one): the step's batches as the
+  model got them (``batch``: a collator that draws random masks shows there, with the ids unchanged), model,
+  optimizer, LR scheduler, the Python, NumPy and torch RNGs, and the trainer state that a checkpoint
+  restores. After a resume, also at the restored step in ``on_train_begin``, which the Trainer calls once it
+  has loaded the model, the optimizer, the LR scheduler and ``trainer_state.json``: those components,
+  without the RNGs (see :meth:`ResumeCheck.restored_state`).
+* ``settings``: in ``on_train_begin``, ``dataloader_num_workers`` (:data:`SETTING_WORKERS`), which the report
+  reads before it names the Trainer's own finding about collated batches (docs/findings.md).
 * ``final``: the model the Trainer trained, in ``on_train_end`` (after ``load_best_model_at_end`` loaded
   the best one, if asked), as what the job delivers (``report_final=False`` turns it off).
 
@@ -71,6 +74,13 @@ TRAINER_STATE_FILE = "trainer_state.json"
 CHECKPOINT_FOLDER = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 #: State components besides the Trainer's objects (``model``, ``optimizer``, ``lr_scheduler``).
 STATE_MODEL, STATE_RNG, STATE_TRAINER = "model", "rng", "trainer_state"
+#: The inputs the model was called with in a step (each micro-batch, the id key taken out), a state component:
+#: the ids say which examples a step took, this says what the collator made of them (masks drawn at random).
+STATE_BATCH = "batch"
+#: The setting reported when training begins (``run.settings``): the Trainer's loader workers. With none, the
+#: collator runs in the main process and draws from the RNG the Trainer restores (docs/findings.md); the
+#: report's known findings read it.
+SETTING_WORKERS = "dataloader_num_workers"
 #: The fields of ``TrainerState`` that a checkpoint restores and that decide the rest of the run.
 #: Not ``total_flos`` or ``log_history``: the Trainer adds to them only when it saves or logs, so they
 #: depend on the save schedule, which differs between an interrupted run and the uninterrupted one.
@@ -192,6 +202,7 @@ class ResumeCheck(TrainerCallback):
         self._first_epoch = 0
         self._epoch: int | None = None
         self._state_due: int | None = None  # a step whose state is reported after its save
+        self._batches: list[dict[str, Any]] = []  # the model's inputs in the step under way, by micro-batch
 
     @property
     def resume_from_checkpoint(self) -> str | None:
@@ -210,6 +221,8 @@ class ResumeCheck(TrainerCallback):
             raise ValueError(ERR_REMOVE_COLUMNS.format(key=self.ids))
         self._state = state
         self._objects = {name: kwargs.get(name) for name in ("model", "optimizer", "lr_scheduler")}
+        self._batches = []
+        self.run.settings({SETTING_WORKERS: int(args.dataloader_num_workers)})
         step = int(state.global_step)
         self.run.resumed(step, self._restored_folder(args, step))
         if step:
@@ -317,6 +330,7 @@ class ResumeCheck(TrainerCallback):
             changed = None
         if module.training and self._state is not None and self._epoch is not None:
             self.run.consumed(ids, step=int(self._state.global_step) + 1, epoch=self._epoch)
+            self._batches.append(dict(changed[1] if changed is not None else kwargs))
         return changed
 
     def _flush_state(self) -> None:
@@ -325,7 +339,9 @@ class ResumeCheck(TrainerCallback):
             self._report_state(step)
 
     def _report_state(self, step: int) -> None:
-        components = self._trainer_components()
+        # The step's batches first: the cause, when a collator drew other masks, before what trained on them.
+        components: dict[str, Any] = {STATE_BATCH: self._batches, **self._trainer_components()}
+        self._batches = []
         components[STATE_RNG] = rng_state()
         if self.extra_state is not None:
             components.update(self.extra_state())

@@ -62,6 +62,12 @@ STATE_MODEL = "model"
 STATE_OPTIMIZERS = "optimizers"
 STATE_LR_SCHEDULERS = "lr_schedulers"
 STATE_FIT_LOOP = "fit_loop"
+#: Settings reported when training starts (``run.settings``): whether every train loader is stateful (has
+#: ``state_dict`` and ``load_state_dict``, so Lightning saves and restores its position; None when the fit has
+#: none) and whether :class:`EpochEndResumeFix` is among the trainer's callbacks. The report's known findings
+#: read them: the epoch-end bug needs a stateful loader and no fix (docs/findings.md).
+SETTING_STATEFUL_LOADER = "stateful_train_loader"
+SETTING_EPOCH_END_FIX = "epoch_end_fix"
 
 ERR_IDS_NOT_CALLABLE = ("ResumeCheck(run, ids=...): ids must be a function of a batch that returns the ids of its "
                         "inputs in order, e.g. ids=lambda batch: batch['input_id']; got {got!r}")
@@ -220,6 +226,9 @@ class ResumeCheck(Callback):
         if self._resume_reported:
             return
         self._resume_reported = True
+        callbacks = getattr(trainer, "callbacks", [])  # set in Trainer.__init__ by its connector: untyped
+        self.run.settings({SETTING_STATEFUL_LOADER: _stateful_train_loader(trainer),
+                           SETTING_EPOCH_END_FIX: any(isinstance(cb, EpochEndResumeFix) for cb in callbacks)})
         path = trainer.ckpt_path  # what Lightning restored, whoever chose it (None when it started fresh)
         self.run.resumed(trainer.global_step, str(path) if path else None)
         if path and self.report_state:
@@ -258,6 +267,17 @@ class EpochEndResumeFix(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if _resumed_after_last_batch(trainer):
             _start_next_epoch(trainer)
+
+
+def _stateful_train_loader(trainer: Trainer) -> bool | None:
+    """Whether every train loader of the fit is stateful as Lightning counts it (``state_dict`` and
+    ``load_state_dict``: the fit loop saves and restores its position); None when the fit has no loader."""
+    combined = trainer.fit_loop._combined_loader
+    loaders = list(combined.flattened) if combined is not None else []
+    if not loaders:
+        return None
+    return all(callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+               for loader in loaders)
 
 
 def _resumed_after_last_batch(trainer: Trainer) -> bool:

@@ -45,6 +45,9 @@ FILE_OP = "file_op"  # a file operation of the watched save (path, extra: index,
 RANKS = "ranks"  # a multi-rank run's launcher started its ranks (extra: pids, by rank)
 #: Written by the supervisor, not a child: what it did to the run (extra: signal, grace, rank, pid).
 SIGNALLED = "signalled"
+#: extra: how the framework in the run is set up, as plain values (RunContext.settings); nothing compares
+#: them, the report reads them to tell whether a framework's known bug can be what a failing cell shows.
+SETTINGS = "settings"
 
 #: Keys of a state event's ``extra``: component digests, their leaves' digests by path, and (under a
 #: tolerance) the first leaf per component that is not close to the reference's (None: all close).
@@ -56,7 +59,7 @@ STATE_COMPARED = "compared"
 STATE_BEFORE_NEXT = "before_next"
 
 KINDS = frozenset({CONSUMED, TRAINED, STEP_END, CHECKPOINT, RESUMED, KILL_READY, LOG, ERROR, DONE, STATE,
-                   PAUSED, CONVERGED, FINAL, FILE_OP, VIOLATION, RANKS, SIGNALLED})
+                   PAUSED, CONVERGED, FINAL, FILE_OP, VIOLATION, RANKS, SIGNALLED, SETTINGS})
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,15 @@ class RunRecord:
         return [(e.step or 0, e.path) for e in self._lead(ev.CHECKPOINT)]
 
     @property
+    def settings(self) -> dict[str, Any]:
+        """How the framework in this run was set up, as its integration reported it (``run.settings``; rank 0
+        speaks for the run, a later report of a name wins)."""
+        out: dict[str, Any] = {}
+        for e in self._lead(ev.SETTINGS):
+            out.update(e.extra)
+        return out
+
+    @property
     def signalled(self) -> ev.Event | None:
         """The SIGTERM (or one rank's SIGKILL) the supervisor sent this run, if any."""
         return next((e for e in self.events if e.kind == ev.SIGNALLED), None)

@@ -32,7 +32,12 @@ from pytest_resume_check.builtin import accelerate_example as ex  # noqa: E402
 from pytest_resume_check.cells.matrix import QUICK, Cell, cells  # noqa: E402
 from pytest_resume_check.engine import Engine  # noqa: E402
 from pytest_resume_check.integrations import accelerate as integration  # noqa: E402
-from pytest_resume_check.integrations.accelerate import KEY_AT_STEP_END, MARKER, ResumeCheck  # noqa: E402
+from pytest_resume_check.integrations.accelerate import (  # noqa: E402
+    KEY_AT_STEP_END,
+    MARKER,
+    SETTING_LOADER_GENERATOR,
+    ResumeCheck,
+)
 from pytest_resume_check.judge import verdict as vd  # noqa: E402
 from pytest_resume_check.records import events as ev  # noqa: E402
 from pytest_resume_check.records.state import CAPTURED  # noqa: E402
@@ -122,6 +127,20 @@ def test_steps_count_optimizer_steps_under_gradient_accumulation(tmp_path):
     assert [e.step for e in rec.of(ev.STEP_END)] == [1, 2, 3]
     assert [e.step for e in rec.of(ev.RESUMED)] == [0]
     assert check.step == 3 and check.epoch == 1
+
+
+def test_whether_the_prepared_loaders_have_a_generator_is_reported(tmp_path):
+    run, rec = context(tmp_path)
+    acc = accelerator(run)
+    with ResumeCheck(run, acc) as check:
+        loop(acc, check, batches=2)  # its loader has no generator
+    assert [e.extra for e in rec.of(ev.SETTINGS)] == [{SETTING_LOADER_GENERATOR: False}]
+    run, rec = context(tmp_path / "own")
+    acc = accelerator(run)
+    with ResumeCheck(run, acc):
+        data = [{"x": torch.zeros(2), "input_id": i} for i in range(4)]
+        acc.prepare(torch.utils.data.DataLoader(data, batch_size=2, generator=torch.Generator().manual_seed(0)))
+    assert [e.extra for e in rec.of(ev.SETTINGS)] == [{SETTING_LOADER_GENERATOR: True}]
 
 
 def test_a_step_that_never_synchronised_is_not_ended(tmp_path):

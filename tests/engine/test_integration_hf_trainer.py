@@ -193,7 +193,7 @@ def test_mid_epoch_resume_with_a_masking_collator_diverges_as_declared(engine):
     result = judge(engine, ex.correct, MLM, KillSpec(1))
     assert result.verdict.categories == [vd.STATE_DIVERGED]
     assert result.verdict.headline.startswith("STATE_DIVERGED at step 2 (first step after resume from checkpoint-1): "
-                                              "model differs")
+                                              "batch differs (0.input_ids), model differs")
     assert result.verdict.composite.ids == result.verdict.reference.ids  # same inputs, other masks
     at_boundary = Cell(ex.hf_trainer_example, MLM, RESUME_AUTO, (KillSpec(2),), ex.total_steps(MLM))
     assert not ex.resumes_mid_epoch(at_boundary)
@@ -298,7 +298,7 @@ def test_checkpoints_are_published_complete_and_the_restored_step_is_reported(tm
     order = [(e.kind, e.step) for e in reported if e.kind in (ev.STEP_END, ev.CHECKPOINT, ev.STATE)]
     assert order[:5] == [(ev.STEP_END, 1), (ev.STATE, 1), (ev.STEP_END, 2), (ev.CHECKPOINT, 2), (ev.STATE, 2)]
     components = next(e for e in reported if e.kind == ev.STATE).extra[ev.STATE_DIGESTS]
-    assert sorted(components) == ["lr_scheduler", "model", "optimizer", "rng", "trainer_state"]
+    assert sorted(components) == ["batch", "lr_scheduler", "model", "optimizer", "rng", "trainer_state"]
 
     torn = tmp_path / "out" / "checkpoint-3"
     torn.mkdir()  # a save cut short: no trainer_state.json; the helper passes over it, get_last_checkpoint does not
@@ -328,6 +328,19 @@ def test_the_restored_folder_is_the_one_the_jobs_code_chose_not_the_newest(tmp_p
     third, recorder = context(tmp_path, case, resume_mode=RESUME_PATH, resume_path=str(elsewhere), folder="out3")
     ex.train(third)
     assert [(e.step, e.path) for e in recorder.of(ev.RESUMED)] == [(3, str(elsewhere))]
+
+
+def test_each_steps_batches_and_the_loader_workers_are_reported(tmp_path):
+    run, recorder = context(tmp_path, {**ACCUM, "workers": 0}, report_state=True)  # 3 batches of 2 an epoch
+    ex.train(run)
+    assert [e.extra for e in recorder.of(ev.SETTINGS)] == [{hf_trainer.SETTING_WORKERS: 0}]
+    batches = [sorted(e.extra[ev.STATE_LEAVES][hf_trainer.STATE_BATCH]) for e in recorder.of(ev.STATE)
+               if hf_trainer.STATE_BATCH in e.extra[ev.STATE_DIGESTS]]
+    # Step by step, each micro-batch as the model got it (with the token count the Trainer adds): the id key
+    # taken out, the accumulation's two micro-batches in one step, an epoch's last step on its odd batch alone.
+    one = ["input_ids", "labels", "num_items_in_batch"]
+    two = sorted(f"{i}.{key}" for i in range(2) for key in one)
+    assert batches == [two, [f"0.{key}" for key in one], two, [f"0.{key}" for key in one]]
 
 
 def test_the_trainers_own_choice_is_by_step_and_the_planted_one_by_name(tmp_path):

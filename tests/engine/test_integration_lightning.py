@@ -32,6 +32,8 @@ from pytest_resume_check.cells.matrix import QUICK, Cell, cells  # noqa: E402
 from pytest_resume_check.engine import Engine  # noqa: E402
 from pytest_resume_check.integrations.lightning import (  # noqa: E402
     CHECKPOINT_PATTERN,
+    SETTING_EPOCH_END_FIX,
+    SETTING_STATEFUL_LOADER,
     STATE_FIT_LOOP,
     STATE_LR_SCHEDULERS,
     STATE_MODEL,
@@ -471,6 +473,17 @@ def test_epoch_end_fix_starts_the_next_epoch_as_an_uninterrupted_fit_does(tmp_pa
     assert {e.epoch for e in fixed.of(ev.CONSUMED)} == {1}
     assert [e.step for e in fixed.of(ev.STEP_END)] == [6, 7, 8, 9, 10]
     assert starts.epochs == [1]
+
+
+def test_the_loader_and_the_workaround_are_reported_as_settings(tmp_path):
+    sink, _ = fit_in_process(tmp_path / "a", {"epochs": 1})
+    assert [e.extra for e in sink.of(ev.SETTINGS)] == [{SETTING_STATEFUL_LOADER: True, SETTING_EPOCH_END_FIX: False}]
+    sink = Recorder()  # a plain DataLoader, whose position Lightning cannot save, and the workaround
+    p = ex.params({"epochs": 1})
+    run = RunContext(RunPlan("unit", ("", "", ""), {}, 7, str(tmp_path), str(tmp_path / "run.log")), sink)
+    trainer = ex.make_trainer(p, [ResumeCheck(run, ids=lambda batch: batch[ex.ID_KEY]), EpochEndResumeFix()])
+    trainer.fit(ex.regressor_class()(), train_dataloaders=ex.make_loader(p, stateful=False))
+    assert [e.extra for e in sink.of(ev.SETTINGS)] == [{SETTING_STATEFUL_LOADER: False, SETTING_EPOCH_END_FIX: True}]
 
 
 # -- the recipe project, run as a user runs it ---------------------------------------------------------

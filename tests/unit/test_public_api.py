@@ -55,7 +55,9 @@ INI_KEYS = ("resume_matrix_targets", "resume_matrix_seed", "resume_matrix_hang_t
 #: What one side has that the other has not, and why. A Python target can never be outside the
 #: harness; a program can (run by hand), so only it asks.
 ONLY_CLIENT = {"active": "a program also runs by hand, outside the harness; a Python target never does"}
-ONLY_RUN_CONTEXT = {"plan": "the harness's own plan of the run, not a report call"}
+ONLY_RUN_CONTEXT = {"plan": "the harness's own plan of the run, not a report call",
+                    "settings": "read only to name a framework's known bug, which a command target's cells never "
+                                "are (its program's framework and version are its own)"}
 
 
 @pytest.mark.parametrize("name", TOP_LEVEL)
