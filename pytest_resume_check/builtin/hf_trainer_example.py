@@ -17,14 +17,16 @@ the checkpoints the harness asks for), ``keep`` (``save_total_limit``; 0: keep a
 BERT masked LM with ``DataCollatorForLanguageModeling`` instead of the GPT-2 causal LM).
 
 Planted bugs (module-level targets, not in :data:`TARGETS`): :func:`hf_trainer_ignore_data_skip`,
-:func:`hf_trainer_save_only_model` and :func:`hf_trainer_name_sorted_resume` (the newest checkpoint taken as
-the last folder name in sorted order: ``checkpoint-9`` after ``checkpoint-10``). transformers is imported
-inside the functions: loading this module costs nothing, and :data:`TARGETS` is empty where transformers is
-not installed.
+:func:`hf_trainer_save_only_model`, :func:`hf_trainer_name_sorted_resume` (the newest checkpoint taken as
+the last folder name in sorted order: ``checkpoint-9`` after ``checkpoint-10``) and
+:func:`hf_trainer_unsaved_anneal` (a ``Trainer`` subclass whose loss anneals with a count kept on ``self``, which
+no checkpoint holds). transformers is imported inside the functions: loading this module costs nothing, and
+:data:`TARGETS` is empty where transformers is not installed.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import tempfile
@@ -51,6 +53,11 @@ IGNORE_DATA_SKIP = "ignore_data_skip"
 SAVE_ONLY_MODEL = "save_only_model"
 #: The newest checkpoint taken by folder name: ``checkpoint-9`` sorts after ``checkpoint-10`` -> STALE_RESUME
 NAME_SORTED = "name_sorted"
+#: A z-loss whose weight anneals with a count of loss computations kept on the Trainer, not in its checkpoints:
+#: a resumed run starts the anneal over -> STATE_DIVERGED at the first step after every resume, model first
+UNSAVED_ANNEAL = "unsaved_anneal"
+#: The planted z-loss: its full weight, and the loss computations it takes to get there.
+Z_LOSS, Z_LOSS_WARMUP = 1e-2, 8
 
 
 #: The case's step counts (pytest_resume_check.builtin.epochs).
@@ -110,6 +117,33 @@ def model_and_data(p: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     return GPT2LMHeadModel(gpt2_config), WithIds(TokenRows(p["n"])), default_data_collator
 
 
+@functools.cache
+def annealed_z_loss_trainer() -> type:
+    """Planted bug: a ``Trainer`` subclass that adds a z-loss (the squared log-partition of the logits) whose
+    weight grows with a count of ``compute_loss`` calls kept on ``self``. The Trainer saves the model, the
+    optimizer, the schedule and the RNGs, not its subclass's attributes, so a resumed run starts the anneal
+    over and trains on another loss from its first step on. Defined on first use, so that importing this
+    module does not import transformers."""
+    import torch
+    from transformers import Trainer
+
+    class AnnealedZLossTrainer(Trainer):
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self.loss_calls = 0
+
+        def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False,
+                         num_items_in_batch: Any = None) -> Any:
+            loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
+                                                 num_items_in_batch=num_items_in_batch)
+            self.loss_calls += 1
+            z_loss = torch.logsumexp(outputs.logits, dim=-1).pow(2).mean()
+            loss = loss + Z_LOSS * min(1.0, self.loss_calls / Z_LOSS_WARMUP) * z_loss
+            return (loss, outputs) if return_outputs else loss
+
+    return AnnealedZLossTrainer
+
+
 def last_checkpoint(output_dir: str) -> str | None:
     """The job's own "which checkpoint" in auto mode: Transformers' ``get_last_checkpoint``, the
     ``checkpoint-N`` folder with the highest N (None: none yet, a fresh start)."""
@@ -163,7 +197,8 @@ def train(run: RunContext, bug: str | None = None) -> None:
         ignore_data_skip=bug == IGNORE_DATA_SKIP,
         save_only_model=bug == SAVE_ONLY_MODEL,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=collator, callbacks=[check])
+    trainer_class = annealed_z_loss_trainer() if bug == UNSAVED_ANNEAL else Trainer
+    trainer = trainer_class(model=model, args=args, train_dataset=dataset, data_collator=collator, callbacks=[check])
     resume = checkpoint_to_resume(run, last_by_name if bug == NAME_SORTED else last_checkpoint)
     trainer.train(resume_from_checkpoint=resume)  # check reports the step the Trainer restored
 
@@ -186,6 +221,12 @@ def hf_trainer_save_only_model(run: RunContext) -> None:
 def hf_trainer_name_sorted_resume(run: RunContext) -> None:
     """Planted: the job resumes from the last folder name in sorted order (checkpoint-9 after checkpoint-10)."""
     train(run, NAME_SORTED)
+
+
+def hf_trainer_unsaved_anneal(run: RunContext) -> None:
+    """Planted: a Trainer subclass anneals a z-loss with a count kept on ``self``, which no checkpoint holds, so
+    a resumed run trains on another loss (STATE_DIVERGED, the model first; no framework's finding)."""
+    train(run, UNSAVED_ANNEAL)
 
 
 class _Discard:
