@@ -87,7 +87,11 @@ class Engine:
             self.shared.register(cells)
 
     def record_ops(self, target: Target, case: Mapping[str, Any], step: int, prior: int) -> list[FileOp]:
-        """The file operations of the save of checkpoint ``step`` (after one of ``prior``), in order."""
+        """The file operations of the save of checkpoint ``step`` (after one of ``prior``), in order. A
+        zero-change program's saves end at its commit point, which its uninterrupted run may recognise: that
+        run comes first (it is the case's reference, made once)."""
+        if References.recognisable(target):
+            self.reference(target, case)
         workdir = self.layout.fresh(self.layout.record_save(target.name, case_id(case), step))
         plan = self.runner.plan(target, case, workdir, 0, kill=KillSpec(step), checkpoint_steps=(prior,),
                                 faults=FaultPlan(step, MODE_RECORD))

@@ -494,6 +494,7 @@ def command_target(
     checkpoints: str | None = None,
     outputs: Sequence[str] = (),
     fresh_interpreter: bool = False,
+    commit: str | None = None,
     **options: Any,
 ) -> Target:
     """Declare a target that runs a program: ``resume_target.command(["{python}", "train.py", "--out",
@@ -510,7 +511,12 @@ def command_target(
     appear, ``checkpoints="step_*.pt"`` (a glob relative to ``{checkpoint_dir}``): each checkpoint it
     publishes is a step, it is killed at those, and the checkpoint it restores is the one it opens (see
     :mod:`pytest_resume_check.child.watch`); ``steps`` is then the number of checkpoints an uninterrupted run
-    publishes. Without ``{resume_path}`` in the command it is resumed in ``auto`` mode only. ``outputs``:
+    publishes. A program that makes each checkpoint selectable by writing a pointer or tracker file naming it
+    (DeepSpeed's ``latest``, Megatron-LM's and verl's ``latest_checkpointed_iteration.txt``) names it with
+    ``commit="latest.txt"`` (a glob relative to ``{checkpoint_dir}``): its publications, kills and saves follow
+    that file, and the checkpoint published is the one it names; undeclared, such a file is recognised in the
+    uninterrupted run (:mod:`pytest_resume_check.records.commits`). Without ``{resume_path}`` in the command it
+    is resumed in ``auto`` mode only. ``outputs``:
     the files the program delivers (globs relative to ``{checkpoint_dir}``), compared with the
     uninterrupted run's after the program exits, for any command target.
 
@@ -533,7 +539,7 @@ def command_target(
     declared_in = _sys._getframe(1).f_globals.get("__file__")
     if not isinstance(fresh_interpreter, bool):
         raise TargetError(f"target {name!r}: fresh_interpreter={fresh_interpreter!r} must be True or False")
-    spec = command_spec(name, argv, cwd, env, cases, declared_in, checkpoints, outputs, fresh_interpreter)
+    spec = command_spec(name, argv, cwd, env, cases, declared_in, checkpoints, outputs, fresh_interpreter, commit)
     if options.get("preemption"):
         raise TargetError(ERR_PREEMPT_COMMAND.format(name=name))
     if spec.checkpoints is not None:

@@ -1,8 +1,16 @@
 """The oracle: the uninterrupted run of each (target, case), run twice to prove it is deterministic,
-computed once per session and shared by every cell of the case."""
+computed once per session and shared by every cell of the case.
+
+A zero-change program that declares no commit point may have one all the same: its first uninterrupted run
+tells (:func:`recognised_commit_of`). Then every later run of the case follows that commit point, the repeat
+first: it is the reference the cells are judged against, and the first run is the repeat it is compared with
+(the program does the same either way; only where the watcher publishes differs). Decided from one finished run
+and never from a killed one, it cannot depend on when a kill came.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -12,6 +20,7 @@ from pytest_resume_check.judge.verdict import judge_reference
 from pytest_resume_check.process.layout import REPEAT_OUT, STATE_VALUES, Layout
 from pytest_resume_check.process.runner import Runner
 from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.commits import recognised_commit
 from pytest_resume_check.records.ledger import step_inputs_digest
 from pytest_resume_check.records.names import case_id
 from pytest_resume_check.records.plan import EARLY_STOP_ANY, EARLY_STOP_EPOCH, EARLY_STOP_NEVER, RESUME_DISABLED
@@ -105,9 +114,36 @@ class References:
         first = self.runner.run(self.runner.plan(target, case, workdir, 0, resume_mode=RESUME_DISABLED,
                                                  report_state=True, state_values_dir=values_dir), target)
         second = None
-        if self.check_determinism and first.outcome == Outcome.DONE:
+        recognising = self.recognisable(target) and first.outcome == Outcome.DONE
+        commit = recognised_commit_of(first) if recognising else None
+        if commit is not None:
+            self.runner.recognise(target, case, commit)
+            plan = self.runner.plan(target, case, workdir, 1, out=workdir / REPEAT_OUT, resume_mode=RESUME_DISABLED,
+                                    report_state=True, state_values_dir=values_dir)
+            observed, first = first, self.runner.run(plan, target)
+            second = observed if self.check_determinism else None
+        elif self.check_determinism and first.outcome == Outcome.DONE:
             plan = self.runner.plan(target, case, workdir, 1, out=workdir / REPEAT_OUT, resume_mode=RESUME_DISABLED,
                                     report_state=True, state_reference_dir=values_dir)
             second = self.runner.run(plan, target)
         findings = judge_reference(first, second, int(target.steps(case)), target.contract)
         return Reference(first, findings, values_dir, target.early_stop)
+
+    @staticmethod
+    def recognisable(target: Target) -> bool:
+        """Whether runs of ``target`` may follow a commit point its reference recognises (then the reference
+        must come before any other run of the case)."""
+        command = target.command
+        return command is not None and command.checkpoints is not None and command.commit is None
+
+
+def recognised_commit_of(record: RunRecord) -> str | None:
+    """The commit point of a zero-change program's finished run that declared none
+    (:func:`~pytest_resume_check.records.commits.recognised_commit`), from what its watcher reported: the
+    checkpoints published, the pointers and the folders filled in place."""
+    root = os.path.realpath(record.plan.checkpoint_dir)
+    published = [os.path.relpath(path, root) for _, path in record.published if path]
+    pointers = [(str(e.extra.get(ev.EXTRA_FILE)), os.path.relpath(e.path, root))
+                for e in record.events if e.kind == ev.POINTER and e.path]
+    filled = {os.path.relpath(e.path, root) for e in record.events if e.kind == ev.IN_PLACE and e.path}
+    return recognised_commit(published, pointers, filled)

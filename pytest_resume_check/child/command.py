@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_resume_check import client
-from pytest_resume_check.child.watch import CONTEXT_CHECKPOINTS
+from pytest_resume_check.child.watch import CALL_WATCHED, CONTEXT_CHECKPOINTS, CONTEXT_COMMIT
 from pytest_resume_check.client import CONTEXT_ENV, FD_ENV, PROTOCOL_VERSION
 from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.commits import matches
 from pytest_resume_check.records.errors import TargetError
 from pytest_resume_check.records.names import case_id
 from pytest_resume_check.records.plan import LAUNCHER_TORCHRUN, CommandSpec
@@ -106,6 +107,7 @@ def run_command(run: RunContext) -> None:
                "faults": run.plan.faults.to_json() if run.plan.faults is not None else None}
     if spec.checkpoints is not None:  # zero-change: the program's checkpoint files are its reports
         context[CONTEXT_CHECKPOINTS] = spec.checkpoints
+        context[CONTEXT_COMMIT] = run.plan.commit
     program = python_program(spec)
     if program is not None:
         code, calls = _run_in_process(run, spec, program, argv, context)
@@ -341,7 +343,7 @@ def _run_in_process(run: RunContext, spec: CommandSpec, program: tuple[str, str]
     client._in_process = local
     atexit._clear()  # what the fork server registered is not the program's
     if spec.checkpoints is not None:
-        watch.start(local, spec.checkpoints, recorder=run._recorder)
+        watch.start(local, spec.checkpoints, recorder=run._recorder, commit=run.plan.commit)
     kind, name = program
     sys.argv = [name, *argv[3 if kind == MODULE else 2:]]
     before = set(threading.enumerate())
@@ -531,9 +533,27 @@ def _dispatch(run: RunContext, request: Mapping[str, Any]) -> Any:
                            extra={"index": request["index"], "target": request.get("target")}))
     elif call == "kill_ready":
         run._await_kill(str(request["text"]), dict(request.get("extra") or {}))
+    elif call == CALL_WATCHED:
+        _watched(run, request)
     else:
         raise ValueError(f"unknown call {call!r}")
     return None
+
+
+ERR_WATCHED = (f"{CALL_WATCHED!r} is the watcher's own call for a program declared with checkpoints=; a program does "
+               "not make it")
+
+
+def _watched(run: RunContext, request: Mapping[str, Any]) -> None:
+    """What the watcher of a zero-change program saw (a commit, a pointer, a folder filled in place): the event
+    of its kind, for the judging and the reference (see :mod:`pytest_resume_check.child.watch`)."""
+    command = run.plan.command
+    kind = request["kind"]
+    if command is None or command.checkpoints is None or kind not in ev.WATCHED_KINDS:
+        raise ValueError(ERR_WATCHED)
+    step, path, extra = request.get("step"), request.get("path"), request.get("extra") or {}
+    run._send(ev.Event(kind, step=int(step) if step is not None else None, path=str(path) if path else None,
+                       extra=dict(extra)))
 
 
 #: The field of a ``state`` or ``final`` line that carries the program's own digests: per component, each leaf's
@@ -589,6 +609,10 @@ def _leaves(call: str, value: Any) -> dict[str, dict[str, str]]:
 
 ERR_GLOB = ("command target {name!r}: {option}={value!r} {problem}; give {what} as a glob relative to the run's "
             "checkpoint folder ({{checkpoint_dir}}), e.g. {example}")
+ERR_COMMIT_ALONE = ("command target {name!r}: commit={value!r} names the file that commits a checkpoint of a program "
+                    "that reports nothing; declare where its checkpoints appear too, e.g. checkpoints='ckpt_*.pt'")
+ERR_COMMIT_IS_CHECKPOINT = ("command target {name!r}: commit={value!r} matches checkpoints={glob!r}; the commit point "
+                            "is the pointer or tracker file that names a checkpoint, not a checkpoint itself")
 
 
 def _glob(name: str, option: str, value: Any, what: str, example: str) -> str:
@@ -608,9 +632,10 @@ def _glob(name: str, option: str, value: Any, what: str, example: str) -> str:
 
 def command_spec(name: str, argv: Sequence[str], cwd: str | os.PathLike[str] | None, env: Mapping[str, str] | None,
                  cases: Sequence[Mapping[str, Any]], declared_in: str | None, checkpoints: str | None = None,
-                 outputs: Sequence[str] = (), fresh_interpreter: bool = False) -> CommandSpec:
+                 outputs: Sequence[str] = (), fresh_interpreter: bool = False,
+                 commit: str | None = None) -> CommandSpec:
     """Validate a command target's program and where it runs (relative to the declaring file's folder), and
-    for a zero-change target where its checkpoints and outputs appear."""
+    for a zero-change target where its checkpoints, its commit point and its outputs appear."""
 
     if isinstance(argv, (str, bytes)) or not argv:
         raise TargetError(f"command target {name!r}: give the command as a list of arguments, e.g. "
@@ -624,9 +649,16 @@ def command_spec(name: str, argv: Sequence[str], cwd: str | os.PathLike[str] | N
                           f"{base} or absolute")
     if checkpoints is not None:
         checkpoints = _glob(name, "checkpoints", checkpoints, "where its checkpoints appear", "'step_*.pt'")
+    if commit is not None:
+        if checkpoints is None:
+            raise TargetError(ERR_COMMIT_ALONE.format(name=name, value=commit))
+        commit = _glob(name, "commit", commit, "the pointer or tracker file it writes once a checkpoint is complete",
+                       "'latest.txt'")
+        if matches(commit.replace("/", os.sep), checkpoints):
+            raise TargetError(ERR_COMMIT_IS_CHECKPOINT.format(name=name, value=commit, glob=checkpoints))
     if isinstance(outputs, (str, bytes)):
         outputs = [outputs]
     globs = tuple(_glob(name, "outputs", o, "each file it delivers", "['model.pt']") for o in outputs)
     return CommandSpec(tuple(str(a) for a in argv), str(folder.resolve()),
                        tuple((str(k), str(v)) for k, v in (env or {}).items()), checkpoints, globs,
-                       bool(fresh_interpreter))
+                       bool(fresh_interpreter), commit)

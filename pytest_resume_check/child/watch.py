@@ -11,12 +11,22 @@ the program; where it is a process of its own, the harness puts ``startup/`` fir
   publication of a job is its step n: ``step_end(n)`` then ``checkpoint_published(n, path)``, so kills and
   snapshots happen right there, and the file operations since the previous publication are the save that
   crash cells fault.
+- A program that **commits** each checkpoint through a pointer or tracker file (``commit="latest.txt"``,
+  declared, or recognised in the uninterrupted run: :mod:`pytest_resume_check.records.commits`) publishes when
+  that file gets its final name instead: the checkpoint published is the one its content names (else the
+  newest one written since the previous commit), and whether that checkpoint was complete then is reported with
+  it (a pointer written before its checkpoint names nothing a resume can load). A checkpoint getting its own
+  name, or files written into a checkpoint folder, are then part of the save the next commit completes.
 - The checkpoint a run **restored** is the last matching one it opened for reading before its own first
   publication (a program that falls back from a damaged checkpoint to an older one is credited with the older
-  one), reported as ``resumed(k, path)`` before that publication (or at exit), k being its publication
-  number. The numbers live in an index file beside the checkpoints (:data:`INDEX`), written by this module
-  with the functions it does not wrap; a matching file the index does not know (a save that was never
-  published) counts as the one after the newest it knows. A run that opened none resumed step 0.
+  one; reading a pointer alone restores nothing), reported as ``resumed(k, path)`` before that publication
+  (or at exit), k being its publication number. The numbers live in an index file beside the checkpoints
+  (:data:`INDEX`), written by this module with the functions it does not wrap; a matching file the index does
+  not know (a save that was never published) counts as the one after the newest it knows. A run that opened
+  none resumed step 0.
+- Without a commit point it also reports what the reference needs to recognise one: each small file that is no
+  checkpoint and gets its final name naming a checkpoint (``POINTER``), and each checkpoint folder filled in place
+  (``IN_PLACE``), which never gets a final name of its own.
 
 Nothing else can be known without the program's own reports: no ledger of inputs, no state. What the job
 delivers (``outputs=``) is digested by the harness after the program exits (:mod:`.command`). The watcher
@@ -27,7 +37,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
-import fnmatch
+import glob
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -41,9 +51,15 @@ from typing import Any
 
 from pytest_resume_check import client
 from pytest_resume_check.child.recorder import WRITE_FLAGS, FileProxy
+from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.commits import MAX_POINTER_BYTES, holding, matches, named_checkpoint, pointer_text
 
 #: The field of the run's context that holds the checkpoint glob (set only for zero-change targets).
 CONTEXT_CHECKPOINTS = "checkpoints"
+#: The field that holds the glob of the program's commit point (declared or recognised), if it has one.
+CONTEXT_COMMIT = "commit"
+#: The call the watcher makes for what it saw (:data:`pytest_resume_check.records.events.WATCHED_KINDS`).
+CALL_WATCHED = "watched"
 #: The index of published checkpoints, by path relative to the checkpoint folder, kept in that folder.
 INDEX = ".resume-check-checkpoints.json"
 INDEX_VERSION = 1
@@ -59,11 +75,13 @@ _real_fsync = os.fsync
 class Watcher:
     """Turns the file operations of one process into the reports of a command target (module docstring)."""
 
-    def __init__(self, run: client.Run, pattern: str, recorder: Any = None):
+    def __init__(self, run: client.Run, pattern: str, recorder: Any = None, commit: str | None = None):
         self.run = run
         #: Crash cells: the recorder of the program's file operations (the client's, by default).
         self.recorder = recorder if recorder is not None else run._recorder
         self.pattern = pattern
+        #: The glob of the program's commit point (None: its checkpoints publish themselves).
+        self.commit = commit
         self.pid = os.getpid()
         self.root = os.path.realpath(run.checkpoint_dir or ".")
         self.roots = [self.root]  # where a restored checkpoint may lie: ours, and the folder a path resume names
@@ -80,6 +98,11 @@ class Watcher:
         self.reported = False
         self.base = 0  # the step the run resumed at
         self.published = 0  # checkpoints this run published
+        self.since_commit: list[str] = []  # checkpoints written since the previous commit, oldest first
+        self.open_writes: dict[str, int] = {}  # checkpoint -> its files open for writing (commit point only)
+        self.last_named: str | None = None  # the checkpoint the previous commit named
+        self.filled: set[str] = set()  # checkpoint folders reported as filled in place
+        self.pending: tuple[str, str] | None = None  # a pointer closed in place: reported unless renamed away
 
     # -- what a path is ------------------------------------------------------------------------------
     def _relative(self, path: Any) -> tuple[str, str] | None:
@@ -97,20 +120,31 @@ class Watcher:
                 return root, os.path.relpath(real, root)
         return None
 
-    def _is_checkpoint(self, rel: str) -> bool:
-        return os.path.basename(rel) != INDEX and matches(rel, self.pattern)
+    def _own(self, path: Any) -> str | None:
+        """``path`` relative to this run's checkpoint folder when it lies there and is not the index, else None."""
+        found = self._relative(path) if self._ours() else None
+        if found is None or found[0] != self.root or os.path.basename(found[1]).startswith(INDEX):
+            return None
+        return found[1]
 
     def _checkpoint_holding(self, rel: str) -> str | None:
-        """The checkpoint ``rel`` is or lies in (a file of a checkpoint folder), None if none."""
-        parts = rel.split(os.sep)
-        for end in range(len(parts), 0, -1):
-            head = os.sep.join(parts[:end])
-            if self._is_checkpoint(head):
-                return head
-        return None
+        """The checkpoint ``rel`` is or lies in (a file of a checkpoint folder), None if none (the index is none)."""
+        return None if os.path.basename(rel).startswith(INDEX) else holding(rel, self.pattern)
 
     def _ours(self) -> bool:
         return os.getpid() == self.pid
+
+    def opened_for_writing(self, rel: str, mode: str) -> bool:
+        """A file of this run's folder was opened for writing; whether it must be followed to its close: a
+        checkpoint, and with a commit point that point and the files of checkpoint folders; without one, a text
+        file that may be a pointer (a file of a checkpoint folder is reported as filling it in place)."""
+        if self.commit is not None:
+            return matches(rel, self.commit) or self._checkpoint_holding(rel) is not None
+        holder = self._checkpoint_holding(rel)
+        if holder is not None and holder != rel:
+            self._filled(holder)
+            return False
+        return holder is not None or "b" not in mode
 
     # -- events --------------------------------------------------------------------------------------
     def opened_for_reading(self, path: Any) -> None:
@@ -124,25 +158,117 @@ class Watcher:
             with self.lock:
                 self.restored = (found[0], checkpoint)
 
-    def wrote(self, path: Any) -> None:
-        """``path`` got its final name and content: a publication when it is a checkpoint of this run."""
-        if not self._ours():
+    def writing(self, rel: str, delta: int) -> None:
+        """A file of this folder opened (+1) or closed (-1) for writing: a checkpoint with an open file is not
+        complete."""
+        holder = self._checkpoint_holding(rel) if self.commit is not None else None
+        if holder is not None:
+            with self.lock:
+                self.open_writes[holder] = self.open_writes.get(holder, 0) + delta
+
+    def wrote(self, path: Any, source: Any = None) -> None:
+        """``path`` got its final name and content (renamed from ``source``, or written in place)."""
+        rel = self._own(path)
+        if rel is None:
             return
-        found = self._relative(path)
-        if found is None or found[0] != self.root or not self._is_checkpoint(found[1]):
-            return
-        rel = found[1]
         with self.lock:
-            self.report_resumed()
-            self.published += 1
-            step = self.base + self.published
+            if self.commit is not None:
+                self._wrote_committing(rel)
+                return
+            if self.pending is not None and source is not None and self._own(source) == self.pending[0]:
+                self.pending = None  # a temporary file renamed into place: the name it got counts
+            self.flush_pointer()
+            holder = self._checkpoint_holding(rel)
+            if holder == rel:
+                self._publish(rel)
+            elif holder is not None:
+                self._filled(holder)
+            else:
+                self._pointer(rel, renamed=source is not None)
+
+    def _wrote_committing(self, rel: str) -> None:
+        if matches(rel, self.commit or ""):
+            self._commit(rel)
+            return
+        holder = self._checkpoint_holding(rel)
+        if holder is not None:
+            if holder in self.since_commit:
+                self.since_commit.remove(holder)
+            self.since_commit.append(holder)
+
+    def _commit(self, rel: str) -> None:
+        """The commit point ``rel`` got its final name: the checkpoint it names is published."""
+        text = self._pointer_text(rel)
+        named = named_checkpoint(text, rel, self.pattern, self._known(), self.root) if text is not None else None
+        if named is None and self.since_commit:
+            named = self.since_commit[-1]  # content that names nothing: the checkpoint it commits is the newest
+        if named == self.last_named and not self.since_commit:
+            return  # written again, naming the checkpoint it named: nothing new is committed
+        complete = named is not None and os.path.exists(os.path.join(self.root, named)) and not self.open_writes.get(
+            named)
+        self.since_commit = []
+        self.last_named = named
+        self._publish(named, {ev.EXTRA_FILE: rel, ev.EXTRA_COMPLETE: bool(complete)})
+
+    def _pointer(self, rel: str, renamed: bool) -> None:
+        """Without a commit point: report a file naming a checkpoint (one written in place once it keeps its name)."""
+        text = self._pointer_text(rel)
+        named = named_checkpoint(text, rel, self.pattern, self._known(), self.root) if text is not None else None
+        if named is None:
+            return
+        if renamed:
+            self._watched(ev.POINTER, named, {ev.EXTRA_FILE: rel})
+        else:
+            self.pending = (rel, named)
+
+    def flush_pointer(self) -> None:
+        """Report the pointer closed in place, if any: nothing renamed it away."""
+        with self.lock:
+            if self.pending is not None:
+                rel, named = self.pending
+                self.pending = None
+                self._watched(ev.POINTER, named, {ev.EXTRA_FILE: rel})
+
+    def _filled(self, holder: str) -> None:
+        with self.lock:
+            if holder not in self.filled:
+                self.filled.add(holder)
+                self._watched(ev.IN_PLACE, holder)
+
+    def _publish(self, rel: str | None, commit: dict[str, Any] | None = None) -> None:
+        """Publish checkpoint ``rel`` (None: a commit that named none) as this run's next step."""
+        self.report_resumed()
+        self.published += 1
+        step = self.base + self.published
+        path = os.path.join(self.root, rel) if rel is not None else None
+        if rel is not None:
             index = self._index(self.root)
             index[rel] = step
             self._write_index(index)
-            self.run.step_end(step)
-            self.run.checkpoint_published(step, os.path.join(self.root, rel))  # the recorder's save ends here
-            if self.recorder is not None:
-                self.recorder.start(step + 1)  # crash cells: what the program does next is the next save
+        if commit is not None:
+            self._watched(ev.COMMIT, rel, commit, step)
+        self.run.step_end(step)
+        self.run.checkpoint_published(step, path)  # the recorder's save ends here
+        if self.recorder is not None:
+            self.recorder.start(step + 1)  # crash cells: what the program does next is the next save
+
+    def _watched(self, kind: str, rel: str | None, extra: dict[str, Any] | None = None,
+                 step: int | None = None) -> None:
+        path = os.path.join(self.root, rel) if rel is not None else None
+        self.run._call(CALL_WATCHED, kind=kind, step=step, path=path, extra=extra or {})
+
+    def _pointer_text(self, rel: str) -> str | None:
+        try:
+            with _real_open(os.path.join(self.root, rel), "rb") as f:
+                return pointer_text(f.read(MAX_POINTER_BYTES + 1))
+        except OSError:
+            return None
+
+    def _known(self) -> list[str]:
+        """The checkpoints in this run's folder (by name), then those written since the previous commit."""
+        found = sorted(os.path.relpath(p, self.root) for p in glob.glob(os.path.join(glob.escape(self.root),
+                                                                                   self.pattern)))
+        return [c for c in found if c not in self.since_commit] + self.since_commit
 
     def report_resumed(self) -> None:
         """``resumed`` once: the checkpoint restored (see the module docstring), or step 0."""
@@ -200,9 +326,9 @@ class Watcher:
             result = real(file, mode, *args, **kwargs)
             if isinstance(file, (str, bytes, os.PathLike)):
                 if any(c in mode for c in _WRITING):
-                    found = self._relative(file) if self._ours() else None
-                    if found is not None and found[0] == self.root and self._is_checkpoint(found[1]):
-                        return _PublishedOnClose(result, self, file)
+                    rel = self._own(file)
+                    if rel is not None and self.opened_for_writing(rel, mode):
+                        return _FinalOnClose(result, self, file, rel)
                 else:
                     self.opened_for_reading(file)
             return result
@@ -221,7 +347,7 @@ class Watcher:
     def _move_wrapper(self, real: Callable[..., Any]) -> Callable[..., Any]:
         def move(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
             real(src, dst, *args, **kwargs)
-            self.wrote(dst)
+            self.wrote(dst, source=src)
 
         return move
 
@@ -234,18 +360,21 @@ class Watcher:
         return save
 
 
-class _PublishedOnClose(FileProxy):
-    """A checkpoint file written in place: published when it is closed."""
+class _FinalOnClose(FileProxy):
+    """A file written in place in the checkpoint folder: it has its final name and content when it is closed."""
 
-    def __init__(self, raw: Any, watcher: Watcher, path: Any):
+    def __init__(self, raw: Any, watcher: Watcher, path: Any, rel: str):
         super().__init__(raw)
         self._watcher = watcher
         self._path = path
+        self._rel = rel
+        watcher.writing(rel, +1)
 
     def close(self) -> None:
         if self._raw.closed:
             return
         self._raw.close()
+        self._watcher.writing(self._rel, -1)
         self._watcher.wrote(self._path)
 
     def __del__(self) -> None:  # a program that leaves closing to the garbage collector
@@ -281,13 +410,6 @@ class _WhenImported(importlib.abc.MetaPathFinder):
         return spec
 
 
-def matches(rel: str, pattern: str) -> bool:
-    """Whether the relative path ``rel`` matches the glob ``pattern`` part by part (``*`` never spans a
-    folder: ``ckpt_*`` matches ``ckpt_3``, not the files inside it)."""
-    parts, wanted = rel.split(os.sep), pattern.split("/")
-    return len(parts) == len(wanted) and all(fnmatch.fnmatchcase(p, w) for p, w in zip(parts, wanted))
-
-
 def read_index(root: str) -> dict[str, int]:
     """The publication numbers of the checkpoints in ``root`` (empty when it has no index)."""
     try:
@@ -307,19 +429,20 @@ def install() -> Watcher | None:
     if not os.environ.get(client.CONTEXT_ENV) or not os.environ.get(client.FD_ENV):
         return None
     try:
-        pattern = json.loads(os.environ[client.CONTEXT_ENV]).get(CONTEXT_CHECKPOINTS)
-    except ValueError:
+        context = json.loads(os.environ[client.CONTEXT_ENV])
+        pattern, commit = context.get(CONTEXT_CHECKPOINTS), context.get(CONTEXT_COMMIT)
+    except (ValueError, AttributeError):
         return None
     if not pattern:
         return None
-    return start(client.connect(), str(pattern))
+    return start(client.connect(), str(pattern), commit=str(commit) if commit else None)
 
 
-def start(run: client.Run, pattern: str, recorder: Any = None) -> Watcher:
+def start(run: client.Run, pattern: str, recorder: Any = None, commit: str | None = None) -> Watcher:
     """Watch this process for ``run`` from now on: its file functions wrapped, the save of checkpoint 1
     watched in crash cells (a faulted run starts fresh), what it resumed reported at exit if nothing did
-    before."""
-    watcher = Watcher(run, pattern, recorder)
+    before. ``commit``: the glob of the program's commit point, if it has one."""
+    watcher = Watcher(run, pattern, recorder, commit)
     if watcher.recorder is not None:
         watcher.recorder.start(1)
     watcher.install()
@@ -330,6 +453,7 @@ def start(run: client.Run, pattern: str, recorder: Any = None) -> Watcher:
 def _at_exit(watcher: Watcher) -> None:
     if watcher._ours():
         try:
+            watcher.flush_pointer()
             watcher.report_resumed()
         except client.ProtocolError:
             pass

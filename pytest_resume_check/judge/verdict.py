@@ -22,6 +22,9 @@ steps marked *final* ends the judging; the other steps add theirs and go on.
    step the resume whose inputs differ restored (their consequence); at that restored step itself it is
    their cause and comes first (after a resume at another world size only with ``elastic_state``).
 
+The first finding's headline names what the kill came after when that is the cause: a lost node, or a
+zero-change program's commit that named a checkpoint before it was complete (:data:`MSG_COMMITTED_EARLY`).
+
 :func:`judge_reference` judges the reference runs themselves, :func:`entry_marks` marks each ledger
 entry as :func:`compare` matches it, and :func:`first_difference` finds where two ledgers part.
 """
@@ -104,6 +107,14 @@ MSG_STEPS = "PROTOCOL: the target declares {declared} steps for this case but it
 MSG_CHECKPOINTS = ("PROTOCOL: the target declares steps={declared}, the checkpoints an uninterrupted run publishes, "
                    "but its reference run published {actual} matching {glob!r} in {{checkpoint_dir}}; give the number "
                    "it publishes, or the glob of its checkpoint files' final names")
+#: MSG_CHECKPOINTS of a program that commits its checkpoints through a pointer or tracker file.
+MSG_COMMITS = ("PROTOCOL: the target declares steps={declared}, the checkpoints an uninterrupted run publishes, "
+               "but its reference run committed {actual} through {commit!r} in {{checkpoint_dir}}; give the number "
+               "it commits, or the glob of the file that names each complete checkpoint")
+#: The cause put in front of the first finding of a cell whose kill came after a commit that named a
+#: checkpoint before it was complete.
+MSG_COMMITTED_EARLY = ("{file} named {checkpoint} before it was complete, and the kill came between the two (the "
+                       "program commits a checkpoint before it has written it)")
 MSG_CALLS = "PROTOCOL: {who} {what}"
 #: Appended to a failing run's headline when its error is a full disk.
 DISK_FULL = "; the disk is full (No space left on device): free space there or point --basetemp at a bigger disk"
@@ -155,8 +166,7 @@ def judge_reference(first: RunRecord, second: RunRecord | None, declared_steps: 
     if declared_steps is not None and first.last_step != declared_steps:
         command = first.plan.command
         if command is not None and command.checkpoints is not None:
-            return [Finding(PROTOCOL, MSG_CHECKPOINTS.format(declared=declared_steps, actual=first.last_step,
-                                                             glob=command.checkpoints))]
+            return [_checkpoints_finding(first, declared_steps, command.checkpoints)]
         return [Finding(PROTOCOL, MSG_STEPS.format(declared=declared_steps, actual=first.last_step))]
     if second is not None:
         for kind in contract.ledgers:
@@ -170,6 +180,14 @@ def judge_reference(first: RunRecord, second: RunRecord | None, declared_steps: 
         if state is not None:
             return [state]
     return []
+
+
+def _checkpoints_finding(first: RunRecord, declared: int, glob: str) -> Finding:
+    """A zero-change reference that published another number of checkpoints than declared."""
+    commit = first.plan.commit
+    if commit is not None:
+        return Finding(PROTOCOL, MSG_COMMITS.format(declared=declared, actual=first.last_step, commit=commit))
+    return Finding(PROTOCOL, MSG_CHECKPOINTS.format(declared=declared, actual=first.last_step, glob=glob))
 
 
 def judge(reference: RunRecord, runs: Sequence[RunRecord], contract: Contract,
@@ -187,7 +205,35 @@ def judge(reference: RunRecord, runs: Sequence[RunRecord], contract: Contract,
     findings, lost = judging.verdict.findings, _lost_node(runs)
     if findings and lost:  # the headline names the node whose loss the failure follows
         findings[0] = replace(findings[0], headline=findings[0].headline + lost)
+    cause = _committed_early(runs)
+    if findings and cause:  # the headline starts with the cause of what the resume did
+        findings[0] = replace(findings[0], headline=_with_cause(findings[0], cause))
     return judging.verdict
+
+
+def _committed_early(runs: Sequence[RunRecord]) -> str:
+    """:data:`MSG_COMMITTED_EARLY` for the first run killed right after a commit (a kill at its checkpoint, or
+    after the last file operation of its save) that named a checkpoint that was not complete yet, or ''."""
+    for rec in runs[:-1]:
+        kill = rec.plan.kill
+        if rec.outcome != Outcome.KILLED or kill is None or kill.extra_steps:
+            continue
+        if kill.fault is not None and not kill.fault.completes_save:
+            continue  # killed inside a later save: the checkpoint that commit named may be complete by now
+        commits = [e for e in rec.events if e.kind == ev.COMMIT and e.step == kill.checkpoint_step]
+        if commits and not commits[-1].extra.get(ev.EXTRA_COMPLETE, True):
+            last = commits[-1]
+            named = os.path.basename(last.path) if last.path else "no checkpoint"
+            return MSG_COMMITTED_EARLY.format(file=last.extra.get(ev.EXTRA_FILE), checkpoint=named)
+    return ""
+
+
+def _with_cause(finding: Finding, cause: str) -> str:
+    """``CATEGORY: cause; rest of the headline`` (``cause`` appended to a headline of another shape)."""
+    prefix = f"{finding.category}: "
+    if finding.headline.startswith(prefix):
+        return f"{prefix}{cause}; {finding.headline[len(prefix):]}"
+    return f"{finding.headline}; {cause}"
 
 
 #: Appended to the headline of a cell whose run lost a simulated node (``:node1``).

@@ -19,6 +19,7 @@ from pytest_resume_check.process.layout import Layout
 from pytest_resume_check.process.services import Services
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.faults import FaultPlan
+from pytest_resume_check.records.names import case_id
 from pytest_resume_check.records.plan import LAUNCHER_HARNESS, LAUNCHER_TORCHRUN, RESUME_AUTO, KillSpec, RunPlan
 from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT, Outcome, RunRecord
 from pytest_resume_check.targets import Target, TargetError, run_resources
@@ -91,6 +92,21 @@ class Runner:
         self.services = Services()
         #: (target, world size) -> the ranks besides rank 0 that reported step ends in a finished run.
         self._step_ranks: dict[tuple[str, int], tuple[int, ...]] = {}
+        #: (target, case id) -> the commit point recognised in the case's uninterrupted run (zero-change
+        #: targets that declare none; :meth:`recognise`).
+        self._commits: dict[tuple[str, str], str] = {}
+
+    def recognise(self, target: Target, case: Mapping[str, Any], commit: str) -> None:
+        """From now on, runs of ``target`` in ``case`` follow the commit point ``commit`` (recognised in the
+        case's uninterrupted run)."""
+        self._commits[(target.name, case_id(case))] = commit
+
+    def commit_of(self, target: Target, case: Mapping[str, Any]) -> str | None:
+        """The commit point the runs of ``target`` in ``case`` follow: declared, or recognised; None for none."""
+        command = target.command
+        if command is None or command.checkpoints is None:
+            return None
+        return command.commit or self._commits.get((target.name, case_id(case)))
 
     def plan(self, target: Target, case: Mapping[str, Any], workdir: Path, index: int, *, out: Path | None = None,
              resume_mode: str = RESUME_AUTO, resume_path: str | None = None, kill: KillSpec | None = None,
@@ -124,7 +140,7 @@ class Runner:
             capture_rng=target.capture_rng and target.command is None, elastic_state=target.elastic_state,
             state_values_dir=state_values_dir,
             state_reference_dir=state_reference_dir, token=uuid.uuid4().hex, step_limit=_step_limit(target, case),
-            command=target.command,
+            command=target.command, commit=self.commit_of(target, case),
             env={**_devices(target), **self.services.env_for(target, self.hang_limit_of(target))},
             world_size=world, master_port=free_port() if distributed else 0,
             step_ranks=self._step_ranks.get((target.name, world)), launcher=target.launcher,

@@ -48,6 +48,19 @@ SIGNALLED = "signalled"
 #: extra: how the framework in the run is set up, as plain values (RunContext.settings); nothing compares
 #: them, the report reads them to tell whether a framework's known bug can be what a failing cell shows.
 SETTINGS = "settings"
+#: What the watcher of a zero-change program saw (:mod:`pytest_resume_check.child.watch`), each with ``path``
+#: the checkpoint concerned: a commit point (a pointer or tracker file, ``extra`` :data:`EXTRA_FILE`) got its
+#: final name naming that checkpoint, right before the publication it makes (``step``; ``extra``
+#: :data:`EXTRA_COMPLETE`: whether the checkpoint was complete then); where no commit point is followed, a
+#: small file that is no checkpoint got its final name naming one (``POINTER``), and a checkpoint folder got
+#: files written into it in place before any final name (``IN_PLACE``).
+COMMIT = "commit"
+POINTER = "pointer"
+IN_PLACE = "in_place"
+#: Keys of a commit's or pointer's ``extra``: the file (relative to the checkpoint folder) and, for a commit,
+#: whether the checkpoint it named existed with no write to it still open.
+EXTRA_FILE = "file"
+EXTRA_COMPLETE = "complete"
 
 #: Keys of a state event's ``extra``: component digests, their leaves' digests by path, and (under a
 #: tolerance) the first leaf per component that is not close to the reference's (None: all close).
@@ -59,7 +72,9 @@ STATE_COMPARED = "compared"
 STATE_BEFORE_NEXT = "before_next"
 
 KINDS = frozenset({CONSUMED, TRAINED, STEP_END, CHECKPOINT, RESUMED, KILL_READY, LOG, ERROR, DONE, STATE,
-                   PAUSED, CONVERGED, FINAL, FILE_OP, VIOLATION, RANKS, SIGNALLED, SETTINGS})
+                   PAUSED, CONVERGED, FINAL, FILE_OP, VIOLATION, RANKS, SIGNALLED, SETTINGS, COMMIT, POINTER, IN_PLACE})
+#: What the watcher reports (the kinds of its ``watched`` call, :mod:`pytest_resume_check.child.command`).
+WATCHED_KINDS = (COMMIT, POINTER, IN_PLACE)
 
 
 @dataclass(frozen=True)

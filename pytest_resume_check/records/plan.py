@@ -156,6 +156,10 @@ class CommandSpec:
     #: Start ``{python} script.py`` as a process of its own even though it could run in the run's process,
     #: forked from the preloaded server (see :func:`pytest_resume_check.child.command.python_program`).
     fresh_interpreter: bool = False
+    #: Zero-change targets that commit each checkpoint through a pointer or tracker file: its glob (relative to
+    #: the checkpoint folder), as declared (``commit=``); None: declared none (one may be recognised, see
+    #: :attr:`RunPlan.commit`).
+    commit: str | None = None
 
 
 @dataclass(frozen=True)
@@ -205,6 +209,10 @@ class RunPlan:
     faults: FaultPlan | None = None
     #: A command target's program (None: the target function is the trainer).
     command: CommandSpec | None = None
+    #: A zero-change program's commit point, the glob of the file whose final name publishes a checkpoint: the
+    #: declared one, or the one recognised in the target's uninterrupted run (None: checkpoints publish
+    #: themselves; see :mod:`pytest_resume_check.records.commits`).
+    commit: str | None = None
     #: Environment variables the run gets from the target's services (see :mod:`..services`).
     env: Mapping[str, str] = field(default_factory=dict)
     #: Ranks of this run: more than one makes the child their launcher (see :mod:`..child`), with the

@@ -14,6 +14,10 @@ from pytest_resume_check.records import faults, kill_ids
 from pytest_resume_check.records.names import OPT_JSON
 from pytest_resume_check.records.plan import RESUME_AUTO, KillSpec
 
+#: The summary's line for a commit point recognised in a reference run (the failure report says it too).
+MSG_COMMIT_RECOGNISED = ("{target}: {file} recognised as the commit point of its checkpoints (each write of it names "
+                         "one): publications, kills and saves follow it; declare commit={file!r} to say so")
+
 
 def mark(cell: dict[str, Any]) -> str:
     """The grid mark of one cell."""
@@ -220,11 +224,23 @@ def cell_name(cell: Mapping[str, Any]) -> str:
     return kill_ids.cell_name(cell["target"], cell["case_id"], cell["resume_mode"], cell["kill"])
 
 
+def recognised_commits(cells: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A line per target whose commit point its reference run recognised (none declared): which file, and the
+    ``commit=`` that says so."""
+    seen: dict[str, str] = {}
+    for cell in cells:
+        commit = cell.get("commit")
+        if commit and commit.get("recognised") and cell["target"] not in seen:
+            seen[cell["target"]] = str(commit["file"])
+    return [MSG_COMMIT_RECOGNISED.format(target=t, file=f) for t, f in seen.items()] + ([""] if seen else [])
+
+
 def session_lines(results: Sequence[dict[str, Any]], width: int = 100, more_hint: str = OPT_JSON,
                   listed: int = 50) -> list[str]:
     """The end-of-session summary under its header: the grids, the smallest failing kill point of each
     failing case with its rerun command, and the failing cells' headlines (at most ``listed``)."""
     lines = grid(results, width=width)
+    lines += recognised_commits(results)
     smallest = smallest_failures(results)
     if smallest:
         lines += ["", "smallest failing kill point of each failing case:"]

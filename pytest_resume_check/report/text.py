@@ -22,6 +22,7 @@ from pytest_resume_check.records.names import OPT_CELL, OPT_MATRIX, OPT_SEED, RE
 from pytest_resume_check.records.plan import LAUNCHER_HARNESS
 from pytest_resume_check.records.results import AS_PLANNED, CellResult, Outcome, RunRecord, Verdict
 from pytest_resume_check.report import known_findings
+from pytest_resume_check.report.summary import MSG_COMMIT_RECOGNISED
 
 #: The story of a cell whose reference failed (no interrupted run was made).
 NO_RUNS = "no interrupted run (the reference itself failed)"
@@ -292,6 +293,10 @@ def failure_text(result: CellResult, rerun: str | None = None) -> str:
     if any(k.resume_world_size is not None for k in result.cell.kills):
         contract = ELASTIC_CONTRACT  # another world size: other batches, so the order and state are not judged
     lines.append(f"  target: {result.cell.target.name} (contract: {contract}); case {result.cell.case_id}")
+    commit = commit_json(result)
+    if commit is not None:
+        lines.append("  " + (MSG_COMMIT_RECOGNISED if commit["recognised"] else MSG_COMMIT_DECLARED).format(
+            target=result.cell.target.name, file=commit["file"]))
     shown_error = None
     for rec in result.runs:
         if rec.error and rec.outcome != Outcome.DONE:
@@ -314,6 +319,21 @@ def failure_text(result: CellResult, rerun: str | None = None) -> str:
 ELASTIC_CONTRACT = "elastic resume: each epoch's inputs exactly once over all ranks, in any order"
 
 
+#: A zero-change program's declared commit point in a failure report (a recognised one has the summary's line,
+#: :data:`~pytest_resume_check.report.summary.MSG_COMMIT_RECOGNISED`).
+MSG_COMMIT_DECLARED = "commit point: {file} (declared): its checkpoints are published when it names them"
+
+
+def commit_json(result: CellResult) -> dict[str, Any] | None:
+    """``{"file": glob, "recognised": bool}``: the commit point the cell's runs followed, declared or recognised
+    in the reference run (None: the target's checkpoints publish themselves, or it is no zero-change target)."""
+    record = result.reference if result.reference is not None else (result.runs[0] if result.runs else None)
+    command = result.cell.target.command
+    if record is None or record.plan.commit is None or command is None:
+        return None
+    return {"file": record.plan.commit, "recognised": command.commit is None}
+
+
 def cell_json(result: CellResult) -> dict[str, Any]:
     """Machine-readable verdict of one cell (for --resume-matrix-json)."""
     v = result.verdict
@@ -334,6 +354,7 @@ def cell_json(result: CellResult) -> dict[str, Any]:
         "known_finding": known_findings.known_finding_json(result),
         "resumed_from": v.resumed_from,
         "step_unit": step_unit_of(result.cell.target),
+        "commit": commit_json(result),
         "state_diverged": v.state_diverged,
         "findings": [{"category": f.category, "headline": f.headline, "step": f.step, "ledger": f.ledger}
                      for f in v.findings],

@@ -41,6 +41,8 @@ LIGHTNING_TESTS = "engine/test_integration_lightning.py"
 HF_TESTS = "engine/test_integration_hf_trainer.py"
 ACCELERATE_TESTS = "engine/test_integration_accelerate.py"
 ZERO_CHANGE_RECIPE_TEST = "engine/test_zero_change.py::test_recipe_project_passes_and_a_planted_name_sort_is_caught"
+POINTER_RECIPE_TEST = ("engine/test_zero_change_commit.py::"
+                       "test_recipe_project_passes_and_the_pointer_is_recognised_without_its_declaration")
 #: Example files the pages include, each run by a test below.
 TESTED_EXAMPLES = {
     "planted/conftest.py": "test_report_page_quotes_real_verdicts_of_the_planted_example",
@@ -60,6 +62,8 @@ TESTED_EXAMPLES = {
     "recipes/command/train.sh": f"{COMMAND_TESTS}::test_recipe_project_passes_and_a_planted_bash_bug_is_caught",
     "recipes/zero_change/conftest.py:glue": ZERO_CHANGE_RECIPE_TEST,
     "recipes/zero_change/train.py": ZERO_CHANGE_RECIPE_TEST,
+    "recipes/pointer/conftest.py:glue": POINTER_RECIPE_TEST,
+    "recipes/pointer/train.py": POINTER_RECIPE_TEST,
     "recipes/lightning/conftest.py:glue": f"{LIGHTNING_TESTS}::test_recipe_project_passes_its_resume_matrix",
     "recipes/lightning/trainer.py": f"{LIGHTNING_TESTS}::test_recipe_project_passes_its_resume_matrix",
     "recipes/accelerate/conftest.py": f"{ACCELERATE_TESTS}::test_recipe_matrix_passes",

@@ -208,6 +208,7 @@ def test_a_rank_of_a_command_target_that_repeats_inputs_is_named(engine):
     ("deep", "RecursionError"),
     ("huge_number", "OverflowError"),
     ("kill_ready", "'kill_ready' is the client's own call in crash cells"),
+    ("watched", "'watched' is the watcher's own call for a program declared with checkpoints="),
 ])
 def test_lines_that_are_no_call_of_a_program_are_protocol_violations(engine, mode, words):
     result = judge(engine, program(mode), {}, KillSpec(1))

@@ -34,9 +34,10 @@ def main(mode: str, out: str) -> None:
         answer = call(sock, reader, "step 1 done")
         print("answer:", answer)
         return
-    if mode in ("deep", "huge_number", "kill_ready"):  # lines that are no call a program may make
+    if mode in ("deep", "huge_number", "kill_ready", "watched"):  # lines that are no call a program may make
         line = {"deep": "[" * 200_000, "huge_number": '{"call": "step_end", "step": 1e400}',
-                "kill_ready": json.dumps({"call": "kill_ready", "text": "here", "extra": {}})}[mode]
+                "kill_ready": json.dumps({"call": "kill_ready", "text": "here", "extra": {}}),
+                "watched": json.dumps({"call": "watched", "kind": "commit", "path": out, "extra": {}})}[mode]
         print("answer:", call(sock, reader, line))
         return
     if mode == "long_line":  # one line longer than the harness reads, then a call it must answer in turn
