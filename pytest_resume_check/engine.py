@@ -12,6 +12,7 @@ supervised runs), :class:`~.layout.Layout` (folders), :class:`~.references.Refer
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -23,7 +24,7 @@ from pytest_resume_check.cells.matrix import Cell, crash_axis, crash_cells, smok
 from pytest_resume_check.cells.references import Reference, References
 from pytest_resume_check.cells.shared_runs import SharedFirstRuns
 from pytest_resume_check.judge.harness_errors import harness_finding
-from pytest_resume_check.judge.verdict import judge
+from pytest_resume_check.judge.verdict import FIX_FILLED_IN_PLACE, judge
 from pytest_resume_check.process.layout import Layout
 from pytest_resume_check.process.runner import Runner
 from pytest_resume_check.records import events as ev
@@ -38,6 +39,16 @@ from pytest_resume_check.targets import Target, TargetError
 ERR_SMOKE_RECORD = ("; every target gets crash smoke cells by default (a few faults in the save of checkpoint 2 "
                     "of its first case, recorded by running it; docs/crash-consistency.md): fix what stopped the "
                     "run, or declare crash_save=False to turn them off")
+
+
+#: A zero-change program whose checkpoint folders are filled in place never publishes one, so its save cannot be
+#: recorded; ``fix`` is :data:`~pytest_resume_check.judge.verdict.FIX_FILLED_IN_PLACE`.
+ERR_FILLED_IN_PLACE = ("recording the save of checkpoint {step} of {name} failed: the program published no checkpoint "
+                       "(see {log}); {fix}")
+
+
+class FilledInPlace(RuntimeError):
+    """The save of a zero-change program cannot be recorded: it fills its checkpoint folders in place."""
 
 
 class Engine:
@@ -96,6 +107,10 @@ class Engine:
         plan = self.runner.plan(target, case, workdir, 0, kill=KillSpec(step), checkpoint_steps=(prior,),
                                 faults=FaultPlan(step, MODE_RECORD))
         record = self.runner.run(plan, target)
+        filled = [os.path.basename(e.path) for e in record.events if e.kind == ev.IN_PLACE and e.path]
+        if record.outcome != Outcome.KILLED and filled and not record.published:
+            fix = FIX_FILLED_IN_PLACE.format(folder=filled[0])
+            raise FilledInPlace(ERR_FILLED_IN_PLACE.format(step=step, name=target.name, log=plan.log_path, fix=fix))
         if record.outcome != Outcome.KILLED:
             raise RuntimeError(f"recording the save of step {step} of {target.name} failed: {record.describe()}"
                                f"; see {plan.log_path}")
@@ -113,6 +128,8 @@ class Engine:
         case = target.cases[0]
         try:
             ops = self.record_ops(target, case, axis.step, axis.prior)
+        except FilledInPlace:
+            raise  # its fix is to publish by rename, not to turn the crash cells off
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}{ERR_SMOKE_RECORD if axis.smoke else ''}") from exc
         if axis.smoke:

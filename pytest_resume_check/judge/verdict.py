@@ -111,6 +111,11 @@ MSG_CHECKPOINTS = ("PROTOCOL: the target declares steps={declared}, the checkpoi
 MSG_COMMITS = ("PROTOCOL: the target declares steps={declared}, the checkpoints an uninterrupted run publishes, "
                "but its reference run committed {actual} through {commit!r} in {{checkpoint_dir}}; give the number "
                "it commits, or the glob of the file that names each complete checkpoint")
+#: Follows MSG_CHECKPOINTS (and the record of a save) when the program filled checkpoint folders in place.
+FIX_FILLED_IN_PLACE = ("it fills {folder} in place, and a folder filled in place never gets a final name that "
+                       "publishes it: write each checkpoint into a temporary folder (or under a temporary name) and "
+                       "rename it into place once complete, or declare commit= with the file the program writes once "
+                       "a checkpoint is complete (docs/recipes/command.md)")
 #: The cause put in front of the first finding of a cell whose kill came after a commit that named a
 #: checkpoint before it was complete.
 MSG_COMMITTED_EARLY = ("{file} named {checkpoint} before it was complete, and the kill came between the two (the "
@@ -183,11 +188,16 @@ def judge_reference(first: RunRecord, second: RunRecord | None, declared_steps: 
 
 
 def _checkpoints_finding(first: RunRecord, declared: int, glob: str) -> Finding:
-    """A zero-change reference that published another number of checkpoints than declared."""
-    commit = first.plan.commit
-    if commit is not None:
-        return Finding(PROTOCOL, MSG_COMMITS.format(declared=declared, actual=first.last_step, commit=commit))
-    return Finding(PROTOCOL, MSG_CHECKPOINTS.format(declared=declared, actual=first.last_step, glob=glob))
+    """A zero-change reference that published another number of checkpoints than declared, with the fix for a
+    program that fills its checkpoint folders in place."""
+    if first.plan.commit is not None:
+        text = MSG_COMMITS.format(declared=declared, actual=first.last_step, commit=first.plan.commit)
+    else:
+        text = MSG_CHECKPOINTS.format(declared=declared, actual=first.last_step, glob=glob)
+    filled = [e.path for e in first.events if e.kind == ev.IN_PLACE and e.path]
+    if filled and not first.published:
+        text += "; " + FIX_FILLED_IN_PLACE.format(folder=os.path.basename(filled[0]))
+    return Finding(PROTOCOL, text)
 
 
 def judge(reference: RunRecord, runs: Sequence[RunRecord], contract: Contract,

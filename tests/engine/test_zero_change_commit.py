@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_resume_check.cells.matrix import QUICK, Cell, cells
-from pytest_resume_check.engine import Engine
+from pytest_resume_check.engine import Engine, FilledInPlace
 from pytest_resume_check.judge import verdict as vd
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.faults import MODE_POWER
@@ -129,6 +129,16 @@ def test_a_tracker_written_in_place_without_its_bytes_on_disk_breaks_the_resume(
     assert len(failing) == 1 and failing[0].cell.kills[0].fault.mode == MODE_POWER
     assert failing[0].verdict.categories == [vd.RESUME_ERROR]
     assert "not durable: latest.txt (cut to its 0 fsynced bytes)" in failing[0].runs[0].describe()
+
+
+def test_folders_filled_in_place_without_a_pointer_are_told_to_publish_by_rename(engine):
+    target = program("--folders", "--no-pointer", name="filled_in_place", checkpoints="ckpt_*")
+    with pytest.raises(FilledInPlace) as raised:
+        engine.crash_cells(target, QUICK)
+    fix = vd.FIX_FILLED_IN_PLACE.format(folder="ckpt_2")
+    assert str(raised.value).endswith(fix) and "crash_save=False" not in str(raised.value)
+    result = judge(engine, target, KillSpec(2))
+    assert result.verdict.headline == vd.MSG_CHECKPOINTS.format(declared=STEPS, actual=0, glob="ckpt_*") + "; " + fix
 
 
 RECIPE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "recipes" / "pointer"

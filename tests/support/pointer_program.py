@@ -1,7 +1,7 @@
 """A training program that commits each checkpoint through a pointer file, as DeepSpeed (``latest``), Megatron-LM
 (its tracker) and verl (``latest_checkpointed_iteration.txt``) do, and knows nothing of resume-check (stdlib only,
 JSON checkpoints): ``python pointer_program.py OUT [--order checkpoint-first|pointer-first] [--names
-name|path|number] [--folders] [--unsaved-scheduler] [--start-over]``.
+name|path|number] [--folders] [--unsaved-scheduler] [--start-over] [--no-pointer]``.
 
 Its "model" is a weight updated from each step's input with momentum at a learning rate that a step scheduler
 halves every third step. Every second step it writes checkpoint ``ckpt_<n>.json`` (temporary file, fsync, rename;
@@ -14,7 +14,9 @@ from the checkpoint the pointer names and writes ``model.json`` at the end.
 step number (Megatron's and verl's trackers). The planted bugs: ``pointer-first`` writes
 the pointer before the checkpoint it names (a crash between the two leaves a pointer to nothing),
 ``--unsaved-scheduler`` leaves the scheduler out of the checkpoint, ``--start-over`` reads the pointer and then
-trains from scratch anyway.
+trains from scratch anyway. ``--no-pointer`` writes no
+pointer and resumes from the checkpoint with the highest number (with ``--folders``: folders filled in place that
+never get a final name).
 """
 
 from __future__ import annotations
@@ -51,6 +53,12 @@ def save_checkpoint(out: str, step: int, state: dict, folders: bool) -> None:
     write(checkpoint_path(out, step, folders), json.dumps(state), in_place=folders)
 
 
+def newest(out: str) -> str | None:
+    """The step number of the newest checkpoint in ``out`` (None: there is none)."""
+    steps = [int(n[len("ckpt_"):].split(".")[0]) for n in os.listdir(out) if n.startswith("ckpt_") and ".tmp" not in n]
+    return str(max(steps)) if steps else None
+
+
 def pointed(out: str, text: str, folders: bool) -> str:
     """The state file the pointer's ``text`` names."""
     if text.isdigit():
@@ -67,11 +75,12 @@ def main() -> None:
     parser.add_argument("--folders", action="store_true")
     parser.add_argument("--unsaved-scheduler", action="store_true")
     parser.add_argument("--start-over", action="store_true")
+    parser.add_argument("--no-pointer", action="store_true")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     step, weight, momentum, decays = 0, 1.0, 0.0, 0
     pointer = os.path.join(args.out, POINTER)
-    text = None
+    text = newest(args.out) if args.no_pointer else None
     if os.path.exists(pointer):
         with open(pointer) as f:
             text = f.read().strip()
@@ -95,10 +104,10 @@ def main() -> None:
             state["scheduler"] = decays
         name = f"ckpt_{step}" if args.folders else f"ckpt_{step}.json"
         text = {"name": name, "path": os.path.join(args.out, name), "number": str(step)}[args.names]
-        if args.order == "pointer-first":
+        if args.order == "pointer-first" and not args.no_pointer:
             write(pointer, text, in_place=args.folders)
         save_checkpoint(args.out, step, state, args.folders)
-        if args.order == "checkpoint-first":
+        if args.order == "checkpoint-first" and not args.no_pointer:
             write(pointer, text, in_place=args.folders)
     with open(os.path.join(args.out, "model.json"), "w") as f:
         json.dump({"weight": weight}, f)
