@@ -123,6 +123,9 @@ def run_command(run: RunContext) -> None:
         raise CommandFailed(ERR_SILENT.format(argv=argv, fd_env=FD_ENV))
     if spec.outputs:
         run.final(output_digests(run.checkpoint_dir, spec.outputs))
+        missing = missing_outputs(run.checkpoint_dir, spec.outputs)
+        if missing and run.plan.report_state:  # where a run's outputs are compared, say which were not there
+            run._send(ev.Event(ev.FINAL, extra={ev.FINAL_MISSING: missing}))
 
 
 #: What a declared output that a run did not write digests to.
@@ -132,7 +135,7 @@ MISSING = "missing"
 def output_digests(folder: str | os.PathLike[str], patterns: Sequence[str]) -> dict[str, str]:
     """The final outputs of a run: each file matching one of ``patterns`` (globs relative to ``folder``; a
     folder stands for the files in it) by its path, with the SHA-256 of its bytes; a pattern that matches
-    nothing is its own component, :data:`MISSING`."""
+    nothing is its own component, :data:`MISSING` (:func:`missing_outputs` says where it was expected)."""
     root = Path(folder)
     found: dict[str, str] = {}
     for pattern in patterns:
@@ -144,6 +147,12 @@ def output_digests(folder: str | os.PathLike[str], patterns: Sequence[str]) -> d
             for file in files:
                 found[file.relative_to(root).as_posix()] = _file_digest(file)
     return found
+
+
+def missing_outputs(folder: str | os.PathLike[str], patterns: Sequence[str]) -> dict[str, str]:
+    """The patterns of ``patterns`` that match nothing in ``folder``, each with the path it was expected at."""
+    root = Path(folder)
+    return {pattern: str(root / pattern) for pattern in patterns if not any(root.glob(pattern))}
 
 
 def _file_digest(path: Path) -> str:

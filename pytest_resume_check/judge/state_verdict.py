@@ -37,6 +37,8 @@ MSG_UNPUBLISHED = ("PROTOCOL: run {run} reported resuming from step {step}, but 
                    "{reached}; report the step of the checkpoint actually loaded")
 MSG_STATE_DIVERGED = "STATE_DIVERGED at {step} ({when} {label}): {what}"
 MSG_FINAL_DIVERGED = "STATE_DIVERGED in the final outputs{where} (after {label}): {what}"
+#: A final output the interrupted job did not deliver, in :data:`MSG_FINAL_DIVERGED`'s ``what``.
+MSG_OUTPUT_MISSING = "{name} is missing (expected at {where})"
 MSG_FINAL_NONDETERMINISTIC = (
     "NONDETERMINISTIC reference: two uninterrupted runs deliver different final outputs: {what}; seed every "
     "random source from run.seed, or declare state_tolerance=(rtol, atol) on the target")
@@ -252,8 +254,10 @@ def judge_final(reference: RunRecord, runs: Sequence[RunRecord], labels: Sequenc
         if differ:
             agree = [c for c in _names(want, got) if c not in differ]
             where = f" on rank {rank}" if len(expected) > 1 else ""
-            return Finding(STATE_DIVERGED, MSG_FINAL_DIVERGED.format(
-                where=where, label=label, what=describe(differ, agree, {})), step=last.last_step or None)
+            missing = {name: got.missing[name] for name in differ if name in got.missing}
+            what = describe({k: v for k, v in differ.items() if k not in missing}, agree, {}, missing)
+            return Finding(STATE_DIVERGED, MSG_FINAL_DIVERGED.format(where=where, label=label, what=what),
+                           step=last.last_step or None)
     return None
 
 
@@ -406,12 +410,15 @@ def differences(expected: StepState, actual: StepState) -> dict[str, str]:
 HEADLINE_NAMES = 8
 
 
-def describe(differ: Mapping[str, str], agree: Sequence[str], later: Mapping[str, int]) -> str:
+def describe(differ: Mapping[str, str], agree: Sequence[str], later: Mapping[str, int],
+             missing: Mapping[str, str] | None = None) -> str:
     """``optimizer differs (state.0.exp_avg), model and rng agree; model differs from step 6``: the
     components that differ first (the cause), then, as consequences, the steps from which others differ.
-    A generator the harness captured says so. Each list names at most :data:`HEADLINE_NAMES` components
-    and counts the rest."""
-    parts = [_differs(name, key) for name, key in differ.items()]
+    A generator the harness captured says so; a final output the run did not deliver (``missing``, with
+    where it was expected) says that. Each list names at most :data:`HEADLINE_NAMES` components and counts
+    the rest."""
+    parts = [MSG_OUTPUT_MISSING.format(name=name, where=where) for name, where in (missing or {}).items()]
+    parts += [_differs(name, key) for name, key in differ.items()]
     if len(parts) > HEADLINE_NAMES:
         parts = [*parts[:HEADLINE_NAMES - 1], f"{len(parts) - HEADLINE_NAMES + 1} more differ"]
     text = ", ".join(parts)

@@ -73,7 +73,15 @@ from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.faults import MODE_ERROR
 from pytest_resume_check.records.ledger import Entry, Ledger, ResumeReportMissing, compose
 from pytest_resume_check.records.names import ISOLATION_FORKSERVER, OPT_ISOLATION
-from pytest_resume_check.records.results import AS_PLANNED, FINISHED, Finding, Outcome, RunRecord, Verdict
+from pytest_resume_check.records.results import (
+    AS_PLANNED,
+    FINISHED,
+    Finding,
+    Outcome,
+    RunRecord,
+    StepState,
+    Verdict,
+)
 
 if TYPE_CHECKING:
     from pytest_resume_check.records.faults import FaultPlan
@@ -116,6 +124,9 @@ FIX_FILLED_IN_PLACE = ("it fills {folder} in place, and a folder filled in place
                        "publishes it: write each checkpoint into a temporary folder (or under a temporary name) and "
                        "rename it into place once complete, or declare commit= with the file the program writes once "
                        "a checkpoint is complete (docs/recipes/command.md)")
+#: A declared output the uninterrupted run did not deliver: nothing to compare the interrupted job's with.
+MSG_OUTPUT_NOT_DELIVERED = ("PROTOCOL: the reference run delivered nothing matching outputs={output!r} (expected at "
+                            "{where}); give the glob of a file the program writes into {{checkpoint_dir}}")
 #: The cause put in front of the first finding of a cell whose kill came after a commit that named a
 #: checkpoint before it was complete.
 MSG_COMMITTED_EARLY = ("{file} named {checkpoint} before it was complete, and the kill came between the two (the "
@@ -173,6 +184,10 @@ def judge_reference(first: RunRecord, second: RunRecord | None, declared_steps: 
         if command is not None and command.checkpoints is not None:
             return [_checkpoints_finding(first, declared_steps, command.checkpoints)]
         return [Finding(PROTOCOL, MSG_STEPS.format(declared=declared_steps, actual=first.last_step))]
+    missing = first.finals.get(0, StepState()).missing
+    if missing:  # nothing to compare an interrupted job's output with
+        output, where = next(iter(missing.items()))
+        return [Finding(PROTOCOL, MSG_OUTPUT_NOT_DELIVERED.format(output=output, where=where))]
     if second is not None:
         for kind in contract.ledgers:
             a = Ledger.from_events(first.events, kind)

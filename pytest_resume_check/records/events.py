@@ -61,6 +61,8 @@ IN_PLACE = "in_place"
 #: whether the checkpoint it named existed with no write to it still open.
 EXTRA_FILE = "file"
 EXTRA_COMPLETE = "complete"
+#: Key of a final event's ``extra``: the declared outputs a run did not deliver, each with where it was expected.
+FINAL_MISSING = "missing"
 
 #: Keys of a state event's ``extra``: component digests, their leaves' digests by path, and (under a
 #: tolerance) the first leaf per component that is not close to the reference's (None: all close).

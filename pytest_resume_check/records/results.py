@@ -65,6 +65,8 @@ class StepState:
     #: them before it took those inputs.
     before_next: dict[str, str] = field(default_factory=dict)
     before_next_leaves: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: Final outputs only: the declared outputs the run did not deliver, each with where it was expected.
+    missing: dict[str, str] = field(default_factory=dict)
 
 
 def _merge(state: StepState, event: ev.Event) -> None:
@@ -76,6 +78,7 @@ def _merge(state: StepState, event: ev.Event) -> None:
     state.digests.update(event.extra.get(ev.STATE_DIGESTS, {}))
     state.leaves.update(event.extra.get(ev.STATE_LEAVES, {}))
     state.compared.update(event.extra.get(ev.STATE_COMPARED, {}))
+    state.missing.update(event.extra.get(ev.FINAL_MISSING, {}))
 
 
 @dataclass

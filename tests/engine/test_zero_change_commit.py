@@ -18,6 +18,7 @@ import pytest
 from pytest_resume_check.cells.matrix import QUICK, Cell, cells
 from pytest_resume_check.engine import Engine, FilledInPlace
 from pytest_resume_check.judge import verdict as vd
+from pytest_resume_check.judge.state_verdict import MSG_OUTPUT_MISSING
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.faults import MODE_POWER
 from pytest_resume_check.run import KillSpec
@@ -139,6 +140,22 @@ def test_folders_filled_in_place_without_a_pointer_are_told_to_publish_by_rename
     assert str(raised.value).endswith(fix) and "crash_save=False" not in str(raised.value)
     result = judge(engine, target, KillSpec(2))
     assert result.verdict.headline == vd.MSG_CHECKPOINTS.format(declared=STEPS, actual=0, glob="ckpt_*") + "; " + fix
+
+
+def test_an_output_missing_after_the_resume_says_so_and_where(engine):
+    result = judge(engine, program("--no-pointer", "--no-model-on-resume", name="no_model_on_resume"), KillSpec(3))
+    assert result.verdict.categories == [vd.STATE_DIVERGED]
+    where = Path(result.runs[1].plan.checkpoint_dir) / "model.json"
+    assert result.verdict.headline == ("STATE_DIVERGED in the final outputs (after resume from ckpt_6.json (step 3)): "
+                                       + MSG_OUTPUT_MISSING.format(name="model.json", where=where))
+
+
+def test_an_output_the_uninterrupted_run_never_delivers_is_a_protocol_finding(engine):
+    target = resume_target.command(["{python}", str(PROGRAM), "{checkpoint_dir}", "--no-pointer"], name="wrong_output",
+                                   steps=STEPS, checkpoints="ckpt_*.json", outputs=["model.pt"])
+    result = judge(engine, target, KillSpec(3))
+    assert result.verdict.headline.startswith("PROTOCOL: the reference run delivered nothing matching "
+                                              "outputs='model.pt' (expected at ")
 
 
 RECIPE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "recipes" / "pointer"

@@ -1,7 +1,7 @@
 """A training program that commits each checkpoint through a pointer file, as DeepSpeed (``latest``), Megatron-LM
 (its tracker) and verl (``latest_checkpointed_iteration.txt``) do, and knows nothing of resume-check (stdlib only,
 JSON checkpoints): ``python pointer_program.py OUT [--order checkpoint-first|pointer-first] [--names
-name|path|number] [--folders] [--unsaved-scheduler] [--start-over] [--no-pointer]``.
+name|path|number] [--folders] [--unsaved-scheduler] [--start-over] [--no-pointer] [--no-model-on-resume]``.
 
 Its "model" is a weight updated from each step's input with momentum at a learning rate that a step scheduler
 halves every third step. Every second step it writes checkpoint ``ckpt_<n>.json`` (temporary file, fsync, rename;
@@ -14,7 +14,7 @@ from the checkpoint the pointer names and writes ``model.json`` at the end.
 step number (Megatron's and verl's trackers). The planted bugs: ``pointer-first`` writes
 the pointer before the checkpoint it names (a crash between the two leaves a pointer to nothing),
 ``--unsaved-scheduler`` leaves the scheduler out of the checkpoint, ``--start-over`` reads the pointer and then
-trains from scratch anyway. ``--no-pointer`` writes no
+trains from scratch anyway, ``--no-model-on-resume`` delivers no model from a resumed run. ``--no-pointer`` writes no
 pointer and resumes from the checkpoint with the highest number (with ``--folders``: folders filled in place that
 never get a final name).
 """
@@ -76,6 +76,7 @@ def main() -> None:
     parser.add_argument("--unsaved-scheduler", action="store_true")
     parser.add_argument("--start-over", action="store_true")
     parser.add_argument("--no-pointer", action="store_true")
+    parser.add_argument("--no-model-on-resume", action="store_true")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     step, weight, momentum, decays = 0, 1.0, 0.0, 0
@@ -109,6 +110,8 @@ def main() -> None:
         save_checkpoint(args.out, step, state, args.folders)
         if args.order == "checkpoint-first" and not args.no_pointer:
             write(pointer, text, in_place=args.folders)
+    if args.no_model_on_resume and resumed:
+        return
     with open(os.path.join(args.out, "model.json"), "w") as f:
         json.dump({"weight": weight}, f)
 
