@@ -21,6 +21,8 @@ from pytest_resume_check.judge import verdict as vd
 from pytest_resume_check.judge.state_verdict import MSG_OUTPUT_MISSING
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.faults import MODE_POWER
+from pytest_resume_check.report.summary import MSG_COMMIT_RECOGNISED
+from pytest_resume_check.report.text import MSG_COMMIT_DECLARED, cell_json, failure_text
 from pytest_resume_check.run import KillSpec
 from pytest_resume_check.targets import resume_target
 
@@ -81,6 +83,10 @@ def test_a_pointer_written_before_its_checkpoint_fails_every_resume_it_breaks_na
             assert result.verdict.categories[0] == vd.RESUME_ERROR
             assert result.verdict.headline.startswith("RESUME_ERROR: " + vd.MSG_COMMITTED_EARLY.format(
                 file=POINTER, checkpoint=f"ckpt_{2 * step}.json") + "; run 2 raised while resuming"), kill
+    failing = results["ckpt2"]  # its report says which file was taken for the commit point, and how to declare it
+    assert cell_json(failing)["commit"] == {"file": POINTER, "recognised": True}
+    line = MSG_COMMIT_RECOGNISED.format(target="pointer_first", file=POINTER)
+    assert "  " + line in failure_text(failing).splitlines()
 
 
 def test_a_scheduler_left_out_of_the_checkpoint_changes_the_delivered_model(engine):
@@ -101,6 +107,7 @@ def test_reading_the_pointer_and_then_starting_over_is_a_fresh_start(engine):
     assert "run 2 started fresh (resumed step 0) but ckpt_6.json (checkpoint 3) was published" in \
         result.verdict.headline
     assert result.runs[1].resumed_path is None  # the pointer it read restored nothing
+    assert "  " + MSG_COMMIT_DECLARED.format(file=POINTER) in failure_text(result).splitlines()
 
 
 @pytest.mark.parametrize("names", ["name", "path", "number"])
