@@ -118,6 +118,13 @@ def test_the_checkpoint_a_pointer_names_by_name_path_or_step_number_is_the_one_p
     assert result.runs[1].resumed_step == 4
 
 
+def test_a_count_that_does_not_fit_says_how_many_the_reference_committed(engine):
+    target = resume_target.command(["{python}", str(PROGRAM), "{checkpoint_dir}"], name="misfit_commits", steps=8,
+                                   checkpoints="ckpt_*.json", commit=POINTER)
+    result = engine.run_cell(Cell(target, {}, "auto", (KillSpec(2),), 8))
+    assert result.verdict.headline == vd.MSG_COMMITS.format(declared=8, actual=STEPS, commit=POINTER)
+
+
 def test_checkpoint_folders_filled_in_place_are_committed_by_their_tracker(engine):
     """verl's layout: a folder per checkpoint filled in place, then a tracker holding the step number."""
     target = program("--folders", "--names", "number", name="tracked_folders", checkpoints="ckpt_*")
