@@ -217,7 +217,7 @@ def judge_state(reference: RunRecord, runs: Sequence[RunRecord], labels: Sequenc
             where = f"step {step}" + (f" on rank {rank}" if _ranks(rec) > 1 else "")
             return Finding(STATE_DIVERGED, MSG_STATE_DIVERGED.format(
                 step=where, when=when, label=label, what=describe(differ, agree, later if consequences else {})),
-                step=step)
+                step=step, components=tuple(differ))
     return None
 
 

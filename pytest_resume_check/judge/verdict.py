@@ -82,6 +82,7 @@ from pytest_resume_check.records.results import (
     StepState,
     Verdict,
 )
+from pytest_resume_check.records.state import CAPTURED
 
 if TYPE_CHECKING:
     from pytest_resume_check.records.faults import FaultPlan
@@ -455,11 +456,18 @@ def _state(judging: _Judging) -> bool:
     state = judge_state(judging.reference, judging.runs, labels, elastic=elastic)
     restored = _restored_before(judging, min(inputs_differ)) if inputs_differ else None
     if state is not None and restored is not None and state.step == restored and restored > 0:
-        # The resume restored a state that already differs (a buffer, a loader position left out of the
-        # checkpoint): the cause, reported first, before the inputs it then takes or loses (which say what
-        # follows, so its headline stops at the restored step).
-        findings.insert(0, judge_state(judging.reference, judging.runs, labels, elastic=elastic,
-                                       consequences=False) or state)
+        # The resume restored a state that already differs, and the inputs it takes differ too. Where the
+        # trainer's own state differs (a buffer, a loader position left out of the checkpoint), that is the
+        # cause: reported first, before the inputs it then takes or loses (which say what follows, so its
+        # headline stops at the restored step). Where only a generator the harness captured as the next step
+        # took its inputs differs, the data path may have moved it as well as followed from it: it comes
+        # after the input findings, as what was seen, not named as their cause.
+        restored_state = judge_state(judging.reference, judging.runs, labels, elastic=elastic,
+                                     consequences=False) or state
+        if any(name not in CAPTURED for name in state.components):
+            findings.insert(0, restored_state)
+        else:
+            findings.append(restored_state)
         return False
     if state is not None and not (restored is not None and state.step is not None and state.step >= restored):
         return judging.add(state)

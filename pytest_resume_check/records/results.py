@@ -323,6 +323,8 @@ class Finding:
     step: int | None = None
     #: The rank whose own ledger it is about, when the job's whole ledger agrees (multi-rank runs).
     rank: int | None = None
+    #: A state finding: the components that differ at its step (the cause it names first).
+    components: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -46,10 +46,17 @@ def judge(engine, fn, case, *kills, resume_mode="auto"):
     return engine.run_cell(Cell(t, case, resume_mode, tuple(kills), loop.total_steps(case)))
 
 
+#: drop_buffer's restored buffer is empty where the uninterrupted run's holds ids 2 and 3: the cause, named first.
+BUFFER_CAUSE = ("STATE_DIVERGED at step 1 (the restored step of resume from step_1): buffer differs (0.0), model, "
+                "optimizer, scheduler, rng, loader and step agree")
+BUFFER_LOST = "LOST 2 inputs after resume from step_1: ids 2, 3 (epoch 0)"
+
+
 def test_dropped_buffer_tail_is_reported_as_lost(engine):
+    # The loop reports its buffer: the restored state shows the cause, the ledger which inputs it lost.
     result = judge(engine, loop.loop_drop_buffer, TAKE2, KillSpec(1))
-    assert result.verdict.categories == [vd.LOST]
-    assert result.verdict.headline == "LOST 2 inputs after resume from step_1: ids 2, 3 (epoch 0)"
+    assert result.verdict.categories == [vd.LOST, vd.STATE_DIVERGED]
+    assert [f.headline for f in result.verdict.findings] == [BUFFER_CAUSE, BUFFER_LOST]
 
 
 def test_buffer_saved_and_reread_from_the_loader_is_reported_as_duplicated(engine):
@@ -75,15 +82,20 @@ def test_fresh_shuffle_after_resume_loses_and_duplicates(engine):
 
 def test_epoch_counter_reset_on_resume_is_reported_as_epoch(engine):
     result = judge(engine, loop.loop_epoch_reset, TAKE4, KillSpec(4))
-    assert result.verdict.categories == [vd.EPOCH]
-    assert "epoch 0 instead of 1" in result.verdict.headline
+    assert result.verdict.categories == [vd.EPOCH, vd.STATE_DIVERGED]
+    assert result.verdict.headline.startswith("STATE_DIVERGED at step 4 (the restored step of resume from step_4): "
+                                              "loader differs (epoch)")
+    assert "epoch 0 instead of 1" in result.verdict.findings[1].headline
 
 
 def test_shared_shuffle_generator_changes_the_next_epoch_order(engine):
     result = judge(engine, loop.loop_shared_generator, SHUFFLE_TAKE2, KillSpec(1))
-    # The generator's state differs from the restored step on; the inputs show it at the next epoch, and
-    # the input verdict speaks for that resume (its state is the cause the ledger already names the effect of).
-    assert result.verdict.categories == [vd.REORDERED]
+    # The generator's state differs from the restored step on: the cause, first; the inputs show it at the
+    # next epoch.
+    assert result.verdict.categories == [vd.REORDERED, vd.STATE_DIVERGED]
+    assert result.verdict.headline.startswith("STATE_DIVERGED at step 1 (the restored step of resume from step_1): "
+                                              "loader differs (generators.0)")
+    assert result.verdict.findings[1].category == vd.REORDERED
 
 
 def test_resume_that_raises_is_a_resume_error(engine):
@@ -169,7 +181,7 @@ def test_spawn_isolation_gives_the_same_verdict_as_the_fork_server(tmp_path):
     spawned = Engine(tmp_path, seed=7, hang_timeout=60, isolation="spawn", check_determinism=False)
     t = target(loop.loop_drop_buffer)
     result = spawned.run_cell(Cell(t, TAKE2, "auto", (KillSpec(1),), loop.total_steps(TAKE2)))
-    assert result.verdict.headline == "LOST 2 inputs after resume from step_1: ids 2, 3 (epoch 0)"
+    assert [f.headline for f in result.verdict.findings] == [BUFFER_CAUSE, BUFFER_LOST]
 
 
 

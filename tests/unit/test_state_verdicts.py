@@ -173,6 +173,21 @@ def test_a_restored_state_that_differs_is_the_cause_named_before_the_inputs_it_l
     assert verdict.state_diverged == 4
 
 
+def test_a_generator_that_differs_where_the_inputs_already_differ_follows_the_input_findings():
+    # Only the generator captured as step 5 takes its inputs differs, and step 5 takes other inputs: the data
+    # path may have moved it as well as followed from it, so it is said after the inputs, not as their cause.
+    reference = record([e for s in range(1, 7) for e in with_rng(s)])
+    events = [resumed(4), state(4, model={"w": [4.0]}, rng=torch_rng(4)),
+              generators(4, b"moved-by-the-replay", before_next=True), consumed(5, 8),
+              generators(5, torch_rng(5)), ev.Event(ev.STEP_END, step=5), state(5, model={"w": [5.0]}, rng=torch_rng(5))]
+    events += [e for s in (6,) for e in with_rng(s)[1:]]
+    verdict = vd.judge(reference, [first_run(), record(events, Outcome.DONE, is_resume=True)], Contract())
+    assert [f.category for f in verdict.findings] == [vd.LOST, vd.STATE_DIVERGED]
+    assert verdict.findings[1].headline == (
+        "STATE_DIVERGED at step 4 (the restored step of resume from step_4): torch CPU RNG differs (captured by the "
+        "harness, as step 5 took its first inputs), model and rng agree")
+
+
 def test_a_converged_run_agrees_with_the_reference():
     run = record([resumed(4), consumed(5, *INPUTS[5]), model(5), ev.Event(ev.CONVERGED, step=5)], Outcome.CONVERGED,
                  is_resume=True)
