@@ -68,6 +68,7 @@ from pytest_resume_check.judge.state_verdict import (  # noqa: F401  (MSG_* re-e
     judge_reference_state,
     judge_restored,
     judge_state,
+    step_unit,
 )
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.faults import MODE_ERROR
@@ -142,11 +143,13 @@ MAX_IDS = 10
 LEDGER_CATEGORIES = frozenset({LOST, DUPLICATED, EPOCH, REORDERED})
 
 
-def resume_label(step: int | None, path: str | None) -> str:
-    """``resume from global_step_3`` / ``restart from scratch`` (step 0: the run reported a fresh start)."""
+def resume_label(step: int | None, path: str | None, unit: str = "step") -> str:
+    """``resume from global_step_3`` / ``restart from scratch`` (step 0: the run reported a fresh start).
+    ``unit``: what a step of the target is (``ckpt_4.pt (checkpoint 2)`` for a zero-change program, whose
+    steps are the checkpoints it publishes; :func:`step_unit`)."""
     if not step:
         return "restart from scratch"
-    return f"resume from {checkpoint_name(step, path)}" if path else f"resume from step {step}"
+    return f"resume from {checkpoint_name(step, path, unit)}" if path else f"resume from {unit} {step}"
 
 
 #: The story's label of a resumed run that ended before it reported what it restored (``run.resumed``): it
@@ -163,7 +166,7 @@ def run_label(rec: RunRecord) -> str:
     """How the story of a cell names a resumed run: what it reported restoring (:func:`resume_label`) or,
     when it never reported that, how it ended before it did (:data:`LABEL_UNREPORTED`)."""
     if rec.resumed_step is not None:
-        return resume_label(rec.resumed_step, rec.resumed_path)
+        return resume_label(rec.resumed_step, rec.resumed_path, step_unit(rec))
     how = UNREPORTED_HOW.get(rec.outcome)
     return LABEL_UNREPORTED.format(how=how) if how else LABEL_NEVER_REPORTED
 
@@ -392,7 +395,7 @@ def _resumes(judging: _Judging) -> bool:
     except ResumeReportMissing as exc:
         return judging.add(Finding(PROTOCOL, MSG_PROTOCOL.format(detail=exc)))
     judging.verdict.resumed_from = resumed_from
-    judging.verdict.resume_labels = [resume_label(r.resumed_step, r.resumed_path) for r in runs[1:]]
+    judging.verdict.resume_labels = [resume_label(r.resumed_step, r.resumed_path, step_unit(r)) for r in runs[1:]]
     return False
 
 
@@ -412,7 +415,7 @@ def _ledger(judging: _Judging, kind: str) -> bool:
         tail = (Entry(e.id, e.step, e.epoch, len(runs), e.rank) for e in ref if e.step > converged)
         comp = Ledger(comp + Ledger(tail))
     verdict.resumed_from = resumed_from
-    verdict.resume_labels = [resume_label(r.resumed_step, r.resumed_path) for r in runs[1:]]
+    verdict.resume_labels = [resume_label(r.resumed_step, r.resumed_path, step_unit(r)) for r in runs[1:]]
     verdict.ledgers[kind] = (ref, comp)
     if kind == judging.contract.ledgers[0]:
         verdict.reference, verdict.composite = ref, comp

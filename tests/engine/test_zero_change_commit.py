@@ -160,8 +160,8 @@ def test_an_output_missing_after_the_resume_says_so_and_where(engine):
     result = judge(engine, program("--no-pointer", "--no-model-on-resume", name="no_model_on_resume"), KillSpec(3))
     assert result.verdict.categories == [vd.STATE_DIVERGED]
     where = Path(result.runs[1].plan.checkpoint_dir) / "model.json"
-    assert result.verdict.headline == ("STATE_DIVERGED in the final outputs (after resume from ckpt_6.json (step 3)): "
-                                       + MSG_OUTPUT_MISSING.format(name="model.json", where=where))
+    assert result.verdict.headline == ("STATE_DIVERGED in the final outputs (after resume from ckpt_6.json "
+                                       "(checkpoint 3)): " + MSG_OUTPUT_MISSING.format(name="model.json", where=where))
 
 
 def test_an_output_the_uninterrupted_run_never_delivers_is_a_protocol_finding(engine):

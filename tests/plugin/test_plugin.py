@@ -143,7 +143,10 @@ def test_junit_xml_carries_case_kill_and_verdict_of_each_cell(torch_project):
         "-p", "no:cacheprovider", "--resume-matrix", "--resume-matrix-target=drop", "--junitxml=out.xml")
     xml = (torch_project.path / "out.xml").read_text()
     assert '<property name="kill" value="ckpt1"' in xml
-    assert '<property name="verdict" value="LOST"' in xml
+    # The loop reports its buffer: the restored state is the cause, the lost inputs follow it.
+    assert '<property name="verdict" value="LOST,STATE_DIVERGED"' in xml
+    assert '<property name="headline" value="STATE_DIVERGED at step 1 (the restored step of resume from step_1): ' \
+           'buffer differs' in xml
     assert '<property name="case" value="take2"' in xml
 
 
@@ -159,8 +162,9 @@ def test_hand_written_test_with_the_fixture_sees_the_verdict(torch_project):
 
         def test_dropped_buffer_is_lost(resume_check):
             result = resume_check.run(conftest.drop, kills=resume_check.kill_after_checkpoint(1))
-            assert result.verdict.categories == ["LOST"]
-            assert result.verdict.headline.startswith("LOST 2 inputs")
+            assert result.verdict.categories == ["LOST", "STATE_DIVERGED"]
+            assert result.verdict.headline.startswith("STATE_DIVERGED at step 1 (the restored step")
+            assert result.verdict.findings[1].headline.startswith("LOST 2 inputs")
         """
     )
     result = torch_project.runpytest_subprocess("-p", "no:cacheprovider")

@@ -132,3 +132,10 @@ def test_a_stale_resume_names_each_step_once():
     assert [f.headline for f in findings] == [
         "STALE_RESUME: run 2 resumed from checkpoint_0 (step 1) but checkpoint_1 (step 2) was published before "
         "the kill: 1 step of training lost"]
+
+
+def test_a_zero_change_programs_resume_counts_checkpoints_not_steps():
+    # Its steps are the checkpoints it publishes: ckpt_4.pt is its second, not its step 2.
+    assert vd.resume_label(2, "/out/ckpt_4.pt", "checkpoint") == "resume from ckpt_4.pt (checkpoint 2)"
+    assert vd.resume_label(2, "/out/ckpt_4.pt") == "resume from ckpt_4.pt (step 2)"
+    assert vd.resume_label(2, None, "checkpoint") == "resume from checkpoint 2"

@@ -179,7 +179,8 @@ def test_a_generator_that_differs_where_the_inputs_already_differ_follows_the_in
     reference = record([e for s in range(1, 7) for e in with_rng(s)])
     events = [resumed(4), state(4, model={"w": [4.0]}, rng=torch_rng(4)),
               generators(4, b"moved-by-the-replay", before_next=True), consumed(5, 8),
-              generators(5, torch_rng(5)), ev.Event(ev.STEP_END, step=5), state(5, model={"w": [5.0]}, rng=torch_rng(5))]
+              generators(5, torch_rng(5)), ev.Event(ev.STEP_END, step=5),
+              state(5, model={"w": [5.0]}, rng=torch_rng(5))]
     events += [e for s in (6,) for e in with_rng(s)[1:]]
     verdict = vd.judge(reference, [first_run(), record(events, Outcome.DONE, is_resume=True)], Contract())
     assert [f.category for f in verdict.findings] == [vd.LOST, vd.STATE_DIVERGED]
