@@ -202,6 +202,7 @@ class ResumeCheck(TrainerCallback):
         self._first_epoch = 0
         self._epoch: int | None = None
         self._state_due: int | None = None  # a step whose state is reported after its save
+        self._extra_due: int | None = None  # a restored step whose extra_state is reported at the first batch
         self._batches: list[dict[str, Any]] = []  # the model's inputs in the step under way, by micro-batch
 
     @property
@@ -227,6 +228,7 @@ class ResumeCheck(TrainerCallback):
         self.run.resumed(step, self._restored_folder(args, step))
         if step:
             self.run.state(step, self.restored_state())
+            self._extra_due = step if self.extra_state is not None else None
         per_epoch = _updates_per_epoch(kwargs.get("train_dataloader"), args.gradient_accumulation_steps)
         self._first_epoch = step // per_epoch if per_epoch else int(state.epoch or 0)
         self._epoch = None
@@ -291,7 +293,9 @@ class ResumeCheck(TrainerCallback):
         then (model, optimizer, LR scheduler, trainer state). Not the RNGs: the Trainer restores them only
         in the first epoch it runs, at its start after a resume at an epoch boundary, or, inside an epoch,
         after it collated the first batches (docs/findings.md); they are compared from the first step after
-        the resume on. Nor ``extra_state``, which the user's code restores at a time of its own."""
+        the resume on. Nor ``extra_state``, which the user's code restores at a time of its own: it is reported
+        for the restored step as the first resumed batch reaches the model, when that code has run (so an
+        attribute of the user's own that the checkpoint does not hold is named at the restored step)."""
         return self._trainer_components()
 
     # -- internals ---------------------------------------------------------------------------------
@@ -329,6 +333,11 @@ class ResumeCheck(TrainerCallback):
                 raise ValueError(ERR_IDS_COUNT.format(count=len(ids), size=size, keys=sorted(kwargs)))
             changed = None
         if module.training and self._state is not None and self._epoch is not None:
+            if self._extra_due is not None and self.extra_state is not None:
+                # The restored step's extra_state, as the first resumed batch reaches the model: whatever the
+                # user's code restores, it has restored by now, and nothing of the next step has changed it.
+                restored, self._extra_due = self._extra_due, None
+                self.run.state(restored, dict(self.extra_state()))
             self.run.consumed(ids, step=int(self._state.global_step) + 1, epoch=self._epoch)
             self._batches.append(dict(changed[1] if changed is not None else kwargs))
         return changed

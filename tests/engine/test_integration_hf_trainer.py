@@ -135,11 +135,12 @@ class UnsavedAverage(TrainerCallback):
                     p.copy_(total / self.count)
 
 
-def train_with(run, *, scheduler=None, callbacks=()):
+def train_with(run, *, scheduler=None, callbacks=(), trainer_class=Trainer, extra=None):
     """The example's fine-tuning (no Trainer saves of its own), with an optimizer and a ``scheduler(optimizer)``
-    of the test's making, and ``callbacks`` called before ResumeCheck."""
+    of the test's making, ``callbacks`` called before ResumeCheck, and ``extra(trainer)`` as its extra state."""
     p = ex.params(run.case)
-    check = ResumeCheck(run)
+    holder = {}
+    check = ResumeCheck(run, extra_state=None if extra is None else lambda: extra(holder["trainer"]))
     set_seed(run.seed)
     model, dataset, collator = ex.model_and_data(p)
     optimizers = (None, None)
@@ -150,8 +151,9 @@ def train_with(run, *, scheduler=None, callbacks=()):
                              per_device_train_batch_size=p["batch"], num_train_epochs=p["epochs"], learning_rate=5e-3,
                              save_strategy="no", remove_unused_columns=False, logging_strategy="no", report_to=[],
                              disable_tqdm=True)
-    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=collator,
-                      callbacks=[*callbacks, check], optimizers=optimizers)
+    trainer = trainer_class(model=model, args=args, train_dataset=dataset, data_collator=collator,
+                            callbacks=[*callbacks, check], optimizers=optimizers)
+    holder["trainer"] = trainer
     trainer.train(resume_from_checkpoint=ex.checkpoint_to_resume(run))
 
 
@@ -172,6 +174,23 @@ def train_forgetful_scheduler(run):
 def train_unsaved_average(run):
     """Planted: the delivered model is an average the checkpoint does not hold."""
     train_with(run, callbacks=[UnsavedAverage()])
+
+
+def train_reported_anneal(run):
+    """Planted: the annealed z-loss's count lives on the Trainer subclass, reported as extra state but never
+    saved, so a resumed run starts it over."""
+    train_with(run, trainer_class=ex.annealed_z_loss_trainer(),
+               extra=lambda trainer: {"loss_calls": trainer.loss_calls})
+
+
+def test_extra_state_the_checkpoint_does_not_hold_is_named_at_the_restored_step_first(engine):
+    # Reported for the restored step as the first resumed batch reaches the model (the user's code has
+    # restored what it restores by then): the count is the cause, before the model it changes.
+    result = judge(engine, train_reported_anneal, PLAIN, KillSpec(2))
+    assert result.verdict.categories == [vd.STATE_DIVERGED]
+    assert result.verdict.headline.startswith(
+        "STATE_DIVERGED at step 2 (the restored step of resume from checkpoint-2): loss_calls differs, model, "), \
+        result.verdict.headline
 
 
 @pytest.mark.parametrize("kill", [2, 6], ids=["mid-epoch", "last-step"])
