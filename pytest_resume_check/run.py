@@ -182,10 +182,11 @@ class RunContext:
         self._check_open("consumed", step)
         taken = tuple(plain_ids(ids))
         self._stop_if_converged(int(step), taken, int(epoch))
-        if self.plan.report_state and self.plan.capture_rng and self._before_captured != int(step):
+        if self.plan.report_state and self.plan.capture_rng and self._before_captured != int(step) and step > 1:
             # The step's first inputs: what the process-global generators are as training goes on, so a
             # resume is judged by the generators it continues with (restored before or after the loader's
-            # iterator started), not by those at the moment it reported its restored state.
+            # iterator started), not by those at the moment it reported its restored state. (Not before
+            # step 1: a fresh start restores nothing.)
             self._before_captured = int(step)
             self._sink.send(ev.Event(ev.STATE, step=int(step) - 1, extra={**self._digested(captured_generators()),
                                                                           ev.STATE_BEFORE_NEXT: True}))

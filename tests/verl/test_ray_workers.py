@@ -98,8 +98,12 @@ def alive(pid: int) -> bool:
 def test_unfixed_trainer_on_ray_workers_loses_the_buffered_tail(engine):
     cell = Cell(unfixed_on_ray, ASYNC_CASE, "auto", (KillSpec(1),), rt.async_steps(ASYNC_CASE))
     result = engine.run_cell(cell)
+    # The cause first: the buffered tail the restored state lacks; then the inputs it lost.
     assert result.verdict.categories[0] == vd.LOST, result.verdict.headline
-    assert result.verdict.headline.startswith("LOST 2 inputs after resume from global_step_1"), result.verdict.headline
+    assert result.verdict.headline.startswith("STATE_DIVERGED at step 1 (the restored step of resume from "
+                                              "global_step_1): inputs differs (buffered_tail)"), result.verdict.headline
+    lost = next(f for f in result.verdict.findings if f.category == vd.LOST)
+    assert lost.headline.startswith("LOST 2 inputs after resume from global_step_1"), lost.headline
 
 
 def test_a_killed_drivers_actors_are_ended_by_ray_and_each_rank_saved_its_own_file(engine, tmp_path):

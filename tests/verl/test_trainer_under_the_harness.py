@@ -89,8 +89,12 @@ def test_fixed_async_trainer_resumes_exactly_after_a_kill_with_a_buffered_tail(e
 
 def test_unfixed_async_trainer_loses_the_buffered_tail(engine):
     result = run(engine, unfixed, CASE, KillSpec(1))
-    assert result.verdict.categories == [vd.LOST]
-    assert result.verdict.headline.startswith("LOST 2 inputs after resume from global_step_1: ids 6, 7")
+    # The cause first: the restored state lacks the buffered tail (and the rollouts in flight); then the
+    # inputs that tail held, lost.
+    assert result.verdict.categories == [vd.LOST, vd.STATE_DIVERGED]
+    assert result.verdict.headline.startswith("STATE_DIVERGED at step 1 (the restored step of resume from "
+                                              "global_step_1): inputs differs (buffered_tail)")
+    assert result.verdict.findings[1].headline.startswith("LOST 2 inputs after resume from global_step_1: ids 6, 7")
 
 
 def test_fixed_async_trainer_survives_two_kills_across_the_epoch_boundary(engine):
@@ -126,8 +130,9 @@ def test_with_restoration_switched_off_a_carry_over_at_the_kill_is_lost_on_the_t
     step = 4
     assert rt.async_schedule(case).carried_over_after(step) == 4
     result = run(engine, without_carry_over, case, KillSpec(step))
-    assert result.verdict.categories == [vd.LOST]
-    [finding] = result.verdict.findings
+    assert result.verdict.categories == [vd.LOST, vd.STATE_DIVERGED]
+    cause, finding = result.verdict.findings
+    assert cause.category == vd.STATE_DIVERGED and "in_flight differs" in cause.headline
     assert finding.ledger == "trained" and finding.headline.endswith(TRAINED_LEDGER)
     assert finding.headline.startswith("LOST 4 inputs after resume from global_step_4: ids ")
     assert run(engine, rt.agentlightning_async, case, KillSpec(step)).passed
@@ -193,6 +198,8 @@ def test_each_target_reports_its_state_by_component_and_a_resume_stops_at_the_re
 def test_stock_verl_replays_epoch_zero_order_after_an_epoch_end_checkpoint(engine):
     case = rt.SYNC_CASES[1]  # shuffled, 4 steps per epoch
     result = run(engine, rt.verl_stock_sync, case, KillSpec(4))
-    assert result.verdict.categories == [vd.REORDERED]
+    # The cause first: the loader position verl did not restore; then the order it replays.
+    assert result.verdict.categories == [vd.REORDERED, vd.STATE_DIVERGED]
+    assert "loader differs (_num_yielded)" in result.verdict.headline
     ours = run(engine, rt.agentlightning_sync, case, KillSpec(4))
     assert ours.passed, ours.verdict.headline
