@@ -23,6 +23,7 @@ import time
 import traceback
 from typing import Any
 
+from pytest_resume_check.child.process_groups import GroupKeeper
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.names import ATTEMPT_ENV, RUN_TOKEN_ENV
 from pytest_resume_check.records.plan import LAUNCHER_HARNESS, LAUNCHER_TORCHRUN, RunPlan
@@ -51,7 +52,11 @@ class ConnectionSink:
     it. Only the writer touches the channel, so a handler that interrupts a report call on the main
     thread never waits for a lock that call holds, and no two writes interleave. Each thread's events
     arrive in the order it sent them; a handler's come after those of the call it interrupted that were
-    queued before it ran."""
+    queued before it ran.
+
+    At each boundary it also holds the trainer's default ``torch.distributed`` group until the process ends,
+    as a fresh interpreter does (:mod:`.process_groups`: otherwise a correct loop that ends with
+    ``destroy_process_group()`` could hang in torch's teardown, and only under the harness)."""
 
     def __init__(self, conn: Any, rank: int | None = None, lock_path: str | None = None,
                  attempt: int | None = None):
@@ -69,6 +74,8 @@ class ConnectionSink:
         # own, which a rank killed while holding it gives back by dying.
         self._lock_path = lock_path
         self._lock_fd = os.open(lock_path, os.O_RDONLY) if lock_path else None
+        #: The process groups this process's trainer initialised, held until the process ends.
+        self.groups = GroupKeeper()
         self._start()
         # A process forked from this one (a helper the trainer forks that reports too) gets a writer and
         # queues of its own at once: its parent's queued events and writer thread are not its.
@@ -79,6 +86,7 @@ class ConnectionSink:
             event = dataclasses.replace(event, rank=self._rank, attempt=self._attempt)
         self._pending.append(event.to_wire())
         if event.kind not in _BATCHED:
+            self.groups.keep()  # a boundary comes after the trainer's init_process_group, before its end
             self.flush()
         elif time.monotonic() - self._written_at >= LIFE_INTERVAL:
             # A long step that keeps reporting is alive: write what it reported so far, without waiting.
