@@ -107,6 +107,12 @@ MSG_HUNG_COMMAND_AT_START = ("HUNG: {who} sent no event at all within {timeout} 
                              "reported; it must call client.connect() and report (resumed, consumed, step_end) "
                              "as it trains, or it waits for something that never comes (see its log)")
 MSG_HUNG_STALLED = "HUNG: {who}: {what}; it was killed"
+#: Ends a HUNG headline whose run wrote its stacks into its log before it was killed (the log is kept with the
+#: failing cell): every rank wrote them, only some ranks did (``rank 1``, ``ranks 0, 2``: the others had ended
+#: or had no handler), or the one process did.
+MSG_HUNG_STACKS = "; every rank's stack is in {path}"
+MSG_HUNG_STACKS_OF = "; the stacks of {ranks} are in {path}"
+MSG_HUNG_STACK = "; its stack is in {path}"
 MSG_NONDETERMINISTIC = "NONDETERMINISTIC reference: two uninterrupted runs differ from position {pos}: {detail}"
 MSG_PROTOCOL = "PROTOCOL: {detail}"
 MSG_EMPTY = ("PROTOCOL: the reference run reported no {kind} inputs; the target must call "
@@ -660,15 +666,33 @@ def _process_finding(rec: RunRecord, who: str, resumed: bool, run: int = 0) -> F
 
 def _hung_headline(rec: RunRecord, who: str) -> str:
     """What a hung run failed to do: report at all (a command, or a child forked from the preloaded server),
-    what it was waited for (``stalled``), or send anything after its last step."""
+    what it was waited for (``stalled``), or send anything after its last step; then where its stacks are
+    (:func:`_stacks_named`)."""
     if not rec.events and rec.plan.command is not None:
-        return MSG_HUNG_COMMAND_AT_START.format(who=who, timeout=f"{rec.hang_timeout:g}",
+        what = MSG_HUNG_COMMAND_AT_START.format(who=who, timeout=f"{rec.hang_timeout:g}",
                                                 argv=" ".join(rec.plan.command.argv))
-    if not rec.events and rec.isolation == ISOLATION_FORKSERVER:
-        return MSG_HUNG_AT_START.format(who=who, timeout=f"{rec.hang_timeout:g}")
-    if rec.stalled:
-        return MSG_HUNG_STALLED.format(who=who, what=rec.stalled)
-    return MSG_HUNG.format(who=who, timeout=f"{rec.hang_timeout:g}", step=rec.last_step)
+    elif not rec.events and rec.isolation == ISOLATION_FORKSERVER:
+        what = MSG_HUNG_AT_START.format(who=who, timeout=f"{rec.hang_timeout:g}")
+    elif rec.stalled:
+        what = MSG_HUNG_STALLED.format(who=who, what=rec.stalled)
+    else:
+        what = MSG_HUNG.format(who=who, timeout=f"{rec.hang_timeout:g}", step=rec.last_step)
+    return what + _stacks_named(rec)
+
+
+def _stacks_named(rec: RunRecord) -> str:
+    """The end of a hung run's headline that names the log holding its processes' stacks (none when no
+    process wrote them): a hang in the trainer's code is the trainer's to find, and the log says where."""
+    written = rec.stacks_in_log
+    if not written:
+        return ""
+    if written == [None]:
+        return MSG_HUNG_STACK.format(path=rec.plan.log_path)
+    if len(written) == len(rec.stack_dumps):
+        return MSG_HUNG_STACKS.format(path=rec.plan.log_path)
+    ranks = sorted(rank or 0 for rank in written)
+    named = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+    return MSG_HUNG_STACKS_OF.format(ranks=named, path=rec.plan.log_path)
 
 
 def _last_line(text: str | None) -> str:

@@ -295,26 +295,34 @@ def dump_stacks(child: starter.Child, record: RunRecord, timeout: float = STACKS
     to write its stacks, so nothing else writes into the log meanwhile and no two dumps interleave; the
     handler (``child.main``) stops the process again once it has written them, which is how this knows they
     are complete. A process without the handler (a program run as a command, a child that hung before it
-    installed it) just stops, and the report shows no stacks for it. The caller kills the run afterwards."""
+    installed it) just stops, and the report shows no stacks for it. ``record.stack_dumps`` says, for each of
+    those processes (a rank that had ended too), whether its stacks are in the log: the verdict's headline
+    names the log when they are. The caller kills the run afterwards."""
     deadline = time.monotonic() + timeout
     try:
         os.killpg(child.pid, signal.SIGSTOP)
     except (ProcessLookupError, PermissionError):
         return
     _wait_until(lambda: not group_not_stopped(child.pid), deadline)
+    log_path = record.plan.log_path
     for rank, pid in _rank_processes(child, record):
+        wrote = False
         try:
             if os.getpgid(pid) != child.pid:  # a rank that ended: its pid may be another process's by now
                 continue
-            with open(record.plan.log_path, "a", encoding="utf-8") as log:
+            with open(log_path, "a", encoding="utf-8") as log:
                 log.write(f"\n{ev.stacks_header(rank, pid)}\n")
+            headed = os.path.getsize(log_path)
             os.kill(pid, signal.SIGCONT)  # continued first: a SIGCONT discards a pending stop signal
             os.kill(pid, STACKS_SIGNAL)
+            _wait_until(functools.partial(_stopped, pid), deadline)
+            wrote = os.path.getsize(log_path) > headed  # a process without the handler just stops
         except ProcessLookupError:
             continue
         except OSError:  # the log cannot take it (a full disk): no stacks, the run is killed as before
             return
-        _wait_until(functools.partial(_stopped, pid), deadline)
+        finally:
+            record.stack_dumps.append((rank, wrote))
 
 
 def _stopped(pid: int) -> bool:

@@ -107,6 +107,15 @@ class RunRecord:
     #: A ``HUNG`` run that was not silent: what it failed to do within the hang limit (a rank that never
     #: reported the kill point's step end).
     stalled: str | None = None
+    #: A ``HUNG`` run: each process that ran its target (its rank; None in a one-process run) and whether it
+    #: wrote every thread's stack into the run's log before the run was killed (False: it had ended, or it
+    #: had no handler to write them).
+    stack_dumps: list[tuple[int | None, bool]] = field(default_factory=list)
+
+    @property
+    def stacks_in_log(self) -> list[int | None]:
+        """The ranks (None: the one process of a one-process run) whose stacks are in the run's log."""
+        return [rank for rank, wrote in self.stack_dumps if wrote]
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.outcome)  # a plain ``"done"`` (a test's, one read from JSON) becomes its member

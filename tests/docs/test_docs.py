@@ -317,8 +317,9 @@ def test_report_page_example_lines_of_process_verdicts_match_the_message_templat
     from pytest_resume_check.judge import harness_errors
     from pytest_resume_check.process import starter, supervisor
 
-    templates = [vd.MSG_CRASHED, vd.MSG_HUNG, vd.MSG_NONDETERMINISTIC, vd.MSG_PROTOCOL, vd.MSG_STEPS,
-                 vd.MSG_HUNG_STALLED.format(who="{who}", what=supervisor.ERR_PEERS.replace("{s}", "")),
+    stalled = vd.MSG_HUNG_STALLED.format(who="{who}", what=supervisor.ERR_PEERS.replace("{s}", ""))
+    templates = [vd.MSG_CRASHED, vd.MSG_HUNG + vd.MSG_HUNG_STACK, vd.MSG_NONDETERMINISTIC, vd.MSG_PROTOCOL,
+                 vd.MSG_STEPS, stalled + vd.MSG_HUNG_STACKS,
                  "TARGET_ERROR: " + starter.ERR_PRELOAD, harness_errors.MSG_DISK_FULL, harness_errors.MSG_FOLDER_GONE,
                  harness_errors.MSG_WORKER_CRASHED, "HARNESS: " + executor.MSG_NODE_LOST]
     shown = [line for lang, body in blocks("reading-a-report.md") if lang == "text"

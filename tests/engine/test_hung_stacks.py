@@ -67,6 +67,9 @@ def test_a_hung_runs_report_names_the_function_it_hung_in(engine):
     assert result.verdict.categories == [vd.HUNG]
     hung = result.runs[1]
     assert hung.outcome == Outcome.HUNG and hung.hang_timeout == HANG_LIMIT
+    # The headline names the file that holds the stacks (the run's log, kept with the cell).
+    assert hung.stack_dumps == [(None, True)]
+    assert result.verdict.headline.endswith(vd.MSG_HUNG_STACK.format(path=hung.plan.log_path))
     report = rp.failure_text(result)
     title, section = stacks_section(report)
     assert title == rp.STACKS_TITLE.format(run="run 2", path=hung.plan.log_path)
@@ -110,6 +113,8 @@ def test_a_rank_that_never_reaches_the_kill_point_is_quoted_with_rank_0_waiting_
     assert result.verdict.categories == [vd.HUNG]
     assert "rank 1 did not report the end of step 3" in result.verdict.headline
     hung = result.runs[1]
+    assert hung.stack_dumps == [(0, True), (1, True)]
+    assert result.verdict.headline.endswith(vd.MSG_HUNG_STACKS.format(path=hung.plan.log_path))
     _, section = stacks_section(rp.failure_text(result))
     processes = rp.stacks(hung.plan.log_path)
     assert [p["rank"] for p in processes] == [0, 1]
@@ -130,6 +135,8 @@ def test_a_rank_that_finished_is_left_alone_and_the_one_that_hangs_is_quoted(eng
     assert result.verdict.categories == [vd.HUNG]
     hung = result.runs[1]
     assert [p["rank"] for p in rp.stacks(hung.plan.log_path)] == [1]
+    assert hung.stack_dumps == [(0, False), (1, True)]
+    assert result.verdict.headline.endswith(vd.MSG_HUNG_STACKS_OF.format(ranks="rank 1", path=hung.plan.log_path))
     _, section = stacks_section(rp.failure_text(result))
     assert section[0].startswith("rank 1 (pid ") and any(line.endswith(f"in {PLANTED}") for line in section)
     assert_nothing_left(hung)
@@ -140,6 +147,7 @@ def test_a_hung_reference_run_is_quoted_too(engine):
     assert result.verdict.categories == [vd.HUNG] and result.runs == []
     title, section = stacks_section(rp.failure_text(result))
     assert title == rp.STACKS_TITLE.format(run="the reference run", path=result.reference.plan.log_path)
+    assert result.verdict.headline.endswith(vd.MSG_HUNG_STACK.format(path=result.reference.plan.log_path))
     assert section[0] == f"pid {result.reference.pid}, main thread:"
     assert any(line.endswith(f"in {PLANTED}") for line in section)
     assert_nothing_left(result.reference)
@@ -149,7 +157,7 @@ def test_a_run_that_does_not_hang_writes_no_stacks(engine):
     result = run_cell(engine, ONE, {}, "ckpt2")
     assert result.verdict.passed
     for rec in result.runs:
-        assert rp.stacks(rec.plan.log_path) == []
+        assert rp.stacks(rec.plan.log_path) == [] and rec.stack_dumps == []
         assert "stacks" not in rp.cell_json(result)["runs"][0]
 
 
@@ -175,6 +183,7 @@ def shape(line):
     """A report line without what differs between machines and runs: pids, paths, line numbers."""
     line = re.sub(r'File ".*", line \d+ in ', "in ", line)
     line = re.sub(r"pid \d+", "pid N", line)
+    line = re.sub(r"stack is in \S+$", "stack is in PATH", line)  # the headline's end
     return re.sub(r"is in \S+\):$", "is in PATH):", line)
 
 
@@ -186,7 +195,8 @@ def test_the_report_page_shows_a_hung_report_as_the_harness_prints_it(engine):
     result = run_cell(engine, RANKS, {"hang": True}, "ckpt1_ckpt3")
     report = rp.failure_text(result).splitlines()
     at = next(i for i, line in enumerate(block) if line.startswith("  where run "))
-    assert block[:at] == report[:at]
+    assert [shape(line) for line in block[:at]] == [shape(line) for line in report[:at]]
+    assert report[0].endswith(vd.MSG_HUNG_STACKS.format(path=result.runs[1].plan.log_path))
     _, section = stacks_section("\n".join(report))
     assert [shape(line) for line in block[at:]] == [shape(line) for line in report[at:at + 1 + len(section)]]
     header = re.search(r"`(\[resume-check\] stacks of [^`]*)`", text.replace("\n", " "))[1]

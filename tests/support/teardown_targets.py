@@ -1,4 +1,4 @@
-"""A two-rank gloo target about how a run ends (tests/engine/test_teardown_hang.py).
+"""Two-rank gloo targets about how a run ends (tests/engine/test_teardown_hang.py).
 
 :func:`gil_needed_at_return` is a correct loop whose end meets torch's teardown race in the order that hangs, every
 time. When a process group is destroyed, gloo joins its worker threads with the GIL held; a worker thread that is
@@ -8,6 +8,9 @@ such an object there itself (:class:`NeedsTheGil`, whose ``__del__`` runs on the
 worker thread take the GIL back only once nothing but the GIL stands between it and the end of its work: where
 the group dies with the trainer's DDP model, at the target function's return, that is a deadlock; where the
 group lives on until the process ends (as in a job ``torchrun`` starts), the run ends.
+
+:func:`waits_in_a_collective_nobody_joins` is a trainer's own hang: rank 0 calls an all-reduce in step 2 that
+rank 1 never calls (rank 1 waits for something else forever).
 
 Importing this module imports nothing heavy; torch comes in inside the functions.
 """
@@ -86,8 +89,31 @@ def gil_needed_at_return(run: Any) -> None:
         go.set()
 
 
+def wait_for_something_else_forever() -> None:
+    """Rank 1's bug: it waits for something that never comes instead of joining rank 0's all-reduce."""
+    threading.Event().wait()
+
+
+def waits_in_a_collective_nobody_joins(run: Any) -> None:
+    """Rank 0 all-reduces in step 2; rank 1 never does."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=run.rank, world_size=run.world_size, timeout=timedelta(seconds=60))
+    run.resumed(0)
+    for step in range(1, STEPS + 1):
+        run.consumed([10 * step + run.rank], step=step, epoch=0)
+        if step == 2 and run.rank == 1:
+            wait_for_something_else_forever()
+        dist.all_reduce(torch.ones(1))
+        run.step_end(step)
+    dist.destroy_process_group()
+
+
 OPTIONS: dict[str, Any] = dict(steps=STEPS, cases=({"id": "end"},), world_size=2, resume_modes=("auto",),
                                preload=PRELOAD)
 gil_at_return = resume_target(gil_needed_at_return, name="gil_at_return", **OPTIONS)
 gil_at_return_torchrun = resume_target(gil_needed_at_return, name="gil_at_return_torchrun", launcher="torchrun",
                                        **OPTIONS)
+collective_nobody_joins = resume_target(waits_in_a_collective_nobody_joins, name="collective_nobody_joins",
+                                        hang_timeout=5, **OPTIONS)
