@@ -45,6 +45,14 @@ def command_line(pid: int) -> str:
         return ""
 
 
+def ray_command() -> list[str]:
+    """Ray's command line tool: the ``ray`` script beside this interpreter, or its module run by this
+    interpreter (an environment that sees Ray installed in another one, through a ``.pth`` file, has no
+    script of its own)."""
+    script = Path(sys.executable).with_name("ray")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "ray.scripts.scripts"]
+
+
 class LocalCluster:
     """Nodes on this machine: ``nodes[0]`` is the head; each entry maps resource names to amounts (``CPU``
     and ``GPU`` become ``--num-cpus`` and ``--num-gpus``, others ``--resources``); ``env``: more environment
@@ -87,9 +95,8 @@ for every node."""
         return index
 
     def _start_node(self, index: int, resources: Mapping[str, float], port: int) -> None:
-        ray = str(Path(sys.executable).with_name("ray"))
         custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
-        argv = [ray, "start", "--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
+        argv = [*ray_command(), "start", "--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
                 f"--num-cpus={resources.get('CPU', 1):g}", f"--num-gpus={resources.get('GPU', 0):g}",
                 f"--resources={json.dumps(custom)}"]
         if index == 0:
