@@ -66,6 +66,13 @@ MSG_LEFT_ON_NODE = ("  kept on node {node} (not copied back: {mb:.0f} MB, more t
 #: The outcome of a cell asked for after the session stopped the cluster's tasks.
 MSG_STOPPED = "HARNESS: the session stopped its Ray tasks before this cell had an outcome; rerun the cell"
 MSG_CANCEL_PROBLEM = "the Ray task of {group} did not end within {seconds:g} s of the session's stop (node {node})"
+#: The session header's line once connected: where the cells run.
+MSG_HEADER = "resume-check: cells run on the Ray cluster at {address}: {count} node{s} alive: {nodes}"
+#: The summary's line: how many cells ran where.
+MSG_PLACES = "resume-check: {count} cell{s} ran on the Ray cluster at {address}: {places}"
+MSG_PLACE = "{count} on node {node}"
+#: Appended for the cells that had no outcome from any node (refused, lost, stopped): their lines say why.
+MSG_NOWHERE = "{count} without one (refused or lost: each says why)"
 
 
 class ClusterError(Exception):
@@ -83,6 +90,8 @@ class CellOutcome:
     reference_seconds: float = 0.0
     #: A cell with no verdict: the category its JSON gets (``HARNESS``, ``TARGET_ERROR``).
     category: str | None = None
+    #: The node the cell ran on (``node_id``, ``ip``, ``host``); empty: none (refused, lost, stopped).
+    node: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -99,10 +108,19 @@ class Task:
     thread: threading.Thread | None = None
 
     def node_name(self) -> str:
-        if not self.node:
-            return "(not known yet)"
-        node = self.node
-        return f"{node.get('ip', '?')} ({node.get('host', '?')}, node id {node.get('node_id', '?')[:12]})"
+        return node_label(self.node) if self.node else "(not known yet)"
+
+
+def node_label(node: Mapping[str, str]) -> str:
+    """``10.0.0.6 (gpu-box-3, node id 430c63a39cbf)``: a node as the reports name it (two nodes may share a
+    machine, never an id)."""
+    return f"{node.get('ip', '?')} ({node.get('host', '?')}, node id {node.get('node_id', '?')[:12]})"
+
+
+def _listed(node: Mapping[str, Any]) -> dict[str, str]:
+    """A node of ``ray.nodes()`` as the tasks describe theirs (:func:`pytest_resume_check.cluster.node.node_info`)."""
+    return {"node_id": str(node.get("NodeID", "?")), "ip": str(node.get("NodeManagerAddress", "?")),
+            "host": str(node.get("NodeManagerHostname", "?"))}
 
 
 @dataclass
@@ -131,6 +149,8 @@ class RayExecutor:
         self._control: Any = None
         self._closing = False
         self._unpacking = threading.Lock()  # two groups of one case bring the same reference folder
+        #: The nodes alive when the session connected.
+        self.nodes: list[dict[str, Any]] = []
 
     # -- start ---------------------------------------------------------------------------------------
 
@@ -152,6 +172,31 @@ class RayExecutor:
         except Exception as exc:
             raise ClusterError(ERR_CONNECT.format(opt=s.option, address=s.address, error=_first_line(exc))) from None
         self._ray = ray
+        self.nodes = [n for n in ray.nodes() if n.get("Alive")]
+
+    def header(self) -> str:
+        """The session header's line: the cluster's address and its nodes with their resources."""
+        nodes = "; ".join(f"{node_label(_listed(n))} with {_amounts(_plain(n.get('Resources', {})))}"
+                          for n in self.nodes)
+        return MSG_HEADER.format(address=self.settings.address, count=len(self.nodes),
+                                 s="" if len(self.nodes) == 1 else "s", nodes=nodes or "none")
+
+    def placement(self) -> str | None:
+        """The summary's line: how many cells ran on each node (None before any cell had an outcome)."""
+        with self._cond:
+            outcomes = list(self._outcomes.values())
+        if not outcomes:
+            return None
+        counts: dict[str, int] = {}
+        for got in outcomes:
+            if got.node:
+                counts[node_label(got.node)] = counts.get(node_label(got.node), 0) + 1
+        places = [MSG_PLACE.format(count=n, node=node) for node, n in sorted(counts.items(), key=lambda x: -x[1])]
+        nowhere = len(outcomes) - sum(counts.values())
+        if nowhere:
+            places.append(MSG_NOWHERE.format(count=nowhere))
+        return MSG_PLACES.format(count=len(outcomes), s="" if len(outcomes) == 1 else "s",
+                                 address=self.settings.address, places=", ".join(places))
 
     def start(self, groups: Sequence[tuple[str, list[str], Mapping[str, float], list[str]]], cwd: str) -> None:
         """Submit ``groups``: (label, cell names, resources of one run, the group pytest's arguments). A
@@ -277,7 +322,8 @@ class RayExecutor:
                                                    paths=", ".join(left["paths"]))
             if cell_json is not None:
                 cell_json["kept_on_node"] = {"node": task.node, **left}
-        return CellOutcome(record["outcome"], text, cell_json, float(record.get("reference_seconds") or 0.0))
+        return CellOutcome(record["outcome"], text, cell_json, float(record.get("reference_seconds") or 0.0),
+                           node=dict(task.node))
 
     def _unpack(self, data: bytes) -> bool:
         """Unpack kept folders into this session's folder (each member checked to stay inside it)."""

@@ -1,6 +1,7 @@
-"""The matrix session's side of ``--resume-matrix-ray`` (docs/cluster.md): grouping the cells to run into
-tasks and starting the executor (:mod:`pytest_resume_check.cluster.executor`), and, in a group's pytest
-on a node, writing each cell's record for the task that started it (:mod:`pytest_resume_check.cluster.wire`).
+"""The matrix session's side of ``--resume-matrix-ray`` (docs/cluster.md): connecting before the session's
+header (which names the cluster), grouping the cells to run into tasks and starting them
+(:mod:`pytest_resume_check.cluster.executor`), and, in a group's pytest on a node, writing each cell's
+record for the task that started it (:mod:`pytest_resume_check.cluster.wire`).
 """
 
 from __future__ import annotations
@@ -15,28 +16,39 @@ from pytest_resume_check.plugin.options import OPT_RAY, OPT_RAY_COPY, OPT_RAY_RE
 from pytest_resume_check.records.names import REFERENCE
 
 
-def start(config: pytest.Config, settings: Settings, items: list[Any], root: Path) -> Any:
-    """Connect to the cluster and submit one task per group of ``items`` (target, case, resume mode), each
-    asking its target's resources; ``pytest.UsageError`` when the cluster cannot be used."""
+def connect(settings: Settings, root: Path) -> Any:
+    """Connect to the cluster (before the session's header, which names it); ``pytest.UsageError`` when it
+    cannot be used."""
     from pytest_resume_check.cluster import executor as ex
-    from pytest_resume_check.targets import run_resources
 
     assert settings.ray is not None
-    groups: dict[str, list[Any]] = {}
-    for item in items:
-        cell = item.cell
-        groups.setdefault(f"{cell.target.name} {cell.case_id} {cell.resume_mode}", []).append(item)
     runner = ex.RayExecutor(ex.Settings(settings.ray, settings.ray_retries, settings.ray_copy_bytes, OPT_RAY,
                                         OPT_RAY_RETRIES, OPT_RAY_COPY), root)
     try:
         runner.connect()
-        runner.start([(label, [i.name for i in members], run_resources(members[0].cell.target),
-                       group_command(config, [i.name for i in members])) for label, members in groups.items()],
-                     cwd=str(config.invocation_params.dir))
     except ex.ClusterError as exc:
         runner.close()
         raise pytest.UsageError(str(exc)) from None
     return runner
+
+
+def start(runner: Any, config: pytest.Config, settings: Settings, items: list[Any]) -> None:
+    """Submit one task per group of ``items`` (target, case, resume mode), each asking its target's
+    resources; ``pytest.UsageError`` when the cluster cannot be used."""
+    from pytest_resume_check.cluster import executor as ex
+    from pytest_resume_check.targets import run_resources
+
+    groups: dict[str, list[Any]] = {}
+    for item in items:
+        cell = item.cell
+        groups.setdefault(f"{cell.target.name} {cell.case_id} {cell.resume_mode}", []).append(item)
+    try:
+        runner.start([(label, [i.name for i in members], run_resources(members[0].cell.target),
+                       group_command(config, [i.name for i in members]))
+                      for label, members in groups.items()],
+                     cwd=str(config.invocation_params.dir))
+    except ex.ClusterError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def write_record(item: Any, call: pytest.CallInfo[None], report: pytest.TestReport, root: Path) -> None:

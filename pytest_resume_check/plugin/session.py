@@ -129,9 +129,19 @@ class MatrixSession:
 
     # -- collection ----------------------------------------------------------------------------------
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self) -> None:
+        """With ``--resume-matrix-ray``: connect now, so the header names the cluster and its nodes (a cluster
+        that cannot be used is one usage error before anything is collected). ``--co`` runs nothing there."""
+        if self.settings.ray and not self.config.option.collectonly:
+            self._executor = cluster.connect(self.settings, self.root)
+
     def pytest_report_header(self) -> list[str]:
         s = self.settings
-        return [REPORT_HEADER.format(mode=s.mode, seed=s.seed, opt=OPT_SEED)]
+        lines = [REPORT_HEADER.format(mode=s.mode, seed=s.seed, opt=OPT_SEED)]
+        if self._executor is not None:
+            lines.append(self._executor.header())
+        return lines
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, session: pytest.Session, items: list[pytest.Item]) -> None:
@@ -158,8 +168,8 @@ class MatrixSession:
         self.cells = [item.cell for item in items]
         if self._engine is not None:
             self._engine.register(self.cells)
-        if self.settings.ray and items and not self.config.option.collectonly:
-            self._executor = cluster.start(self.config, self.settings, items, self.root)
+        if self._executor is not None and items:
+            cluster.start(self._executor, self.config, self.settings, items)
 
     @staticmethod
     def _within_budget(items: list[ResumeCell], budget: int) -> list[ResumeCell]:
@@ -260,6 +270,9 @@ class MatrixSession:
             summary.write_summary(terminalreporter, self.results, self.broken, self.settings)
         if self.left_out:
             terminalreporter.write_line(summary.left_out_line(self.budget_reason, self.left_out))
+        placement = self._executor.placement() if self._executor is not None else None
+        if placement:
+            terminalreporter.write_line(placement)
 
     # -- pytest-xdist (its hooks exist only when it is installed) ------------------------------------
 

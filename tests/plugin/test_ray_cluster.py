@@ -1,7 +1,8 @@
 """``--resume-matrix-ray`` on a real Ray cluster of two nodes on this machine (a head and a second raylet,
-each with resources of its own; docs/cluster.md): the same verdict for every cell as the local run of the
-same seed, a failing cell's report and kept evidence as locally, GPU resources given by Ray or refused, a
-lost node's cells failing one line each, Ctrl-C ending every task, and no process of ours left after."""
+each with resources of its own; docs/cluster.md): the header names the cluster and the summary where the
+cells ran; the same verdict for every cell as the local run of the same seed, a failing cell's report and
+kept evidence as locally, GPU resources given by Ray or refused, a lost node's cells failing one line each,
+Ctrl-C ending every task, and no process of ours left after."""
 
 from __future__ import annotations
 
@@ -128,6 +129,16 @@ def test_cluster_gives_each_cell_the_local_verdict_report_and_evidence(tmp_path)
                                   f"--basetemp={tmp_path / 'here'}")
     assert local_code == 1, local
     on_cluster, here = cells(path / "cluster.json"), cells(path / "local.json")
+
+    # The header names the cluster and its nodes; the summary says how many cells ran where.
+    assert f"\nresume-check: cells run on the Ray cluster at {cluster.address}: 2 nodes alive: " in remote, remote
+    places = re.search(rf"^resume-check: (\d+) cells ran on the Ray cluster at {re.escape(cluster.address)}: (.*)$",
+                       remote, re.MULTILINE)
+    assert places is not None and int(places.group(1)) == len(on_cluster), remote
+    refused = [n for n in on_cluster if n.startswith("gpu2[")]
+    counts = [int(n) for n in re.findall(r"(\d+) on node \S+ \(.*?, node id [0-9a-f]{12}\)", places.group(2))]
+    assert counts and sum(counts) + len(refused) == len(on_cluster), places.group(0)
+    assert f"{len(refused)} without one" in places.group(2)
 
     # Every cell the local run has, with the same verdict, headline and rerun line.
     assert set(here) <= set(on_cluster) and len(here) > 20

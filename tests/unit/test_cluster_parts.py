@@ -1,6 +1,7 @@
 """The parts of ``--resume-matrix-ray`` that need no cluster: a group's records read while they are written,
-a failing cell's kept folders packed on the node and unpacked here (or named where they stayed), and what
-the executor does when a task's node is lost (with real Ray exceptions, where Ray is installed)."""
+a failing cell's kept folders packed on the node and unpacked here (or named where they stayed), what
+the executor does when a task's node is lost (with real Ray exceptions, where Ray is installed), and the
+header's and the summary's lines on where the cells run."""
 
 from __future__ import annotations
 
@@ -180,3 +181,35 @@ def test_kept_folders_come_back_into_this_session_or_are_named_where_they_stayed
     assert got.text.endswith(f"kept on node 10.0.0.2 (n2, node id cccccccccccc) (not copied back: 0 MB, more than "
                              f"--ray-copy=0.00953674): {cell}, {reference}")
     assert got.cell_json["kept_on_node"]["paths"] == [str(cell), str(reference)]
+
+
+def test_the_header_names_the_cluster_and_each_node_with_its_resources(tmp_path):
+    from pytest_resume_check.cluster import executor as ex
+
+    runner = ex.RayExecutor(ex.Settings("10.0.0.5:6379", 0, 0, "--ray", "--ray-retries", "--ray-copy"), tmp_path)
+    runner.nodes = [{"NodeID": "a" * 56, "NodeManagerAddress": "10.0.0.5", "NodeManagerHostname": "head",
+                     "Resources": {"CPU": 8.0, "memory": 1e9, "node:10.0.0.5": 1.0}},
+                    {"NodeID": "b" * 56, "NodeManagerAddress": "10.0.0.6", "NodeManagerHostname": "gpu-box",
+                     "Resources": {"CPU": 4.0, "GPU": 1.0}}]
+    assert runner.header() == ("resume-check: cells run on the Ray cluster at 10.0.0.5:6379: 2 nodes alive: 10.0.0.5 "
+                               "(head, node id aaaaaaaaaaaa) with CPU 8; 10.0.0.6 (gpu-box, node id bbbbbbbbbbbb) "
+                               "with CPU 4, GPU 1")
+
+
+def test_the_summary_says_how_many_cells_ran_on_each_node(tmp_path):
+    from pytest_resume_check.cluster import executor as ex
+
+    runner = ex.RayExecutor(ex.Settings("a:1", 0, 0, "--ray", "--ray-retries", "--ray-copy"), tmp_path)
+    assert runner.placement() is None
+    second = {"ip": "10.0.0.2", "host": "n2", "node_id": "c" * 56}
+    head = {"ip": "10.0.0.1", "host": "n1", "node_id": "d" * 56}
+    task = ex.Task("t ok auto", ["t[ok-auto-ckpt1]"], {}, {}, node=second)
+    got = runner._outcome_of({"name": "t[ok-auto-ckpt1]", "outcome": wire.PASSED, "cell_json": {"rerun": "x"}}, task)
+    assert got.node == second
+    runner._answer("t[ok-auto-ckpt1]", got)
+    runner._answer("t[ok-auto-ckpt2]", ex.CellOutcome(wire.PASSED, node=second))
+    runner._answer("t[ok-path-ckpt1]", ex.CellOutcome(wire.PASSED, node=head))
+    runner._answer("u[g-auto-ckpt1]", ex.CellOutcome(wire.FAILED, "TARGET_ERROR: ...", category="TARGET_ERROR"))
+    assert runner.placement() == ("resume-check: 4 cells ran on the Ray cluster at a:1: 2 on node 10.0.0.2 (n2, node "
+                                  "id cccccccccccc), 1 on node 10.0.0.1 (n1, node id dddddddddddd), 1 without one "
+                                  "(refused or lost: each says why)")
