@@ -23,8 +23,10 @@ import time
 import traceback
 from typing import Any
 
+from pytest_resume_check.child.environ import READS
 from pytest_resume_check.child.process_groups import GroupKeeper
 from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.environ import harness_names
 from pytest_resume_check.records.names import ATTEMPT_ENV, RUN_TOKEN_ENV
 from pytest_resume_check.records.plan import LAUNCHER_HARNESS, LAUNCHER_TORCHRUN, RunPlan
 from pytest_resume_check.run import Converged, RunContext
@@ -35,7 +37,7 @@ EXIT_TARGET_RAISED = 70
 
 
 #: Events that are held back and sent with the next step boundary (one pipe write per step).
-_BATCHED = frozenset({ev.CONSUMED, ev.TRAINED, ev.STATE, ev.LOG})
+_BATCHED = frozenset({ev.CONSUMED, ev.TRAINED, ev.STATE, ev.LOG, ev.ENVIRON})
 #: Seconds after which batched reports are written without waiting for a boundary: a step longer than
 #: the hang limit that keeps reporting is alive (issue 26), and the supervisor hears it at least this often.
 LIFE_INTERVAL = 1.0
@@ -148,6 +150,7 @@ class ConnectionSink:
 
 def child_main(plan: RunPlan, conn: Any, control: Any = None) -> None:
     """Entry point of a child process (started by :mod:`pytest_resume_check.process.starter`)."""
+    READS.install()  # a spawned run's (a run forked from the fork server has the server's)
     os.environ.update(plan.env)  # what the target's services tell its runs (e.g. where a shared server is)
     if plan.token:  # inherited by every process the run starts, so escaped ones are found later
         os.environ[RUN_TOKEN_ENV] = plan.token
@@ -199,6 +202,7 @@ def _run_target(plan: RunPlan, sink: ConnectionSink, control: Any, rank: int = 0
     """Build and drive the target in this process and report how it ended; returns the exit code."""
     code = 0
     try:
+        READS.attach(lambda name: sink.send(ev.Event(ev.ENVIRON, text=name)), harness_names(plan))
         recorder = _recorder(plan, sink)
         fn = load_target_fn(plan.target_ref)
         run = RunContext(plan, sink, control, recorder, rank)

@@ -1,5 +1,6 @@
 """What the fork server does after its own modules are imported: become the subreaper of its children,
-import its targets' modules (recording any that raise), set torch to one intra-op thread, import the
+note the environment variables the project's code reads (:mod:`pytest_resume_check.child.environ`), import
+its targets' modules (recording any that raise), set torch to one intra-op thread, import the
 modules that declare its targets and run their warm-up functions (recording any that raise or leave
 threads running), pay torch's first-use costs once when torch is in use, give back its output and
 freeze its heap for the garbage collector.
@@ -21,6 +22,7 @@ import sys
 import warnings
 from typing import Any
 
+from pytest_resume_check.child.environ import READS
 from pytest_resume_check.targets import describe_error
 
 #: The server's work, as JSON: ``{"import": [modules], "call": ["module:function" warm-ups], "path":
@@ -55,6 +57,7 @@ def finish() -> None:
     """Called once, in the fork server, after its preload imports."""
     _become_subreaper()
     work = json.loads(os.environ.pop(WARMUP_ENV, "") or "{}")
+    READS.install()  # what the targets' modules read when imported here, each run forked from here read too
     try:
         _import(work.get("path", []), work.get("import", []))
         _single_threaded_torch()

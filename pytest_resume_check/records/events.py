@@ -63,6 +63,9 @@ EXTRA_FILE = "file"
 EXTRA_COMPLETE = "complete"
 #: Key of a final event's ``extra``: the declared outputs a run did not deliver, each with where it was expected.
 FINAL_MISSING = "missing"
+#: text: an environment variable the project's own code read in the run (each name once; see
+#: :mod:`pytest_resume_check.records.environ`).
+ENVIRON = "environ"
 
 #: Keys of a state event's ``extra``: component digests, their leaves' digests by path, and (under a
 #: tolerance) the first leaf per component that is not close to the reference's (None: all close).
@@ -74,7 +77,8 @@ STATE_COMPARED = "compared"
 STATE_BEFORE_NEXT = "before_next"
 
 KINDS = frozenset({CONSUMED, TRAINED, STEP_END, CHECKPOINT, RESUMED, KILL_READY, LOG, ERROR, DONE, STATE,
-                   PAUSED, CONVERGED, FINAL, FILE_OP, VIOLATION, RANKS, SIGNALLED, SETTINGS, COMMIT, POINTER, IN_PLACE})
+                   PAUSED, CONVERGED, FINAL, FILE_OP, VIOLATION, RANKS, SIGNALLED, SETTINGS, COMMIT, POINTER, IN_PLACE,
+                   ENVIRON})
 #: What the watcher reports (the kinds of its ``watched`` call, :mod:`pytest_resume_check.child.command`).
 WATCHED_KINDS = (COMMIT, POINTER, IN_PLACE)
 

@@ -217,6 +217,11 @@ class RunRecord:
         return dict(sorted(out.items()))
 
     @property
+    def environ_read(self) -> list[str]:
+        """The environment variables the project's code read in this run (any rank), in the order first read."""
+        return list(dict.fromkeys(e.text for e in self.events if e.kind == ev.ENVIRON and e.text))
+
+    @property
     def converged_step(self) -> int | None:
         return next((e.step for e in self.events if e.kind == ev.CONVERGED), None)
 

@@ -17,6 +17,7 @@ from pytest_resume_check.categories import HARNESS, status
 from pytest_resume_check.judge.state_verdict import step_unit_of
 from pytest_resume_check.judge.verdict import entry_marks, first_difference, run_label
 from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.environ import harness_names
 from pytest_resume_check.records.ledger import CONSUMED, Ledger
 from pytest_resume_check.records.names import OPT_CELL, OPT_MATRIX, OPT_SEED, REFERENCE
 from pytest_resume_check.records.plan import LAUNCHER_HARNESS
@@ -364,9 +365,24 @@ def cell_json(result: CellResult) -> dict[str, Any]:
         "marks": {"reference": ref_marks, "composite": comp_marks},
         "story": story(result) if result.runs else NO_RUNS,
         "runs": [_run_json(r) for r in result.runs],
+        ENVIRONMENT_KEY: environment_json(result),
     }
     cell["status"] = status(cell)
     return cell
+
+
+#: Key of a cell's JSON: the runs' environment (:func:`environment_json`; names only, never values).
+ENVIRONMENT_KEY = "environment"
+
+
+def environment_json(result: CellResult) -> dict[str, list[str]]:
+    """The environment of a cell's runs (its case's reference included), names only: ``read``, the
+    variables the project's code read that count (:mod:`pytest_resume_check.records.environ`), and
+    ``harness``, those the harness set for the runs. The plugin adds ``declared``, and on a cluster
+    ``differs``."""
+    runs = [r for r in (result.reference, *result.runs) if r is not None]
+    return {"read": sorted({name for r in runs for name in r.environ_read}),
+            "harness": sorted({name for r in runs for name in harness_names(r.plan)})}
 
 
 #: The story of a cell the harness could not judge (its worker crashed, or the harness failed).
