@@ -25,6 +25,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from pytest_resume_check.records.environ import parse_names
 from pytest_resume_check.records.errors import TargetError
 from pytest_resume_check.records.faults import (  # noqa: F401  (re-exported: integrations.durable.leaves_incomplete)
     leaves_incomplete as fault_leaves_incomplete,
@@ -218,6 +219,10 @@ class Target:
     #: empty: one CPU. On a Ray cluster each task of this target's cells asks exactly this; with GPUs,
     #: each run sees only its own devices (``CUDA_VISIBLE_DEVICES``, docs/cluster.md).
     resources: tuple[tuple[str, float], ...] = ()
+    #: Environment variables the runs read from the environment pytest is started in: on a Ray cluster
+    #: their values here are set on the node for this target's runs, and a reproduction records them with
+    #: their values (docs/cluster.md, "The runs' environment").
+    pass_env: tuple[str, ...] = ()
 
     @property
     def ref(self) -> tuple[str, str, str]:
@@ -261,6 +266,7 @@ def resume_target(
     max_restarts: int = 0,
     nnodes: int | tuple[int, int] = 1,
     resources: Mapping[str, float] | None = None,
+    pass_env: Iterable[str] = (),
 ) -> Any:
     """Declare a target; usable as ``@resume_target(steps=...)`` or ``resume_target(fn, steps=...)``."""
 
@@ -292,6 +298,7 @@ def resume_target(
             max_restarts=max_restarts,
             nnodes=nnodes,
             resources=resources,
+            pass_env=pass_env,
         )
 
     return build(fn) if fn is not None else build
@@ -352,6 +359,7 @@ def make_target(func: Callable[[RunContext], None], **kw: Any) -> Target:
         elastic_state=_flag(name, "elastic_state", kw.get("elastic_state", False)),
         early_stop=_early_stop(name, kw.get("early_stop", EARLY_STOP_EPOCH)),
         resources=_resources(name, kw.get("resources")),
+        pass_env=_pass_env(name, kw.get("pass_env", ())),
         **_distributed(name, kw.get("world_size", 1), kw.get("elastic", ()), kw.get("preemption", ()),
                        crash_save),
         **_launcher(name, kw.get("launcher", LAUNCHER_HARNESS), kw.get("max_restarts", 0), kw.get("nnodes", 1),
@@ -604,6 +612,20 @@ def _resources(name: str, value: Any) -> tuple[tuple[str, float], ...]:
     if any(not 0 < amount < float("inf") for _, amount in pairs) or not dict(pairs).get("GPU", 1.0).is_integer():
         raise TargetError(ERR_RESOURCES.format(name=name, value=value))
     return tuple(pairs)
+
+
+ERR_PASS_ENV = ("target {name!r}: pass_env={value!r} must name environment variables (letters, digits and '_', not "
+                "starting with a digit), e.g. pass_env=['TRAINER_MODE']; {bad!r} is not one")
+
+
+def _pass_env(name: str, value: Any) -> tuple[str, ...]:
+    """``pass_env`` as variable names, each once (a string may hold several, separated by commas or spaces)."""
+    try:
+        return parse_names(value)
+    except TypeError:
+        raise TargetError(ERR_PASS_ENV.format(name=name, value=value, bad=value)) from None
+    except ValueError as exc:
+        raise TargetError(ERR_PASS_ENV.format(name=name, value=value, bad=str(exc))) from None
 
 
 def run_resources(target: Target) -> dict[str, float]:

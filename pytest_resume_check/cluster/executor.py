@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import secrets
 import socket
 import tarfile
 import threading
@@ -29,6 +30,7 @@ from typing import Any
 
 from pytest_resume_check.cluster import wire
 from pytest_resume_check.process.layout import check_inside
+from pytest_resume_check.records.environ import differing
 
 #: How long the end of the session waits for stopped tasks to end their groups' pytest sessions.
 CANCEL_WAIT = 120.0
@@ -73,6 +75,8 @@ MSG_PLACES = "resume-check: {count} cell{s} ran on the Ray cluster at {address}:
 MSG_PLACE = "{count} on node {node}"
 #: Appended for the cells that had no outcome from any node (refused, lost, stopped): their lines say why.
 MSG_NOWHERE = "{count} without one (refused or lost: each says why)"
+#: Appended for the cells whose runs read variables that differ between this machine and their node.
+MSG_DIFFERING = "; {count} read environment variables that differ there (see the warnings)"
 
 
 class ClusterError(Exception):
@@ -92,6 +96,8 @@ class CellOutcome:
     category: str | None = None
     #: The node the cell ran on (``node_id``, ``ip``, ``host``); empty: none (refused, lost, stopped).
     node: dict[str, str] = field(default_factory=dict)
+    #: Variables its runs read that differ between this machine and the node (names, sorted).
+    differs: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -151,6 +157,8 @@ class RayExecutor:
         self._unpacking = threading.Lock()  # two groups of one case bring the same reference folder
         #: The nodes alive when the session connected.
         self.nodes: list[dict[str, Any]] = []
+        #: Keys the digests of the variables the runs read on a node (values never leave a machine).
+        self.env_key = secrets.token_hex(16)
 
     # -- start ---------------------------------------------------------------------------------------
 
@@ -195,12 +203,16 @@ class RayExecutor:
         nowhere = len(outcomes) - sum(counts.values())
         if nowhere:
             places.append(MSG_NOWHERE.format(count=nowhere))
-        return MSG_PLACES.format(count=len(outcomes), s="" if len(outcomes) == 1 else "s",
+        line = MSG_PLACES.format(count=len(outcomes), s="" if len(outcomes) == 1 else "s",
                                  address=self.settings.address, places=", ".join(places))
+        differ = sum(1 for got in outcomes if got.differs)
+        return line + (MSG_DIFFERING.format(count=differ) if differ else "")
 
-    def start(self, groups: Sequence[tuple[str, list[str], Mapping[str, float], list[str]]], cwd: str) -> None:
-        """Submit ``groups``: (label, cell names, resources of one run, the group pytest's arguments). A
-        group whose resources no node has is answered here, each of its cells with one line."""
+    def start(self, groups: Sequence[tuple[str, list[str], Mapping[str, float], list[str], Mapping[str, str | None]]],
+              cwd: str) -> None:
+        """Submit ``groups``: (label, cell names, resources of one run, the group pytest's arguments, the
+        variables its runs get from here: None unsets one). A group whose resources no node has is answered
+        here, each of its cells with one line."""
         from pytest_resume_check import categories
         from pytest_resume_check.cluster.node import Control, run_group
 
@@ -216,7 +228,7 @@ class RayExecutor:
         except Exception as exc:
             raise ClusterError(ERR_ACTOR.format(opt=self.settings.option, seconds=ACTOR_TIMEOUT,
                                                 error=_first_line(exc))) from None
-        for label, names, need, args in groups:
+        for label, names, need, args, env in groups:
             if not any(_fits(need, n.get("Resources", {})) for n in nodes):
                 text = f"{categories.TARGET_ERROR}: " + MSG_NO_NODE.format(
                     target=label.split(" ")[0], need=_amounts(need), address=self.settings.address,
@@ -228,7 +240,8 @@ class RayExecutor:
             need = dict(need)
             options = {"num_cpus": need.pop("CPU", 0.0), "num_gpus": need.pop("GPU", 0.0), "resources": need,
                        "max_retries": 0, "retry_exceptions": False, "name": f"resume-check {label}"}
-            spec = {"session": self.session, "cwd": cwd, "args": args, "copy_limit": self.settings.copy_bytes}
+            spec = {"session": self.session, "cwd": cwd, "args": args, "copy_limit": self.settings.copy_bytes,
+                    "env": dict(env), "env_key": self.env_key}
             task = Task(label, list(names), spec, options)
             self._tasks.append(task)
             self._submit(task, remote)
@@ -322,8 +335,10 @@ class RayExecutor:
                                                    paths=", ".join(left["paths"]))
             if cell_json is not None:
                 cell_json["kept_on_node"] = {"node": task.node, **left}
+        # What the node's runs read, compared here without values; the variables the task set are equal.
+        differs = differing(record.get("environ") or {}, self.env_key, os.environ, task.spec.get("env", {}))
         return CellOutcome(record["outcome"], text, cell_json, float(record.get("reference_seconds") or 0.0),
-                           node=dict(task.node))
+                           node=dict(task.node), differs=differs)
 
     def _unpack(self, data: bytes) -> bool:
         """Unpack kept folders into this session's folder (each member checked to stay inside it)."""

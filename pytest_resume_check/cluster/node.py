@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -79,9 +79,10 @@ class Control:
 
 def run_group(spec: dict[str, Any], control: Any) -> Iterator[dict[str, Any]]:
     """The Ray task of one group: ``spec`` holds ``session`` (the submitting session's token), ``cwd``,
-    ``args`` (the group pytest's arguments) and ``copy_limit`` (bytes of kept folders a failing cell may
-    send back); ``control`` is the session's :class:`Control` actor. It ends when its pytest has ended, or
-    when the session stops it."""
+    ``args`` (the group pytest's arguments), ``copy_limit`` (bytes of kept folders a failing cell may
+    send back), ``env`` (variables the group's pytest gets, and so its runs: None unsets one) and
+    ``env_key`` (what keys the digests of the variables its runs read); ``control`` is the session's
+    :class:`Control` actor. It ends when its pytest has ended, or when the session stops it."""
     info = node_info()
     yield {"node": info}
     if not os.path.isdir(spec["cwd"]):
@@ -150,9 +151,7 @@ class Group:
         yield {"ended": int(code) if code else None, "tail": self._tail()}
 
     def _start(self) -> None:
-        env = {**os.environ, wire.STREAM_ENV: str(self.stream), wire.GROUP_ENV: self.token}
-        for name in ("GITHUB_STEP_SUMMARY", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_ADDOPTS"):
-            env.pop(name, None)
+        env = group_environment(self.spec, os.environ, {wire.STREAM_ENV: str(self.stream), wire.GROUP_ENV: self.token})
         read, self._line = os.pipe()
         argv = [sys.executable, "-m", __name__, str(read), str(self.output), str(self.exit_file),
                 *self.spec["args"], f"--basetemp={self.folder / 'tmp'}"]
@@ -209,6 +208,26 @@ class Group:
         sweep.kill_until_gone(lambda: sweep.escaped(self.token, variable=wire.GROUP_ENV))
         if not self.keep:
             remove_inside(self.folder, self.base, ignore_errors=True)
+
+
+#: Variables of the task's worker a group's pytest must not see: a step summary to append to, a pytest-xdist
+#: worker's identity, options meant for another pytest.
+DROPPED_ENV = ("GITHUB_STEP_SUMMARY", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_ADDOPTS")
+
+
+def group_environment(spec: Mapping[str, Any], base: Mapping[str, str], own: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a group's pytest (and so of its runs): the node's (``base``) without
+    :data:`DROPPED_ENV`, the group's ``own`` variables and the digests' key, then the variables the
+    submitting session declared, as it has them (``spec["env"]``; None: unset, as it is there)."""
+    env = {k: v for k, v in base.items() if k not in DROPPED_ENV}
+    env.update(own)
+    env[wire.ENV_KEY_ENV] = str(spec.get("env_key") or "")
+    for name, value in (spec.get("env") or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
 
 
 def own_folder(path: Path) -> Path:

@@ -5,8 +5,9 @@ grows and passes each record on).
 A record: ``name`` (the cell), ``outcome`` (``passed``, ``failed`` with ``text`` the failure report,
 ``skipped`` with ``text`` the reason, ``error`` with ``text`` pytest's report of an error outside a
 verdict), ``cell_json`` (None for an error; its ``rerun`` is that session's command, which the pytest
-side replaces with its own), ``reference_seconds``, ``root`` (that session's folder) and ``kept`` (the
-folders a failing cell keeps).
+side replaces with its own), ``reference_seconds``, ``root`` (that session's folder), ``kept`` (the
+folders a failing cell keeps) and ``environ`` (each variable the cell's runs read, with a digest of its
+value there keyed by :data:`ENV_KEY_ENV`, or None where it is unset: values never travel).
 
 Stdlib only: the plugin imports this whether or not Ray is installed.
 """
@@ -23,12 +24,21 @@ STREAM_ENV = "PYTEST_RESUME_CHECK_RAY_STREAM"
 #: what is left by it), and it turns ``--resume-matrix-ray`` off there (no task submits tasks).
 GROUP_ENV = "PYTEST_RESUME_CHECK_RAY_GROUP"
 
+#: Set only in a group's pytest on a node: the key of the digests of the variables its runs read
+#: (:func:`pytest_resume_check.records.environ.digests`), the submitting session's own.
+ENV_KEY_ENV = "PYTEST_RESUME_CHECK_RAY_ENV_KEY"
+
 PASSED, FAILED, SKIPPED, ERROR = "passed", "failed", "skipped", "error"
 
 
 def stream_path() -> str | None:
     """The record file of this process, if it is a group's pytest on a node."""
     return os.environ.get(STREAM_ENV) or None
+
+
+def env_key() -> str | None:
+    """The key of the digests of the variables the runs read, if this process is a group's pytest on a node."""
+    return os.environ.get(ENV_KEY_ENV) or None
 
 
 def in_group() -> bool:

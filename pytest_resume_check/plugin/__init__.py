@@ -5,8 +5,9 @@ Its modules: :mod:`.options` (option spellings, help texts, :class:`~.options.Se
 command), :mod:`.discovery` (which targets a session runs), :mod:`.items` (the collector and cells),
 :mod:`.scheduler` (pytest-xdist), :mod:`.session` (:class:`~.session.MatrixSession`, the hooks of the
 matrix), :mod:`.reports` (what the cells' reports carry), :mod:`.summary` (terminal summary, JSON, HTML
-and GitHub step summary files), :mod:`.repro` (a reproduction folder per failing cell) and
-:mod:`.fixtures`. Here live only the hooks needed whether or not the matrix is on.
+and GitHub step summary files), :mod:`.repro` (a reproduction folder per failing cell), :mod:`.cluster`
+(the matrix on a Ray cluster), :mod:`.environment` (the runs' environment) and :mod:`.fixtures`. Here
+live only the hooks needed whether or not the matrix is on.
 
 Loading this plugin imports nothing heavy: the engine is imported when ``--resume-matrix`` is given
 or the ``resume_check`` fixture is used.

@@ -1,18 +1,22 @@
 """The matrix session's side of ``--resume-matrix-ray`` (docs/cluster.md): connecting before the session's
-header (which names the cluster), grouping the cells to run into tasks and starting them
-(:mod:`pytest_resume_check.cluster.executor`), and, in a group's pytest on a node, writing each cell's
-record for the task that started it (:mod:`pytest_resume_check.cluster.wire`).
+header (which names the cluster), grouping the cells to run into tasks with the variables their runs take
+from here and starting them (:mod:`pytest_resume_check.cluster.executor`), and, in a group's pytest on a
+node, writing each cell's record for the task that started it, with digests of the variables its runs read
+(:mod:`pytest_resume_check.cluster.wire`).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_resume_check.cluster import wire
+from pytest_resume_check.plugin import environment
 from pytest_resume_check.plugin.options import OPT_RAY, OPT_RAY_COPY, OPT_RAY_RETRIES, Settings, group_command
+from pytest_resume_check.records.environ import digests
 from pytest_resume_check.records.names import REFERENCE
 
 
@@ -34,7 +38,8 @@ def connect(settings: Settings, root: Path) -> Any:
 
 def start(runner: Any, config: pytest.Config, settings: Settings, items: list[Any]) -> None:
     """Submit one task per group of ``items`` (target, case, resume mode), each asking its target's
-    resources; ``pytest.UsageError`` when the cluster cannot be used."""
+    resources and setting the variables its runs take from here; ``pytest.UsageError`` when the cluster
+    cannot be used."""
     from pytest_resume_check.cluster import executor as ex
     from pytest_resume_check.targets import run_resources
 
@@ -44,7 +49,8 @@ def start(runner: Any, config: pytest.Config, settings: Settings, items: list[An
         groups.setdefault(f"{cell.target.name} {cell.case_id} {cell.resume_mode}", []).append(item)
     try:
         runner.start([(label, [i.name for i in members], run_resources(members[0].cell.target),
-                       group_command(config, [i.name for i in members]))
+                       group_command(config, [i.name for i in members]),
+                       environment.for_node(members[0].cell.target, settings))
                       for label, members in groups.items()],
                      cwd=str(config.invocation_params.dir))
     except ex.ClusterError as exc:
@@ -57,6 +63,7 @@ def write_record(item: Any, call: pytest.CallInfo[None], report: pytest.TestRepo
     if path is None:
         return
     from pytest_resume_check.plugin.items import ResumeCheckFailure
+    from pytest_resume_check.report.text import ENVIRONMENT_KEY
 
     excinfo = call.excinfo
     kept: list[str] = []
@@ -72,5 +79,8 @@ def write_record(item: Any, call: pytest.CallInfo[None], report: pytest.TestRepo
     else:
         outcome, text = wire.ERROR, report.longreprtext
     cell_json = item.cell_json
+    read = ((cell_json or {}).get(ENVIRONMENT_KEY) or {}).get("read") or []
+    key = wire.env_key()
     wire.write(path, {"name": item.name, "outcome": outcome, "text": text, "cell_json": cell_json,
-                      "reference_seconds": item.reference_seconds, "root": str(root), "kept": kept})
+                      "reference_seconds": item.reference_seconds, "root": str(root), "kept": kept,
+                      "environ": digests(read, key, os.environ) if key else {}})

@@ -7,10 +7,12 @@ command; they never import it.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Protocol
 
 import pytest
 
+from pytest_resume_check.plugin import environment
 from pytest_resume_check.plugin.options import NODE_PREFIX, Settings
 
 MARKER = "resume_matrix"
@@ -199,6 +201,7 @@ class ResumeCell(pytest.Item):
         self.reference_seconds = result.reference_seconds
         self.cell_json = report.cell_json(result)
         self.cell_json["rerun"] = rerun
+        environment.annotate(self.cell_json, self.cell.target, self.matrix.settings)
         self.config.hook.pytest_resume_check_cell_result(config=self.config, result=result)
         self.user_properties += [("verdict", ",".join(result.verdict.categories) or "PASSED"),
                                  ("headline", result.verdict.headline)]
@@ -229,6 +232,11 @@ class ResumeCell(pytest.Item):
             self.cell_json["rerun"] = rerun
             self.user_properties += [("verdict", ",".join(self.cell_json.get("categories") or ()) or "PASSED"),
                                      ("headline", self.cell_json.get("headline") or "")]
+            environment.annotate(self.cell_json, self.cell.target, self.matrix.settings,
+                                 got.differs if got.node else None)
+        if got.differs:  # the node's runs had another configuration than this machine would give them
+            warnings.warn(environment.EnvironmentDiffersWarning(environment.differs_message(got.differs)),
+                          stacklevel=1)
         if got.kind == wire.PASSED:
             return
         self.failure_text = text

@@ -42,6 +42,8 @@ OPT_BUDGET = "--resume-matrix-budget"
 OPT_RAY = "--resume-matrix-ray"
 OPT_RAY_RETRIES = "--resume-matrix-ray-retries"
 OPT_RAY_COPY = "--resume-matrix-ray-copy"
+#: The variables the runs take from the environment pytest is started in (docs/cluster.md).
+OPT_ENV = "--resume-matrix-env"
 #: Megabytes of a failing cell's kept folders copied back from a node by default.
 DEFAULT_RAY_COPY_MB = 256.0
 #: The file GitHub Actions gives each step for its summary (Markdown, appended to); the default of
@@ -73,6 +75,9 @@ HELP_RAY_RETRIES = ("with " + OPT_RAY + ": run a lost node's unfinished cells ag
                     "0: they fail, one line each)")
 HELP_RAY_COPY = ("with " + OPT_RAY + ": copy at most MB megabytes of a failing cell's kept folders back from its node "
                  f"(default {DEFAULT_RAY_COPY_MB:g}; beyond it the report names where they stayed)")
+HELP_ENV = ("environment variables the runs take from the environment pytest is started in, e.g. "
+            "TRAINER_MODE,DATA_ROOT (repeatable; names separated by commas): set to their values here on every Ray "
+            "node that runs cells, and recorded with their values in reproductions (docs/cluster.md)")
 HELP_STEP_SUMMARY = (f"append the matrix's summary in Markdown to this file (default: ${GITHUB_STEP_SUMMARY}, the "
                      "step summary GitHub Actions gives each step; /dev/null: none)")
 
@@ -101,6 +106,8 @@ ERR_RAY_RETRIES = "{opt}={value!r} must be a whole number of retries >= 0 (e.g. 
 ERR_RAY_COPY = "{opt}={value!r} must be a number of megabytes >= 0 (e.g. {opt}=512; 0: copy nothing back)"
 ERR_RAY_XDIST = ("{opt} runs the cells on the Ray cluster, and -n {n} would run them in pytest-xdist workers too; "
                  "drop -n (the cluster's nodes run the groups in parallel)")
+ERR_ENV = ("{opt}={value!r}: {bad!r} is not the name of an environment variable; give names of letters, digits and "
+           "'_' separated by commas (e.g. {opt}=TRAINER_MODE,DATA_ROOT)")
 ERR_ISOLATION = "{opt}={value!r} is not an isolation; use " + " or ".join(map(repr, ISOLATIONS))
 #: The session's folder could not be made in pytest's base temporary directory (a ``--basetemp`` whose parent
 #: folder is missing, a read-only disk): one usage error, not pytest's INTERNALERROR traceback.
@@ -138,6 +145,8 @@ class Settings:
     ray_retries: int = 0
     #: Bytes of a failing cell's kept folders copied back from its node.
     ray_copy_bytes: int = int(DEFAULT_RAY_COPY_MB * 2**20)
+    #: Variables every target's runs take from this environment (``--resume-matrix-env``).
+    env: tuple[str, ...] = ()
 
 
 #: The session's settings, set in ``pytest_configure`` whether or not the matrix is on.
@@ -169,6 +178,8 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(OPT_RAY_RETRIES, default=None, dest="resume_matrix_ray_retries", metavar="N",
                     help=HELP_RAY_RETRIES)
     group.addoption(OPT_RAY_COPY, default=None, dest="resume_matrix_ray_copy", metavar="MB", help=HELP_RAY_COPY)
+    group.addoption(OPT_ENV, action="append", default=[], dest="resume_matrix_env", metavar="NAME[,NAME...]",
+                    help=HELP_ENV)
     parser.addini("resume_matrix", "matrix mode to run without the command-line flag: quick or full")
     parser.addini("resume_matrix_seed", HELP_SEED)
     parser.addini("resume_matrix_targets", HELP_TARGET, type="args")
@@ -183,6 +194,7 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("resume_matrix_ray", HELP_RAY)
     parser.addini("resume_matrix_ray_retries", HELP_RAY_RETRIES)
     parser.addini("resume_matrix_ray_copy", HELP_RAY_COPY)
+    parser.addini("resume_matrix_env", HELP_ENV)
 
 
 def read_settings(config: pytest.Config) -> Settings:
@@ -208,6 +220,7 @@ def read_settings(config: pytest.Config) -> Settings:
         repro_dir=_setting(config, "resume_matrix_repro"),
         step_summary=_setting(config, "resume_matrix_step_summary") or os.environ.get(GITHUB_STEP_SUMMARY) or None,
         budget=budget,
+        env=_env(config),
         **_ray(config),
     )
 
@@ -353,6 +366,19 @@ def _ray(config: pytest.Config) -> dict[str, Any]:
             raise pytest.UsageError(ERR_RAY_XDIST.format(opt=OPT_RAY, n=workers))
         out["ray"] = str(address)
     return out
+
+
+def _env(config: pytest.Config) -> tuple[str, ...]:
+    """``--resume-matrix-env`` (each time it was given), else the ini's names."""
+    from pytest_resume_check.records.environ import parse_names
+
+    given = config.getoption("resume_matrix_env") or []
+    opt, value = (OPT_ENV, given) if given else ("ini resume_matrix_env", config.getini("resume_matrix_env") or "")
+    try:
+        return parse_names(value)
+    except ValueError as exc:
+        shown = ",".join(value) if isinstance(value, list) else value
+        raise pytest.UsageError(ERR_ENV.format(opt=opt, value=shown, bad=str(exc))) from None
 
 
 def _isolation(config: pytest.Config) -> str | None:

@@ -12,6 +12,8 @@ before. What the folder holds is decided here, where the conftests are known:
   with ``--resume-matrix-target``.
 
 The command is the cell's rerun command without the session's paths (:func:`.options.repro_command`).
+The README also says how to set the runs' environment: the declared variables with their values here,
+the others by name only (:func:`.environment.for_repro`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from pytest_resume_check.plugin import environment
 from pytest_resume_check.plugin.options import OPT_REPRO, SETTINGS_KEY, repro_command
 
 ERR_REPRO_WRITE = ("resume matrix: cannot write the reproduction of {name} to {path}: {reason}; choose a writable "
@@ -109,6 +112,7 @@ def describe(config: pytest.Config, item: Any) -> Any:
         command=repro_command(config, item.name, target.name), report=report, copies=copies,
         declared_in=source, not_copied=notes, ini=ini,
         versions=_versions(used), plugin_version=_version(PLUGIN_DISTRIBUTION) or "?",
+        environment=environment.for_repro(target, config.stash[SETTINGS_KEY], cell_json),
     )
 
 

@@ -10,6 +10,7 @@ written over file by file.
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,10 +42,55 @@ INSTALLED = ("- no copy of the target: `{target}` is not declared by a conftest.
 NOT_COPIED = "- not copied: {what}"
 INI_LINE = ("- `pytest.ini`: makes this folder pytest's root (the project's own ini and conftests are not read) "
             "and puts it on `sys.path`")
+ENV_TITLE = "## Its environment"
+ENV_PASSED = ("The target's runs take these variables from the environment pytest runs in (`pass_env=`, "
+              "`--resume-matrix-env`); where the cell failed they were as below. Set them so before the command:")
+ENV_SET_BY_TARGET = ("Set on every run by the target's `env=` in `conftest.py` (the command sets them again): "
+                     "{pairs}.")
+ENV_READ = ("The runs also read these variables, which are not declared, so their values were not recorded: "
+            "{names}. Set them as they were where the cell failed, or declare them (`pass_env=` on the target, or "
+            "`--resume-matrix-env`) to have their values recorded here.")
+ENV_HARNESS = "The harness set these for each run itself, and sets them again when the command runs: {names}."
+ENV_NONE = ("The runs read no environment variable of the project's own code, and none is declared for the "
+            "target.")
 INI_TEXT = ("[pytest]\n"
             "# Written by pytest-resume-check (--resume-matrix-repro): this folder is its own root, and the\n"
             "# modules copied beside conftest.py import from it.\n"
             "pythonpath = .\n")
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The environment a failing cell's runs had, as far as it is known (values only of declared variables)."""
+
+    #: Declared variables taken from the session's environment, with their values (None: unset).
+    passed: Mapping[str, str | None] = field(default_factory=dict)
+    #: What a command target's ``env=`` sets on every run.
+    set_by_target: Mapping[str, str] = field(default_factory=dict)
+    #: Other variables the project's code read in the runs (names only).
+    read: Sequence[str] = ()
+    #: Variables the harness set for the runs (names only).
+    harness: Sequence[str] = ()
+
+
+def environment_lines(env: Environment) -> list[str]:
+    """The README's section on the runs' environment: how to set the declared variables, then the names of
+    the others."""
+    lines = [ENV_TITLE, ""]
+    if env.passed:
+        sets = [f"export {name}={shlex.quote(value)}" if value is not None else f"unset {name}"
+                for name, value in env.passed.items()]
+        lines += [ENV_PASSED, "", *fenced(sets, "bash"), ""]
+    if env.set_by_target:
+        pairs = ", ".join(f"`{name}={value}`" for name, value in env.set_by_target.items())
+        lines += [ENV_SET_BY_TARGET.format(pairs=pairs), ""]
+    if env.read:
+        lines += [ENV_READ.format(names=", ".join(f"`{name}`" for name in env.read)), ""]
+    if not (env.passed or env.set_by_target or env.read):
+        lines += [ENV_NONE, ""]
+    if env.harness:
+        lines += [ENV_HARNESS.format(names=", ".join(f"`{name}`" for name in env.harness)), ""]
+    return lines
 
 
 @dataclass(frozen=True)
@@ -73,6 +119,8 @@ class Repro:
     #: ``name version`` of the packages a rerun needs.
     versions: Sequence[str] = ()
     plugin_version: str = "?"
+    #: The environment its runs had.
+    environment: Environment = field(default_factory=Environment)
 
 
 def folder_name(cell_name: str) -> str:
@@ -115,6 +163,7 @@ def readme_text(repro: Repro) -> str:
              RUN_TITLE, "", RUN_TEXT.format(version=repro.plugin_version), "", *fenced([repro.command], "bash"), ""]
     if repro.versions:
         lines += [VERSIONS.format(versions=", ".join(repro.versions)), ""]
+    lines += environment_lines(repro.environment)
     lines += [FILES_TITLE, ""]
     if repro.declared_in is not None:
         lines.append(DECLARED_IN.format(source=repro.declared_in, target=repro.target))

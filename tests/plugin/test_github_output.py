@@ -203,3 +203,38 @@ def test_an_installed_packages_target_reproduces_with_the_target_option_alone(tm
     code, again = rerun_in(folder, command, env=env)
     assert code == 1, again[-3000:]
     assert f"\n{headline}\n" in again and "1 failed, " in again
+
+
+def test_a_cell_configured_by_the_environment_reproduces_by_its_readmes_environment(tmp_path):
+    """The trainer loses an input on resume only when RC_MODE and RC_OTHER are set: the README says how to
+    set the declared RC_MODE (with its value, quoted) and the declared but unset RC_UNSET, and names RC_OTHER,
+    which is not declared, without its value; nothing else of the session carries a value."""
+    from project_session import write_project as project_with
+
+    project = project_with(tmp_path / "p", "[{'id': 'env', 'skip_if_set': ['RC_MODE', 'RC_OTHER']}]",
+                           pass_env="['RC_MODE']")
+    values = {"RC_MODE": "fast lane", "RC_OTHER": "secret-value-1"}
+    report = tmp_path / "m.json"
+    code, out = pytest_run(project, "-k", "ckpt2]", "--resume-matrix-env=RC_UNSET", f"--resume-matrix-json={report}",
+                           f"{OPT_REPRO}={tmp_path / 'repro'}", env=values)
+    assert code == 1, out[-3000:]
+    name = "files[env-auto-ckpt2]"
+    folder = tmp_path / "repro" / repro_folder.folder_name(name)
+    readme = (folder / repro_folder.README).read_text()
+    section = readme[readme.index(repro_folder.ENV_TITLE):readme.index(repro_folder.FILES_TITLE)]
+    exports = section.split("```bash\n")[1].split("```")[0]
+    assert exports == "export RC_MODE='fast lane'\nunset RC_UNSET\n"
+    assert "`RC_OTHER`" in section and "`PYTEST_RESUME_CHECK_RUN`" in section
+    cell = next(c for c in json.loads(report.read_text())["cells"] if c["kill"] == "ckpt2")
+    assert cell["environment"] == {"read": ["RC_MODE", "RC_OTHER", "TRAINER_FLAG_DIR"],
+                                   "harness": ["PYTEST_RESUME_CHECK_RUN"], "declared": ["RC_MODE", "RC_UNSET"]}
+    assert all(values["RC_OTHER"] not in text for text in (readme, out, report.read_text()))
+    assert values["RC_MODE"] not in report.read_text() + out
+
+    # As the README says: its exports, with RC_OTHER set as it was, fail as the session did; without them, not.
+    shutil.rmtree(project)
+    command = readme_command(folder)
+    code, again = rerun_in(folder, exports + command, env={"RC_OTHER": values["RC_OTHER"], "RC_UNSET": "1"})
+    assert code == 1 and f"\n{cell['headline']}\n" in again, again[-3000:]
+    code, again = rerun_in(folder, command, env={"RC_OTHER": values["RC_OTHER"]})
+    assert code == 0, again[-3000:]

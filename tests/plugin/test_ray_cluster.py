@@ -1,8 +1,9 @@
 """``--resume-matrix-ray`` on a real Ray cluster of two nodes on this machine (a head and a second raylet,
 each with resources of its own; docs/cluster.md): the header names the cluster and the summary where the
 cells ran; the same verdict for every cell as the local run of the same seed, a failing cell's report and
-kept evidence as locally, GPU resources given by Ray or refused, a lost node's cells failing one line each,
-Ctrl-C ending every task, and no process of ours left after."""
+kept evidence as locally, a trainer configured by the environment given its declared variables on the
+nodes and warned about where it reads one that differs there, GPU resources given by Ray or refused, a lost
+node's cells failing one line each, Ctrl-C ending every task, and no process of ours left after."""
 
 from __future__ import annotations
 
@@ -38,7 +39,15 @@ def declare(name, cases, **options):
 files = declare("files", [{"id": "ok"}, {"id": "bug", "skip": True}])
 gpu = declare("gpu", [{"id": "g"}], resume_modes=["auto"], resources={"CPU": 1, "GPU": 1})
 gpu2 = declare("gpu2", [{"id": "g"}], resume_modes=["auto"], resources={"GPU": 2})
+
+# Configured by the environment: a resume loses its first input when every variable named is set. The nodes
+# have none of them: RC_ENV_A is not declared, RC_ENV_B is (pass_env=), RC_ENV_C is given by the option.
+env_undeclared = declare("env_undeclared", [{"id": "e", "skip_if_set": ["RC_ENV_A"]}], resume_modes=["auto"])
+env_declared = declare("env_declared", [{"id": "e", "skip_if_set": ["RC_ENV_B", "RC_ENV_C"]}], resume_modes=["auto"],
+                       pass_env=["RC_ENV_B"])
 """
+#: The values this machine has for the variables the `env_` targets read (never in a report).
+ENV_VALUES = {"RC_ENV_A": "value-of-a", "RC_ENV_B": "value-of-b", "RC_ENV_C": "value-of-c"}
 
 #: Targets held at a gate each: one only the second node can run, one that a third node can run too (the
 #: gate of its first runs opens once the second node is lost), one on the head.
@@ -112,12 +121,15 @@ def test_cluster_gives_each_cell_the_local_verdict_report_and_evidence(tmp_path)
     path = project(tmp_path / "project", CONFTEST)
     cluster = cluster_of([{"CPU": 1, "head": 1}, {"CPU": 1, "second": 1, "GPU": 1}], flags)
     try:
-        common = ["--resume-matrix", SEED, "--resume-matrix-target=builtin_loop", "--resume-matrix-target=files", "-v"]
-        ray = [f"--resume-matrix-ray={cluster.address}", "--resume-matrix-target=gpu", "--resume-matrix-target=gpu2"]
-        env = {**cluster.env(), "RAY_ADDRESS": ""}
+        common = ["--resume-matrix", SEED, "--resume-matrix-target=builtin_loop", "--resume-matrix-target=files",
+                  "--resume-matrix-target=env_undeclared", "--resume-matrix-target=env_declared", "-v"]
+        ray = [f"--resume-matrix-ray={cluster.address}", "--resume-matrix-target=gpu", "--resume-matrix-target=gpu2",
+               "--resume-matrix-env=RC_ENV_C"]
+        # The nodes have TRAINER_FLAG_DIR as this session has it: only the RC_ENV_ variables differ there.
+        env = {**cluster.env(), "RAY_ADDRESS": "", **ENV_VALUES, "TRAINER_FLAG_DIR": str(flags)}
         # Each session keeps its folder in a --basetemp of its own: in pytest's numbered ones, other sessions
         # of the suite (with -n 2) remove a finished session's folder before this test reads it.
-        code, remote = pytest_in(path, *common, *ray, "-k", "files or b4-take6 or gpu", "--junitxml=junit.xml",
+        code, remote = pytest_in(path, *common, *ray, "-k", "files or b4-take6 or gpu or env_", "--junitxml=junit.xml",
                                  "--resume-matrix-json=cluster.json", f"--basetemp={tmp_path / 'on-cluster'}",
                                  env=env)
         again_code, again = pytest_in(path, *common, *ray, "--lf", "--resume-matrix-json=again.json", env=env)
@@ -125,8 +137,8 @@ def test_cluster_gives_each_cell_the_local_verdict_report_and_evidence(tmp_path)
     finally:
         cluster.stop()
     assert code == 1, remote
-    local_code, local = pytest_in(path, *common, "-k", "files or b4-take6", "--resume-matrix-json=local.json",
-                                  f"--basetemp={tmp_path / 'here'}")
+    local_code, local = pytest_in(path, *common, "-k", "files or b4-take6 or env_", "--resume-matrix-json=local.json",
+                                  f"--basetemp={tmp_path / 'here'}", env=ENV_VALUES)
     assert local_code == 1, local
     on_cluster, here = cells(path / "cluster.json"), cells(path / "local.json")
 
@@ -140,17 +152,41 @@ def test_cluster_gives_each_cell_the_local_verdict_report_and_evidence(tmp_path)
     assert counts and sum(counts) + len(refused) == len(on_cluster), places.group(0)
     assert f"{len(refused)} without one" in places.group(2)
 
-    # Every cell the local run has, with the same verdict, headline and rerun line.
-    assert set(here) <= set(on_cluster) and len(here) > 20
+    # Every cell the local run has, with the same verdict, headline and rerun line; but the trainer configured
+    # by RC_ENV_A, which is not declared, trains otherwise on the nodes, which lack it.
+    undeclared = sorted(n for n in here if n.startswith("env_undeclared["))
+    assert set(here) <= set(on_cluster) and len(here) > 20 and undeclared
     same = ("status", "headline", "rerun", "categories", "findings", "reference", "composite", "marks", "story",
             "resumed_from", "known_finding")
     for name, cell in here.items():
+        if name in undeclared:
+            continue
         got = on_cluster[name]
         assert {k: got[k] for k in same} == {k: cell[k] for k in same}, name
         assert [r["outcome"] for r in got["runs"]] == [r["outcome"] for r in cell["runs"]], name
     failing = sorted(n for n, c in here.items() if c["status"] != "PASSED")
-    assert failing and all(n.startswith("files[bug-") for n in failing)
+    assert failing and all(n.startswith(("files[bug-", "env_")) for n in failing)
+    assert any(n.startswith("env_declared[") for n in failing) and set(undeclared) & set(failing)
+    assert all(on_cluster[n]["status"] == "PASSED" for n in undeclared)
     assert any(c["status"] == "PASSED" for n, c in here.items() if n.startswith("builtin_loop["))
+
+    # That is said once, naming the variable and how to forward it; each cell's JSON names what differed (names,
+    # never values: not even the declared ones' are in a report).
+    from pytest_resume_check.plugin import environment
+
+    warned = environment.differs_message(["RC_ENV_A"])
+    assert remote.count("EnvironmentDiffersWarning: ") == 1 and warned in remote, remote
+    summary = remote[remote.index("warnings summary"):remote.index(warned)]
+    assert sorted(re.findall(r"^resume-matrix::(\S+)$", summary, re.MULTILINE)) == undeclared
+    assert places.group(0).endswith(f"; {len(undeclared)} read environment variables that differ there (see the "
+                                    "warnings)")
+    for name, cell in on_cluster.items():
+        assert cell["environment"].get("differs", []) == (["RC_ENV_A"] if name in undeclared else []), name
+    assert on_cluster[undeclared[0]]["environment"]["read"] == ["RC_ENV_A", "TRAINER_FLAG_DIR"]
+    declared = next(c for n, c in on_cluster.items() if n.startswith("env_declared["))
+    assert declared["environment"]["declared"] == ["RC_ENV_B", "RC_ENV_C"]
+    for value in ENV_VALUES.values():
+        assert value not in remote and value not in (path / "cluster.json").read_text(), value
 
     # A failing cell's report reads as locally; its kept folders were copied into this session's folder.
     name = failing[0]

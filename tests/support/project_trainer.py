@@ -3,8 +3,10 @@
 
 Case keys: ``sleep`` seconds per step; ``bytes`` per checkpoint; ``daemon``: each run double-forks a
 daemon into a new session; ``skip``: a resume loses its first input (a planted bug); ``gate``: a path the
-run waits for before it starts. ``TRAINER_FLAG_DIR`` in the environment: each run leaves a file there
-when it starts, which names its target, its pytest-xdist worker and the GPUs it sees (``-`` for none).
+run waits for before it starts; ``skip_if_set``: variable names, and a resume loses its first input when
+all of them are set in the run's environment (a trainer configured by its environment).
+``TRAINER_FLAG_DIR`` in the environment: each run leaves a file there when it starts, which names its
+target, its pytest-xdist worker and the GPUs it sees (``-`` for none).
 """
 
 import os
@@ -31,7 +33,9 @@ def train(run):
     elif run.resume_mode == "auto" and latest.exists():
         start = int(latest.read_text())
     run.resumed(start, run.checkpoint_dir / f"s{start}" if start else None)
-    skip = start + 1 if start and run.case.get("skip") else None
+    names = run.case.get("skip_if_set")
+    configured = bool(names) and all(os.environ.get(name) for name in names)
+    skip = start + 1 if start and (run.case.get("skip") or configured) else None
     for step in range(start + 1, STEPS + 1):
         if step != skip:
             run.consumed([step], step=step, epoch=0)
