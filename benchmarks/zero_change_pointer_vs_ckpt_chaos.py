@@ -29,18 +29,14 @@ reference runs). A flag on the correct variant is a false alarm; no flag on anot
 from __future__ import annotations
 
 import argparse
-import json
-import re
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
+
+from side_by_side import ckpt_chaos, ckpt_chaos_executable, resume_check
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "docs" / "examples" / "recipes" / "pointer" / "train.py"
 VARIANTS = {"correct": [], "pointer-first": ["--order", "pointer-first"], "scheduler": ["--scheduler", "unsaved"]}
-CKPT_CHAOS = "ckpt-chaos==0.1.8"
 
 CONFTEST = """from pytest_resume_check import resume_target
 
@@ -51,51 +47,12 @@ script = resume_target.command(
 """
 
 
-def ckpt_chaos_executable(given: str | None, scratch: Path) -> str:
-    if given:
-        return given
-    venv = scratch / "ckpt-chaos-venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", CKPT_CHAOS], check=True)
-    return str(venv / "bin" / "ckpt-chaos")
-
-
-def resume_check(flags: list[str], folder: Path, declared: bool) -> dict:
-    folder.mkdir(parents=True)
-    (folder / "train.py").write_text(SCRIPT.read_text())
+def pointer_matrix(flags: list[str], folder: Path, declared: bool) -> dict:
     commit = ' commit="latest.txt",' if declared else ""
-    (folder / "conftest.py").write_text(CONFTEST.format(flags=flags, commit=commit))
-    (folder / "pytest.ini").write_text("[pytest]\nresume_matrix_targets = pointer_script\n")
-    report = folder / "matrix.json"
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pytest", "--resume-matrix", "-q", "-p", "no:cacheprovider",
-                           "--resume-matrix-seed=1", f"--resume-matrix-json={report}", f"--basetemp={folder / 'tmp'}"],
-                          cwd=folder, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
-    cells = json.loads(report.read_text())["cells"]
-    failing = [c for c in cells if not c["passed"]]
-    kinds: dict[str, int] = {}
-    for cell in failing:
-        kinds[cell["categories"][0]] = kinds.get(cell["categories"][0], 0) + 1
-    recognised = "recognised as the commit point" in done.stdout
-    return {"points": len(cells), "flagged": len(failing), "kinds": kinds, "seconds": seconds,
-            "note": "latest.txt recognised" if recognised else ""}
-
-
-def ckpt_chaos(executable: str, flags: list[str], folder: Path) -> dict:
-    folder.mkdir(parents=True)
-    (folder / "train.py").write_text(SCRIPT.read_text())
-    started = time.perf_counter()
-    done = subprocess.run([executable, "run", "--checkpoint-glob", "{out}/ckpt_*.pt", "--step-regex",
-                           r"resumed from step (\d+)", "--result-file", "{out}/model.pt", "--fail-on",
-                           "HARD_FAIL,SILENT_DIVERGENCE,LOST_WORK", "--", sys.executable, "train.py", "--out", "{out}",
-                           *flags], cwd=folder, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
-    last = done.stdout.splitlines()[-1] if done.stdout.strip() else ""
-    counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"\b([A-Z_]{4,}): (\d+)", last)}
-    kinds = {k: n for k, n in counts.items() if k != "PASS"}
-    return {"points": sum(counts.values()), "flagged": sum(kinds.values()), "kinds": kinds, "seconds": seconds,
-            "note": "" if counts else f"no summary line: {done.stderr.strip()[-200:]}"}
+    figures, output = resume_check(SCRIPT, CONFTEST.format(flags=flags, commit=commit), "pointer_script", folder)
+    if "recognised as the commit point" in output:
+        figures["note"] = "latest.txt recognised"
+    return figures
 
 
 def judgement(variant: str, flagged: int) -> str:
@@ -116,9 +73,10 @@ def main() -> None:
         for variant in args.variants.split(","):
             flags = VARIANTS[variant]
             base = Path(scratch) / variant
-            rows.append((variant, "resume-check", resume_check(flags, base / "declared", declared=True)))
-            rows.append((variant, "ckpt-chaos", ckpt_chaos(executable, flags, base / "ckpt-chaos")))
-            rows.append((variant, "rc recognised", resume_check(flags, base / "recognised", declared=False)))
+            rows.append((variant, "resume-check", pointer_matrix(flags, base / "declared", declared=True)))
+            chaos = ckpt_chaos(executable, SCRIPT, flags, "ckpt_*.pt", base / "ckpt-chaos")
+            rows.append((variant, "ckpt-chaos", chaos))
+            rows.append((variant, "rc recognised", pointer_matrix(flags, base / "recognised", declared=False)))
     print(f"{'variant':<13} {'tool':<13} {'points':>6} {'flagged':>7} {'wall s':>7} {'s/point':>7}  "
           f"{'judgement':<16} what was flagged")
     for variant, tool, r in rows:

@@ -23,18 +23,14 @@ wall time over its points (each includes its reference runs).
 from __future__ import annotations
 
 import argparse
-import json
-import re
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
+
+from side_by_side import ckpt_chaos, ckpt_chaos_executable, resume_check
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "docs" / "examples" / "recipes" / "zero_change" / "train.py"
 VARIANTS = {"correct": [], "in-place": ["--save", "in-place"], "by-name": ["--pick", "name"]}
-CKPT_CHAOS = "ckpt-chaos==0.1.8"
 
 CONFTEST = """from pytest_resume_check import resume_target
 
@@ -43,48 +39,6 @@ script = resume_target.command(
     name="unchanged_script", steps=6, checkpoints="step_*.pt", outputs=["model.pt"],
 )
 """
-
-
-def ckpt_chaos_executable(given: str | None, scratch: Path) -> str:
-    if given:
-        return given
-    venv = scratch / "ckpt-chaos-venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", CKPT_CHAOS], check=True)
-    return str(venv / "bin" / "ckpt-chaos")
-
-
-def resume_check(flags: list[str], folder: Path) -> dict:
-    folder.mkdir(parents=True)
-    (folder / "train.py").write_text(SCRIPT.read_text())
-    (folder / "conftest.py").write_text(CONFTEST.format(flags=flags))
-    (folder / "pytest.ini").write_text("[pytest]\nresume_matrix_targets = unchanged_script\n")
-    report = folder / "matrix.json"
-    started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "pytest", "--resume-matrix", "-q", "-p", "no:cacheprovider",
-                    "--resume-matrix-seed=1", f"--resume-matrix-json={report}", f"--basetemp={folder / 'tmp'}"],
-                   cwd=folder, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
-    cells = json.loads(report.read_text())["cells"]
-    failing = [c for c in cells if not c["passed"]]
-    kinds: dict[str, int] = {}
-    for cell in failing:
-        kinds[cell["categories"][0]] = kinds.get(cell["categories"][0], 0) + 1
-    return {"points": len(cells), "flagged": len(failing), "kinds": kinds, "seconds": seconds}
-
-
-def ckpt_chaos(executable: str, flags: list[str], folder: Path) -> dict:
-    folder.mkdir(parents=True)
-    (folder / "train.py").write_text(SCRIPT.read_text())
-    started = time.perf_counter()
-    done = subprocess.run([executable, "run", "--checkpoint-glob", "{out}/step_*.pt", "--step-regex",
-                           r"resumed from step (\d+)", "--result-file", "{out}/model.pt", "--fail-on",
-                           "HARD_FAIL,SILENT_DIVERGENCE,LOST_WORK", "--", sys.executable, "train.py", "--out", "{out}",
-                           *flags], cwd=folder, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
-    counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"\b([A-Z_]{4,}): (\d+)", done.stdout.splitlines()[-1])}
-    kinds = {k: n for k, n in counts.items() if k != "PASS"}
-    return {"points": sum(counts.values()), "flagged": sum(kinds.values()), "kinds": kinds, "seconds": seconds}
 
 
 def main() -> None:
@@ -97,8 +51,9 @@ def main() -> None:
         executable = ckpt_chaos_executable(args.ckpt_chaos, Path(scratch))
         for variant in args.variants.split(","):
             flags = VARIANTS[variant]
-            ours = resume_check(flags, Path(scratch) / variant / "resume-check")
-            theirs = ckpt_chaos(executable, flags, Path(scratch) / variant / "ckpt-chaos")
+            ours, _ = resume_check(SCRIPT, CONFTEST.format(flags=flags), "unchanged_script",
+                                   Path(scratch) / variant / "resume-check")
+            theirs = ckpt_chaos(executable, SCRIPT, flags, "step_*.pt", Path(scratch) / variant / "ckpt-chaos")
             rows += [(variant, "resume-check", ours), (variant, "ckpt-chaos", theirs)]
     print(f"{'variant':<9} {'tool':<13} {'points':>6} {'flagged':>7} {'wall s':>7} {'s/point':>7}  what was flagged")
     for variant, tool, r in rows:
