@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from leftovers import interruptible
 from optional import requires
 from project_session import pytest_in
 
@@ -239,7 +240,7 @@ def test_lost_node_fails_its_cells_or_runs_them_elsewhere_and_ctrl_c_stops_every
             session = subprocess.Popen(
                 [sys.executable, "-m", "pytest", "--resume-matrix", SEED, "-v", "-p", "no:randomly",
                  "--resume-matrix-ray=auto", "--resume-matrix-ray-retries=1", "--resume-matrix-json=cluster.json"],
-                cwd=path, stdout=sink, stderr=subprocess.STDOUT,
+                cwd=path, stdout=sink, stderr=subprocess.STDOUT, preexec_fn=interruptible,
                 env={**os.environ, **cluster.env(), "RAY_ADDRESS": cluster.address, "PYTHONPATH": str(path),
                      "COLUMNS": "200"})
         try:
