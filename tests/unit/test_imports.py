@@ -176,18 +176,20 @@ def probe(module: str, folder) -> dict:
     return json.loads(report.read_text())
 
 
-#: Run in a fresh interpreter: ``-c ALL_THEIRS modules.json out.json``: imports each of our modules (the
-#: preload entries aside) and lists the modules from outside our packages that came with them, in order.
+#: Run in a fresh interpreter: ``-c ALL_THEIRS modules.json out.json``: imports each of our modules, the
+#: preload entries last (what their calls import lazily counts too: ``sysconfig.get_paths()`` imports
+#: ``_sysconfigdata_*``, which nothing else imports where torch is not installed), and lists the modules
+#: from outside our packages that came with them, in order. The preload entries' effects (fds 1 and 2 on
+#: /dev/null, a subreaper, a frozen heap) stay in this throwaway interpreter, which reports through a file.
 ALL_THEIRS = r"""
 import importlib, json, sys
 with open(sys.argv[1]) as f:
-    ours, skip, modules = json.load(f)
-for module in modules:
-    if module not in skip:
-        try:
-            importlib.import_module(module)
-        except Exception:  # its own test says why
-            pass
+    ours, last, modules = json.load(f)
+for module in [m for m in modules if m not in last] + last:
+    try:
+        importlib.import_module(module)
+    except Exception:  # its own test says why
+        pass
 with open(sys.argv[2], "w") as f:
     json.dump([m for m in sys.modules if m.partition(".")[0] not in ours], f)
 """
