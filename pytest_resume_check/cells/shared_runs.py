@@ -10,12 +10,18 @@ before its runs may write to them in place. Each cell then
 starts from its copy, with the first run's events up to its checkpoint as its own first run, and its
 log up to there: the log's length at the pause, when a kill would have come (the run goes on writing
 past it, to the group's later kill points, which never happened in this cell's job).
+
+A snapshot reads only regular files, each through a descriptor checked to be one: symbolic links are copied
+as the links they are and FIFOs made anew, neither ever opened, so a FIFO a trainer leaves in its folder
+cannot stop the session. A device or a socket cannot be copied as a kill leaves it; the cells killed at that
+checkpoint then run their own first runs, killed for real.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,6 +31,7 @@ from pytest_resume_check.process.layout import Layout
 from pytest_resume_check.process.runner import Runner
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.plan import RESUME_AUTO, KillSpec
+from pytest_resume_check.records.regular_files import NotRegular, kind_of, open_regular, read_chunks
 from pytest_resume_check.records.results import Outcome, RunRecord
 from pytest_resume_check.records.state import new_hasher
 
@@ -38,6 +45,8 @@ class _Prefix:
     workdir: Path
     live: Path
     log_sizes: dict[int, int] = field(default_factory=dict)
+    #: The snapshot steps whose folder held a file no snapshot can hold (:class:`Unshareable`).
+    unshared: dict[int, Unshareable] = field(default_factory=dict)
 
 
 class SharedFirstRuns:
@@ -68,7 +77,7 @@ class SharedFirstRuns:
             return None
         step = cell.kills[0].checkpoint_step
         snapshot = Layout.snapshot(prefix.workdir, step)
-        if not snapshot.exists():
+        if step in prefix.unshared or not snapshot.exists():
             return None
         out = Layout.out(workdir, cell.resume_mode)
         # Moved, not copied: each snapshot serves the one cell killed at its step, and a copy per cell
@@ -113,12 +122,19 @@ class SharedFirstRuns:
         log_sizes: dict[int, int] = {}
         seen: dict[str, _Copy] = {}
 
+        unshared: dict[int, Unshareable] = {}
+
         def snapshot(step: int) -> None:  # the run's processes are stopped meanwhile (supervisor)
             log_sizes[step] = _size(Path(plan.log_path))  # what a kill here would have left in the log
-            _snapshot(live, Layout.snapshot(workdir, step), seen)
+            try:
+                _snapshot(live, Layout.snapshot(workdir, step), seen)
+            except Unshareable as exc:  # its cell is killed for real: the folder is then what the kill left
+                unshared[step] = exc
 
         record = self.runner.run(plan, cell.target, on_pause=snapshot)
-        return _Prefix(record, workdir, live, log_sizes) if record.outcome == Outcome.KILLED else None
+        if record.outcome != Outcome.KILLED:
+            return None
+        return _Prefix(record, workdir, live, log_sizes, unshared)
 
 
 @dataclass(frozen=True)
@@ -130,59 +146,80 @@ class _Copy:
     digest: bytes
 
 
-_CHUNK = 1 << 20
+class Unshareable(Exception):
+    """The checkpoint folder holds a file a snapshot cannot hold as a kill would leave it (a device or a
+    socket: only the kernel makes those); the cells killed there run their own first runs instead."""
+
+    def __init__(self, rel: str, kind: str):
+        super().__init__(f"{rel} is {kind}")
+        self.rel = rel
+        self.kind = kind
 
 
 def _snapshot(live: Path, dest: Path, seen: dict[str, _Copy]) -> None:
-    """Copy ``live`` to ``dest`` as a kill now would leave it (times and modes kept, symlinks as links);
-    ``seen`` (by relative path, updated) holds the previous snapshot's files, and one that is the same
-    again, bytes, time and mode, is linked, not copied. The bytes are compared, not only the time: a
-    trainer may rewrite a file in place within one tick of the file clock."""
+    """Copy ``live`` to ``dest`` as a kill now would leave it (times and modes kept, symlinks as the links they
+    are, never followed; a FIFO as a new FIFO, never opened); ``seen`` (by relative path, updated) holds the
+    previous snapshot's files, and one that is the same again, bytes, time and mode, is linked, not copied.
+    The bytes are compared, not only the time: a trainer may rewrite a file in place within one tick of the
+    file clock. Only regular files are read, each through a descriptor checked to be one
+    (:mod:`~.records.regular_files`); raises :class:`Unshareable` for a device or a socket."""
     dest.mkdir(parents=True)
     folders = []
-    for root, dirs, files in os.walk(live):
+    # fwalk: every name is looked at and opened relative to its folder's descriptor, so no folder on the way
+    # can be swapped for a link out of ``live`` meanwhile.
+    for root, dirs, files, root_fd in os.fwalk(live):
         rel_root = os.path.relpath(root, live)
         target_root = dest / rel_root
         folders.append((root, target_root))
-        for name in dirs:
-            source = os.path.join(root, name)
-            if os.path.islink(source):  # os.walk does not descend into it: kept as the link it is
-                os.symlink(os.readlink(source), target_root / name)
-            else:
-                (target_root / name).mkdir()
-        for name in files:
-            source, target = os.path.join(root, name), str(target_root / name)
-            if os.path.islink(source):
-                os.symlink(os.readlink(source), target)
-                continue
+        for name in [*dirs, *files]:
+            target = str(target_root / name)
             rel = os.path.normpath(os.path.join(rel_root, name))
             try:
-                seen[rel] = _link_or_copy(source, target, seen.get(rel))
+                info = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    os.mkdir(target)
+                elif stat.S_ISLNK(info.st_mode):  # fwalk does not descend into one: kept as the link it is
+                    os.symlink(os.readlink(name, dir_fd=root_fd), target)
+                elif stat.S_ISFIFO(info.st_mode):
+                    os.mkfifo(target, stat.S_IMODE(info.st_mode))
+                    os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
+                elif stat.S_ISREG(info.st_mode):
+                    seen[rel] = _link_or_copy(name, root_fd, target, seen.get(rel))
+                else:
+                    raise Unshareable(rel, kind_of(info.st_mode))
+            except NotRegular as changed:  # no longer a regular file when opened (a thread not stopped)
+                raise Unshareable(rel, changed.kind) from None
             except FileNotFoundError:  # gone while walking (a thread of the run that was not stopped)
                 seen.pop(rel, None)
     for folder, copy in reversed(folders):  # after their files: a trainer may sort folders by time
-        shutil.copystat(folder, copy)
+        shutil.copystat(folder, copy, follow_symlinks=False)
 
 
-def _link_or_copy(source: str, target: str, before: _Copy | None) -> _Copy:
-    info = os.stat(source)
-    stat = (info.st_size, info.st_mtime_ns, info.st_mode)
-    if before is not None and before.stat == stat and _hash_of(source) == before.digest:
-        try:
-            os.link(before.path, target)
-            return replace(before, path=target)
-        except OSError:  # links not allowed here: copied below
-            pass
-    digest = _hash_of(source, copy_to=target)
-    shutil.copystat(source, target)
-    return _Copy(target, stat, digest)
+def _link_or_copy(name: str, dir_fd: int, target: str, before: _Copy | None) -> _Copy:
+    fd = open_regular(name, dir_fd=dir_fd)
+    try:
+        info = os.fstat(fd)
+        key = (info.st_size, info.st_mtime_ns, info.st_mode)
+        if before is not None and before.stat == key and _hash_of(fd) == before.digest:
+            try:
+                os.link(before.path, target)
+                return replace(before, path=target)
+            except OSError:  # links not allowed here: copied below
+                pass
+        os.lseek(fd, 0, os.SEEK_SET)  # read again from the start when it was hashed to compare
+        digest = _hash_of(fd, copy_to=target)
+    finally:
+        os.close(fd)
+    os.chmod(target, stat.S_IMODE(info.st_mode))
+    os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
+    return _Copy(target, key, digest)
 
 
-def _hash_of(path: str, copy_to: str | None = None) -> bytes:
-    """The hash of the bytes of ``path``, written to ``copy_to`` on the way when given."""
+def _hash_of(fd: int, copy_to: str | None = None) -> bytes:
+    """The hash of the bytes of the regular file open on ``fd``, written to ``copy_to`` on the way when given."""
     hasher = new_hasher()
-    with open(path, "rb") as src, open(copy_to or os.devnull, "wb") as out:
-        while chunk := src.read(_CHUNK):
+    with open(copy_to or os.devnull, "wb") as out:
+        for chunk in read_chunks(fd):
             hasher.update(chunk)
             if copy_to:
                 out.write(chunk)
@@ -196,7 +233,7 @@ def _own_files(folder: Path) -> None:
         for name in files:
             path = os.path.join(root, name)
             info = os.lstat(path)
-            if info.st_nlink > 1 and not os.path.islink(path):
+            if info.st_nlink > 1 and stat.S_ISREG(info.st_mode):
                 private = path + ".resume-check-own"
                 shutil.copy2(path, private)
                 os.replace(private, path)

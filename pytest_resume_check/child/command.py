@@ -20,11 +20,13 @@ import os
 import select
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ from pytest_resume_check.records.commits import matches
 from pytest_resume_check.records.errors import TargetError
 from pytest_resume_check.records.names import case_id
 from pytest_resume_check.records.plan import LAUNCHER_TORCHRUN, CommandSpec
+from pytest_resume_check.records.regular_files import NotRegular, open_inside, read_chunks
 from pytest_resume_check.records.state import combine
 from pytest_resume_check.run import Converged, RunContext
 
@@ -121,32 +124,79 @@ def run_command(run: RunContext) -> None:
             tail = _tail(run.plan.log_path)
             raise CommandFailed(f"its last output lines:\n{tail}\n{ERR_UNWATCHED.format(argv=argv)}")
         raise CommandFailed(ERR_SILENT.format(argv=argv, fd_env=FD_ENV))
-    if spec.outputs:
-        run.final(output_digests(run.checkpoint_dir, spec.outputs))
+    if spec.outputs and run.plan.report_state:  # only where a run's outputs are compared are they read
+        outputs = output_digests(run.checkpoint_dir, spec.outputs)
+        for name, kind in outputs.refused.items():  # the first is the run's PROTOCOL finding
+            run._send(ev.Event(ev.VIOLATION, text=MSG_OUTPUT_REFUSED.format(name=name, kind=kind)))
+        run.final(outputs.digests)
         missing = missing_outputs(run.checkpoint_dir, spec.outputs)
-        if missing and run.plan.report_state:  # where a run's outputs are compared, say which were not there
+        if missing:  # say which were not there
             run._send(ev.Event(ev.FINAL, extra={ev.FINAL_MISSING: missing}))
 
 
 #: What a declared output that a run did not write digests to.
 MISSING = "missing"
+#: What a declared output the harness refused to read digests to (:data:`MSG_OUTPUT_REFUSED` says why).
+REFUSED = "refused"
+#: A declared output that is no regular file inside the run's folder, after "run 2 of 3" or "the reference run"
+#: in the cell's ``PROTOCOL`` headline (``kind``: what it is instead, :mod:`~.records.regular_files`).
+MSG_OUTPUT_REFUSED = ("delivered {name}, which is {kind}: outputs= digests only regular files inside "
+                      "{{checkpoint_dir}} (a symbolic link may lead to one there); deliver {name} as a regular file")
 
 
-def output_digests(folder: str | os.PathLike[str], patterns: Sequence[str]) -> dict[str, str]:
+@dataclass(frozen=True)
+class Outputs:
+    """A run's final outputs: each file's digest by its path (relative to the run's folder, ``/``-separated),
+    and the paths refused, each with what it is instead of a regular file inside the folder."""
+
+    digests: dict[str, str]
+    refused: dict[str, str]
+
+
+def output_digests(folder: str | os.PathLike[str], patterns: Sequence[str]) -> Outputs:
     """The final outputs of a run: each file matching one of ``patterns`` (globs relative to ``folder``; a
     folder stands for the files in it) by its path, with the SHA-256 of its bytes; a pattern that matches
-    nothing is its own component, :data:`MISSING` (:func:`missing_outputs` says where it was expected)."""
-    root = Path(folder)
-    found: dict[str, str] = {}
+    nothing is its own component, :data:`MISSING` (:func:`missing_outputs` says where it was expected).
+
+    Only regular files inside ``folder`` are read (:func:`~.records.regular_files.open_inside`): a symbolic
+    link is followed while it leads to a file or folder inside it; a FIFO, a device, a socket or a link out of
+    the folder is refused (:data:`REFUSED`, and named in ``refused``), never read."""
+    root = str(folder)
+    out = Outputs({}, {})
     for pattern in patterns:
-        paths = sorted(root.glob(pattern))
+        paths = sorted(Path(root).glob(pattern))
         if not paths:
-            found[pattern] = MISSING
+            out.digests[pattern] = MISSING
+        walked: set[tuple[int, int]] = set()
         for path in paths:
-            files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-            for file in files:
-                found[file.relative_to(root).as_posix()] = _file_digest(file)
-    return found
+            _digest_into(root, path.relative_to(root).as_posix(), out, walked)
+    return out
+
+
+def _digest_into(root: str, rel: str, out: Outputs, walked: set[tuple[int, int]]) -> None:
+    """Add the file ``rel`` names inside ``root`` to ``out``, or every file of the folder it names (each folder
+    once, by its inode in ``walked``: a link back to a folder above it ends there)."""
+    try:
+        fd = open_inside(root, rel)
+    except NotRegular as refused:
+        out.digests[rel], out.refused[rel] = REFUSED, refused.kind
+        return
+    except FileNotFoundError:  # gone since the glob saw it
+        out.digests[rel] = MISSING
+        return
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISDIR(info.st_mode):
+            out.digests[rel] = _file_digest(fd)
+            return
+        if (info.st_dev, info.st_ino) in walked:
+            return
+        walked.add((info.st_dev, info.st_ino))
+        names = sorted(os.listdir(fd))
+    finally:
+        os.close(fd)
+    for name in names:
+        _digest_into(root, f"{rel}/{name}", out, walked)
 
 
 def missing_outputs(folder: str | os.PathLike[str], patterns: Sequence[str]) -> dict[str, str]:
@@ -155,11 +205,10 @@ def missing_outputs(folder: str | os.PathLike[str], patterns: Sequence[str]) -> 
     return {pattern: str(root / pattern) for pattern in patterns if not any(root.glob(pattern))}
 
 
-def _file_digest(path: Path) -> str:
+def _file_digest(fd: int) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
+    for chunk in read_chunks(fd):
+        digest.update(chunk)
     return digest.hexdigest()
 
 

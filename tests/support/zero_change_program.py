@@ -8,6 +8,11 @@ planted bugs: ``in-place`` writes the checkpoint under its final name without fs
 torn), ``name`` picks the newest checkpoint by sorted name (``step_10`` before ``step_8``), ``none`` never
 resumes, ``--unsaved-momentum`` leaves the momentum out of the checkpoint, so a resumed run delivers another
 model.
+
+Two more flags leave what the harness must not read: ``--leave fifo|socket`` puts a FIFO or a listening socket
+beside its checkpoints (a progress pipe, a control socket), ``--deliver fifo|device|outside|link`` delivers
+``model.json`` as a FIFO, a link to ``/dev/zero``, a link to a file outside its folder, or a relative link to
+``final/model.json`` inside it (the one that is read).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import glob
 import json
 import os
+import socket
 
 STEPS = 12
 EVERY = 2
@@ -49,8 +55,11 @@ def main() -> None:
     parser.add_argument("--pick", default="number")
     parser.add_argument("--unsaved-momentum", action="store_true")
     parser.add_argument("--from", dest="source", default="", help="the checkpoint to resume from (else the newest)")
+    parser.add_argument("--leave", choices=("fifo", "socket"))
+    parser.add_argument("--deliver", choices=("fifo", "device", "outside", "link"))
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    control = leave(args.out, args.leave)
     step, weight, momentum = 0, 1.0, 0.0
     found = args.source or newest(args.out, args.pick)
     if found is not None:
@@ -67,8 +76,49 @@ def main() -> None:
             if not args.unsaved_momentum:
                 state["momentum"] = momentum
             save(state, os.path.join(args.out, f"step_{step}.json"), args.save)
-    with open(os.path.join(args.out, "model.json"), "w") as f:
-        json.dump({"weight": weight}, f)
+    deliver(args.out, {"weight": weight}, args.deliver)
+    if control is not None:
+        control.close()
+
+
+def leave(out: str, what: str | None) -> socket.socket | None:
+    """Put a FIFO or a listening socket (returned) beside the checkpoints, as a trainer's progress pipe or
+    control socket; a resumed run finds the FIFO there."""
+    if what == "fifo" and not os.path.exists(os.path.join(out, "progress.fifo")):
+        os.mkfifo(os.path.join(out, "progress.fifo"))
+    if what != "socket":
+        return None
+    here = os.getcwd()
+    os.chdir(out)  # a short relative name: a socket's path has a small limit
+    try:
+        if os.path.exists("control.sock"):
+            os.remove("control.sock")
+        control = socket.socket(socket.AF_UNIX)
+        control.bind("control.sock")
+        control.listen()
+    finally:
+        os.chdir(here)
+    return control
+
+
+def deliver(out: str, model: dict, how: str | None) -> None:
+    """Write ``model.json``, or what ``--deliver`` puts in its place."""
+    path = os.path.join(out, "model.json")
+    if os.path.lexists(path):
+        os.remove(path)
+    if how == "fifo":
+        os.mkfifo(path)
+    elif how == "device":
+        os.symlink("/dev/zero", path)
+    elif how in ("outside", "link"):
+        folder = os.path.join(out, "final") if how == "link" else os.path.dirname(os.path.abspath(out))
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "model.json"), "w") as f:
+            json.dump(model, f)
+        os.symlink("final/model.json" if how == "link" else os.path.join(folder, "model.json"), path)
+    else:
+        with open(path, "w") as f:
+            json.dump(model, f)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,152 @@
+"""Opening only regular files the harness has checked, and reading each within its size.
+
+The harness reads files a trainer left behind: the checkpoint folder a shared first run's snapshot copies,
+the final outputs a command target's run digests. Any of them can be something else than a file: a FIFO
+(opening one to read waits for a writer, forever), a device (``/dev/zero`` never ends) or a symbolic link
+leading out of the run's folder (the harness would read files that are not the run's). So every file is
+looked at without following a link (``lstat``), opened with ``O_NOFOLLOW`` and ``O_NONBLOCK`` (a FIFO put in
+its place meanwhile does not block the open), and the opened descriptor itself is checked to be that regular
+file (``fstat``) before a byte is read: a check of the path alone leaves a gap in which the file can be
+replaced. A read stops at the size the descriptor had when it was checked, so a file still growing ends too.
+
+:func:`open_inside` resolves a path inside a folder one component at a time, each opened relative to the
+folder above it, and follows a symbolic link only while where it leads stays inside that folder.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator
+
+#: How many symbolic links :func:`open_inside` follows for one path (the kernel's own limit is 40).
+MAX_LINKS = 40
+#: Bytes read at a time.
+CHUNK = 1 << 20
+
+#: What a path is instead of a regular file, as :class:`NotRegular` names it.
+KIND_FIFO = "a FIFO"
+KIND_CHAR_DEVICE = "a character device"
+KIND_BLOCK_DEVICE = "a block device"
+KIND_SOCKET = "a socket"
+KIND_FOLDER = "a folder"
+KIND_LINK = "a symbolic link"
+#: A symbolic link that leads out of the folder the path must stay in (``{target}``: what the link holds).
+KIND_LINK_OUT = "a symbolic link to {target}, outside {folder}"
+#: A symbolic link (or a chain of them) to a path that does not exist.
+KIND_LINK_NOWHERE = "a symbolic link to {target}, which does not exist"
+KIND_LINK_LOOP = "a chain of more than " + str(MAX_LINKS) + " symbolic links"
+KIND_OTHER = "not a regular file (mode {mode:o})"
+
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_FOLDER = os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+class NotRegular(Exception):
+    """A path the harness refuses to read: it is no regular file (``kind`` says what it is instead), or a
+    symbolic link leading out of the folder it must stay in."""
+
+    def __init__(self, path: str, kind: str):
+        super().__init__(f"{path} is {kind}")
+        self.path = path
+        self.kind = kind
+
+
+def kind_of(mode: int) -> str:
+    """What a file of ``mode`` (an ``st_mode``) is, as a refusal names it."""
+    kinds = ((stat.S_ISFIFO, KIND_FIFO), (stat.S_ISCHR, KIND_CHAR_DEVICE), (stat.S_ISBLK, KIND_BLOCK_DEVICE),
+             (stat.S_ISSOCK, KIND_SOCKET), (stat.S_ISDIR, KIND_FOLDER), (stat.S_ISLNK, KIND_LINK))
+    return next((kind for test, kind in kinds if test(mode)), KIND_OTHER.format(mode=stat.S_IFMT(mode)))
+
+
+def open_regular(path: str, *, dir_fd: int | None = None) -> int:
+    """A descriptor open for reading on the regular file ``path`` (relative to ``dir_fd`` when given), never
+    through a symbolic link; raises :class:`NotRegular` for anything else, without opening a FIFO or a
+    device that was one when looked at."""
+    mode = os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    if not stat.S_ISREG(mode):
+        raise NotRegular(path, kind_of(mode))
+    try:
+        fd = os.open(path, _READ, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # replaced by a link since it was looked at
+            raise NotRegular(path, KIND_LINK) from None
+        raise
+    return _checked(fd, path)
+
+
+def _checked(fd: int, path: str) -> int:
+    """``fd`` if it is open on a regular file (what was opened, not what the path names now), else closed."""
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegular(path, kind_of(mode))
+    return fd
+
+
+def read_chunks(fd: int) -> Iterator[bytes]:
+    """The bytes of the regular file open on ``fd`` from where it stands, up to the size it has now."""
+    left = os.fstat(fd).st_size - os.lseek(fd, 0, os.SEEK_CUR)
+    while left > 0:
+        chunk = os.read(fd, min(left, CHUNK))
+        if not chunk:  # cut shorter meanwhile
+            return
+        left -= len(chunk)
+        yield chunk
+
+
+def open_inside(folder: str, rel: str) -> int:
+    """A descriptor on what ``rel`` names inside ``folder``: a regular file open for reading, or a folder (a
+    directory descriptor, for :func:`os.listdir`). Each component is opened relative to the one before it,
+    never through a link; a symbolic link is followed by putting where it leads in its place, relative or
+    absolute, as long as that stays inside ``folder`` (``..`` above ``folder`` does not). Raises
+    :class:`NotRegular` for a FIFO, device or socket, and for a link leading out of ``folder``."""
+    bases = (os.path.abspath(folder), os.path.realpath(folder))  # as named, and with its links resolved
+    parts = _parts(rel)
+    opened = [os.open(folder, _FOLDER & ~os.O_NOFOLLOW)]  # the folder itself is the harness's: named as given
+    links, target = 0, ""
+    try:
+        while parts:
+            name = parts.pop()
+            if name == "..":
+                if len(opened) == 1:
+                    raise NotRegular(rel, KIND_LINK_OUT.format(target=rel, folder=folder))
+                os.close(opened.pop())
+                continue
+            try:
+                mode = os.stat(name, dir_fd=opened[-1], follow_symlinks=False).st_mode
+            except FileNotFoundError:
+                if not links:  # the path itself is not there
+                    raise
+                raise NotRegular(rel, KIND_LINK_NOWHERE.format(target=target)) from None
+            if stat.S_ISLNK(mode):
+                links += 1
+                if links > MAX_LINKS:
+                    raise NotRegular(rel, KIND_LINK_LOOP)
+                target = os.readlink(name, dir_fd=opened[-1])
+                if os.path.isabs(target):  # inside only if it names a path below the folder
+                    inner = next((r for r in (os.path.relpath(target, base) for base in bases)
+                                  if r != ".." and not r.startswith("../")), None)
+                    if inner is None:
+                        raise NotRegular(rel, KIND_LINK_OUT.format(target=target, folder=folder))
+                    while len(opened) > 1:
+                        os.close(opened.pop())
+                    target = inner
+                parts.extend(_parts(target))
+                continue
+            if stat.S_ISDIR(mode):
+                opened.append(os.open(name, _FOLDER, dir_fd=opened[-1]))
+            elif stat.S_ISREG(mode) and not parts:
+                return open_regular(name, dir_fd=opened[-1])
+            else:
+                raise NotRegular(rel, kind_of(mode))
+        return opened.pop()
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+def _parts(path: str) -> list[str]:
+    """The components of ``path`` in reverse (the next one last, to pop), without empty ones and ``.``."""
+    return [p for p in reversed(path.split("/")) if p not in ("", ".")]
