@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from pytest_resume_check.plugin.options import OPT_HTML, OPT_JSON, OPT_STEP_SUMMARY, Settings
+from pytest_resume_check.plugin.options import GITHUB_STEP_SUMMARY, OPT_HTML, OPT_JSON, OPT_STEP_SUMMARY, Settings
+from pytest_resume_check.records.regular_files import NotRegular, open_for_append
 
 ERR_REPORT_WRITE = ("resume matrix: cannot write the {kind} report to {path}: {reason}; choose a writable path "
                     "with {opt}")
@@ -26,6 +27,10 @@ REPRO_WRITTEN = ("resume matrix: reproductions of {count} failing cell{s} writte
                  "command in its README.md runs the cell alone)")
 ERR_STEP_SUMMARY = ("resume matrix: cannot append the step summary to {path}: {reason}; the session's result is "
                     "unchanged (point " + OPT_STEP_SUMMARY + " at a writable file)")
+#: An existing step summary path that is no regular file (``kind``: what it is, records.regular_files).
+ERR_STEP_SUMMARY_NOT_REGULAR = ("resume matrix: the step summary is not written: {path} is {kind}, not a regular file; "
+                                "the session's result is unchanged (point " + OPT_STEP_SUMMARY + " or $"
+                                + GITHUB_STEP_SUMMARY + " at a regular file)")
 #: Said instead of the summary when the step's file has little room left under GitHub's limit.
 STEP_SUMMARY_FULL = ("### {header}\n\nNo room for the grids and the failing cells: this step's summary is "
                      "nearly {limit} KiB, all GitHub shows.\n")
@@ -176,25 +181,42 @@ def _say_repros(tr: Any, results: Sequence[dict[str, Any]], path: str) -> None:
 
 def _write_step_summary(tr: Any, results: Sequence[dict[str, Any]], header: str, path: str) -> None:
     """Append the Markdown summary to ``path`` (GitHub's step summary), within what GitHub shows: a file
-    that cannot be written is a warning naming it, never the session's failure."""
+    that cannot be written, or an existing path that is no regular file (a FIFO would wait for a reader
+    forever), is a warning naming it, never the session's failure; ``/dev/null`` takes none."""
     from pytest_resume_check.report import markdown
 
+    if os.path.realpath(path) == os.devnull:  # the documented way to write none
+        return
     try:
-        room = markdown.GITHUB_LIMIT - (os.path.getsize(path) if os.path.isfile(path) else 0) - 1  # its "\n"
-        text = STEP_SUMMARY_FULL.format(header=header, limit=markdown.GITHUB_LIMIT // 1024)
-        if room >= markdown.MAX_BYTES // 4:
-            text = markdown.step_summary(results, header, width=MAX_WIDTH, max_bytes=min(markdown.MAX_BYTES, room),
-                                         more_hint=OPT_JSON)
-        elif room < len(text.encode()):
-            return
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(("\n" if f.tell() else "") + text)
+        fd = open_for_append(path)
+    except NotRegular as exc:
+        _warn(tr, ERR_STEP_SUMMARY_NOT_REGULAR.format(path=path, kind=exc.kind))
+        return
     except OSError as exc:
-        message = ERR_STEP_SUMMARY.format(path=path, reason=exc.strerror or exc)
-        try:
-            warnings.warn(pytest.PytestWarning(message), stacklevel=1)
-        except Warning:  # -W error: the summary is an extra, it must not end the session
-            tr.write_line(message, yellow=True)
+        _warn(tr, ERR_STEP_SUMMARY.format(path=path, reason=exc.strerror or exc))
+        return
+    try:
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
+            size = os.fstat(fd).st_size
+            room = markdown.GITHUB_LIMIT - size - 1  # its "\n"
+            text = STEP_SUMMARY_FULL.format(header=header, limit=markdown.GITHUB_LIMIT // 1024)
+            if room >= markdown.MAX_BYTES // 4:
+                text = markdown.step_summary(results, header, width=MAX_WIDTH, max_bytes=min(markdown.MAX_BYTES, room),
+                                             more_hint=OPT_JSON)
+            elif room < len(text.encode()):
+                return
+            f.write(("\n" if size else "") + text)
+    except OSError as exc:
+        _warn(tr, ERR_STEP_SUMMARY.format(path=path, reason=exc.strerror or exc))
+
+
+def _warn(tr: Any, message: str) -> None:
+    """``message`` as a pytest warning, or as a yellow line when warnings are errors (``-W error``): the
+    summary is an extra, it must not end the session."""
+    try:
+        warnings.warn(pytest.PytestWarning(message), stacklevel=2)
+    except Warning:
+        tr.write_line(message, yellow=True)
 
 
 def _cannot_write(kind: str, path: Any, exc: OSError, opt: str) -> str:

@@ -11,6 +11,7 @@ replaced. A read stops at the size the descriptor had when it was checked, so a 
 
 :func:`open_inside` resolves a path inside a folder one component at a time, each opened relative to the
 folder above it, and follows a symbolic link only while where it leads stays inside that folder.
+:func:`open_for_append` opens the step summary file the session writes at its end, a regular file only.
 """
 
 from __future__ import annotations
@@ -150,3 +151,16 @@ def open_inside(folder: str, rel: str) -> int:
 def _parts(path: str) -> list[str]:
     """The components of ``path`` in reverse (the next one last, to pop), without empty ones and ``.``."""
     return [p for p in reversed(path.split("/")) if p not in ("", ".")]
+
+
+def open_for_append(path: str) -> int:
+    """A descriptor appending to ``path``, created when it does not exist; an existing path (links
+    followed: the path is the user's choice) must be a regular file. Raises :class:`NotRegular` without
+    waiting for a FIFO's reader, and OSError when it cannot be opened."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO nobody reads, or a device that is not there
+            raise NotRegular(path, kind_of(os.stat(path).st_mode)) from None
+        raise
+    return _checked(fd, path)

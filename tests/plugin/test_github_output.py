@@ -18,7 +18,8 @@ from project_trainer import write_project
 
 from pytest_resume_check.plugin.options import GITHUB_STEP_SUMMARY, OPT_REPRO, OPT_STEP_SUMMARY
 from pytest_resume_check.plugin.repro import ERR_REPRO_WRITE
-from pytest_resume_check.plugin.summary import ERR_STEP_SUMMARY
+from pytest_resume_check.plugin.summary import ERR_STEP_SUMMARY, ERR_STEP_SUMMARY_NOT_REGULAR
+from pytest_resume_check.records.regular_files import KIND_FIFO
 from pytest_resume_check.report import markdown
 from pytest_resume_check.report import repro as repro_folder
 
@@ -114,6 +115,23 @@ def test_output_that_cannot_be_written_is_said_naming_it_and_the_exit_status_is_
         assert cannot_summarise in said and cannot_repro in said
         if not warnings:
             assert f"PytestWarning: {cannot_summarise}" in said
+
+
+def test_a_fifo_as_the_step_summary_is_one_warning_naming_it_and_the_session_ends(tmp_path):
+    """A FIFO would wait for a reader at the session's end (forever, with none): it is refused unopened for
+    writing; this one has a reader, which gets nothing."""
+    project = write_project(tmp_path / "p", "files", "[{'id': 'ok'}]")
+    fifo = tmp_path / "step-summary"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        code, out = pytest_run(project, "-k", "ckpt2]", env={GITHUB_STEP_SUMMARY: str(fifo)})
+        assert os.read(reader, 1 << 16) == b""
+    finally:
+        os.close(reader)
+    assert code == 0, out[-3000:]
+    refused = one_line(ERR_STEP_SUMMARY_NOT_REGULAR.format(path=fifo, kind=KIND_FIFO))
+    assert one_line(out).count(refused) == 1
 
 
 def readme_command(folder: Path) -> str:

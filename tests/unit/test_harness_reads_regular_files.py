@@ -1,5 +1,5 @@
-"""The harness opens only regular files it has checked: a shared first run's snapshot and a command target's
-``outputs=`` digest meet a FIFO (which waits for a writer, or a reader, forever), a
+"""The harness opens only regular files it has checked: a shared first run's snapshot, a command target's
+``outputs=`` digest and the GitHub step summary meet a FIFO (which waits for a writer, or a reader, forever), a
 device (``/dev/zero`` never ends) or a symbolic link out of the run's folder, and neither wait on it nor read
 through it. A FIFO's other end is held by the test where the harness used to open it, so each test ends
 either way: what the harness did shows in what the FIFO carried."""
@@ -17,6 +17,7 @@ import pytest
 
 from pytest_resume_check.cells.shared_runs import Unshareable, _snapshot
 from pytest_resume_check.child.command import MISSING, MSG_OUTPUT_REFUSED, REFUSED, output_digests
+from pytest_resume_check.plugin.summary import ERR_STEP_SUMMARY_NOT_REGULAR, _write_step_summary
 from pytest_resume_check.records import regular_files as rf
 
 
@@ -159,6 +160,51 @@ def test_a_file_is_read_up_to_the_size_it_had_when_checked(tmp_path):
         assert list(chunks) == []  # and not a byte more is read
     finally:
         os.close(fd)
+
+
+class Terminal:
+    """The terminal reporter's line writer, as the step summary uses it."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def write_line(self, line: str, **_: object) -> None:
+        self.lines.append(line)
+
+
+def test_a_fifo_as_the_step_summary_is_refused_with_one_warning_naming_it(tmp_path):
+    fifo = tmp_path / "step-summary"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader present: a plain open would not wait
+    try:
+        with pytest.warns(pytest.PytestWarning) as said:
+            _write_step_summary(Terminal(), [], "resume matrix: 0 cells", str(fifo))
+        assert os.read(reader, 1 << 16) == b""  # nothing was written into it
+    finally:
+        os.close(reader)
+    message = ERR_STEP_SUMMARY_NOT_REGULAR.format(path=fifo, kind=rf.KIND_FIFO)
+    assert [str(w.message) for w in said] == [message]
+    assert "--resume-matrix-step-summary or $GITHUB_STEP_SUMMARY at a regular file" in message
+    with pytest.warns(pytest.PytestWarning) as said:  # with nobody reading, it does not wait for one
+        _write_step_summary(Terminal(), [], "resume matrix: 0 cells", str(fifo))
+    assert [str(w.message) for w in said] == [message]
+    with pytest.warns(pytest.PytestWarning) as said:
+        _write_step_summary(Terminal(), [], "resume matrix: 0 cells", "/dev/zero")
+    assert [str(w.message) for w in said] == [
+        ERR_STEP_SUMMARY_NOT_REGULAR.format(path="/dev/zero", kind=rf.KIND_CHAR_DEVICE)]
+
+
+def test_dev_null_as_the_step_summary_takes_none_without_a_warning(recwarn):
+    _write_step_summary(Terminal(), [], "resume matrix: 0 cells", os.devnull)  # as docs/github.md says
+    assert not [w for w in recwarn if issubclass(w.category, pytest.PytestWarning)]
+
+
+def test_a_regular_step_summary_behind_a_link_is_appended_to(tmp_path):
+    summary = tmp_path / "summary.md"
+    summary.write_text("before\n")
+    (tmp_path / "link.md").symlink_to(summary)
+    _write_step_summary(Terminal(), [], "resume matrix: 0 cells", str(tmp_path / "link.md"))
+    assert summary.read_text().startswith("before\n\n### resume matrix: 0 cells")
 
 
 def test_open_inside_never_leaves_the_folder_by_dot_dot(tmp_path):
