@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_resume_check import client
+from pytest_resume_check.child import in_process
 from pytest_resume_check.child.watch import CALL_WATCHED, CONTEXT_CHECKPOINTS, CONTEXT_COMMIT
 from pytest_resume_check.client import CONTEXT_ENV, FD_ENV, PROTOCOL_VERSION
 from pytest_resume_check.records import events as ev
@@ -40,7 +41,7 @@ from pytest_resume_check.records.names import case_id
 from pytest_resume_check.records.plan import LAUNCHER_TORCHRUN, CommandSpec
 from pytest_resume_check.records.regular_files import NotRegular, open_inside, read_chunks
 from pytest_resume_check.records.state import combine
-from pytest_resume_check.run import Converged, RunContext
+from pytest_resume_check.run import RunContext
 
 #: The folder whose ``sitecustomize`` installs the watcher of zero-change targets in their program.
 STARTUP = Path(__file__).parent / "startup"
@@ -116,6 +117,11 @@ def run_command(run: RunContext) -> None:
         code, calls = _run_in_process(run, spec, program, argv, context)
     else:
         code, calls = _run_process(run, spec, argv, context)
+    _conclude(run, spec, argv, code, calls)
+
+
+def _conclude(run: RunContext, spec: CommandSpec, argv: list[str], code: int, calls: int) -> None:
+    """Judge how the program ended (its exit code, whether it reported) and digest the outputs it delivered."""
     if code != 0:
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         raise CommandFailed(f"its last output lines:\n{_tail(run.plan.log_path)}\nthe command {argv} {how}")
@@ -212,15 +218,24 @@ def _file_digest(fd: int) -> str:
     return digest.hexdigest()
 
 
-def _run_process(run: RunContext, spec: CommandSpec, argv: list[str], context: dict[str, Any]) -> tuple[int, int]:
-    """Start the program as a process of its own with the socket; its exit code and how many calls it made."""
+def _run_process(run: RunContext, spec: CommandSpec, argv: list[str], context: dict[str, Any],
+                 executable: str | None = None, environ: Mapping[str, str] | None = None,
+                 cwd: str | None = None) -> tuple[int, int]:
+    """Start the program as a process of its own with the socket; its exit code and how many calls it made.
+    ``executable``, ``environ`` and ``cwd``: those of a program an in-process program ``exec``s (else the
+    command's, with its ``env=`` over this process's environment)."""
     ours, theirs = socket.socketpair()
-    env = {**os.environ, **dict(spec.env), FD_ENV: str(theirs.fileno()), CONTEXT_ENV: json.dumps(context)}
+    base = dict(environ) if environ is not None else {**os.environ, **dict(spec.env)}
+    env = {**base, FD_ENV: str(theirs.fileno()), CONTEXT_ENV: json.dumps(context)}
     if spec.checkpoints is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(STARTUP), *filter(None, [env.get("PYTHONPATH")])])
     try:
-        proc = subprocess.Popen(argv, cwd=spec.cwd, env=env, pass_fds=(theirs.fileno(),))
+        proc = subprocess.Popen(argv, executable=executable, cwd=cwd or spec.cwd, env=env,
+                                pass_fds=(theirs.fileno(),))
     except OSError as exc:
+        if executable is not None:
+            ours.close()
+            raise  # what the program's exec raises
         raise CommandFailed(f"the command {argv} could not start: {exc}") from exc
     finally:
         theirs.close()
@@ -383,14 +398,13 @@ def _run_in_process(run: RunContext, spec: CommandSpec, program: tuple[str, str]
                     context: dict[str, Any]) -> tuple[int, int]:
     """Run a Python program in this process, forked from the fork server that already imported what it
     imports (issue 30: a fresh interpreter importing torch cost 3.4 s a run), as a fresh interpreter would
-    start it: its ``sys.argv``, ``__main__``, ``sys.path[0]``, working folder and environment; its
-    ``client.connect()`` returns a context whose calls go straight to this run's ``RunContext`` (the same
-    answers the socket would carry); a zero-change program's watcher is installed around it; the exit
-    functions it registers run when it ends, after the threads it started and did not make daemons. Its exit
-    code and how many calls it made."""
+    run it (:mod:`pytest_resume_check.child.in_process`): its ``sys.argv``, ``__main__``, ``__file__``,
+    ``sys.path[0]``, working folder and environment; its ``client.connect()`` returns a context whose calls go
+    straight to this run's ``RunContext`` (the same answers the socket would carry); a zero-change program's
+    watcher is installed around it; the exit functions it registers run when it ends, after the threads it
+    started and did not make daemons; ``os._exit``, ``exec`` and ``fork`` act as in a process of its own. Its
+    exit code and how many calls it made."""
     import atexit
-    import runpy
-    import traceback
 
     from pytest_resume_check.child import watch
 
@@ -406,44 +420,20 @@ def _run_in_process(run: RunContext, spec: CommandSpec, program: tuple[str, str]
     sys.argv = [name, *argv[3 if kind == MODULE else 2:]]
     before = set(threading.enumerate())
     hooks = list(getattr(threading, "_threading_atexits", ()))  # what concurrent.futures registers at exit
-    code = 0
-    try:
-        if kind == MODULE:
-            sys.path.insert(0, os.getcwd())
-            runpy.run_module(name, run_name="__main__", alter_sys=True)
-        else:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(name)))
-            runpy.run_path(name, run_name="__main__")
-    except SystemExit as exc:
-        code = _exit_code(exc.code)
-    except Converged:
-        raise  # an early stop: the run ends here, as for a Python target
-    except BaseException:  # what the interpreter prints for an uncaught exception, and its exit code
-        traceback.print_exc()
-        code = 1
-    # As an interpreter ends: the threading module's exit hooks, then a wait for the threads that are no
-    # daemons (an executor finishes its queued saves), then the exit functions.
-    for hook in reversed([h for h in getattr(threading, "_threading_atexits", ()) if h not in hooks]):
-        hook()
-    for thread in threading.enumerate():
-        if thread not in before and not thread.daemon and thread is not threading.current_thread():
-            thread.join()
-    try:
-        atexit._run_exitfuncs()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+
+    def conclude(code: int, calls: int) -> None:
+        _conclude(run, spec, argv, code, local.calls + calls)
+
+    def start(executable: str, args: list[str], env: Mapping[str, str]) -> tuple[int, int]:
+        return _run_process(run, spec, args, context, executable=executable, environ=env, cwd=os.getcwd())
+
+    with in_process.OwnProcess(run.plan, run._sink, conclude, start) as own:
+        code = in_process.run_main(name, kind == MODULE, own.home)
+        try:
+            in_process.end_as_interpreter(before, hooks)
+        finally:
+            own.end_if_forked(code)
     return code, local.calls
-
-
-def _exit_code(value: Any) -> int:
-    """The exit code ``sys.exit(value)`` gives a process (a message is printed and gives 1)."""
-    if value is None:
-        return 0
-    if isinstance(value, int):
-        return value & 0xFF
-    print(value, file=sys.stderr)
-    return 1
 
 
 class LocalRun(client.Run):

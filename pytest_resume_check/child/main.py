@@ -23,18 +23,15 @@ import time
 import traceback
 from typing import Any
 
+from pytest_resume_check.child.ending import report_end, write_quietly
 from pytest_resume_check.child.environ import READS
 from pytest_resume_check.child.process_groups import GroupKeeper
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.environ import harness_names
 from pytest_resume_check.records.names import ATTEMPT_ENV, RUN_TOKEN_ENV
-from pytest_resume_check.records.plan import LAUNCHER_HARNESS, LAUNCHER_TORCHRUN, RunPlan
-from pytest_resume_check.run import Converged, RunContext
+from pytest_resume_check.records.plan import LAUNCHER_TORCHRUN, RunPlan
+from pytest_resume_check.run import RunContext
 from pytest_resume_check.targets import load_target_fn
-
-#: Exit code of a child whose target raised.
-EXIT_TARGET_RAISED = 70
-
 
 #: Events that are held back and sent with the next step boundary (one pipe write per step).
 _BATCHED = frozenset({ev.CONSUMED, ev.TRAINED, ev.STATE, ev.LOG, ev.ENVIRON})
@@ -200,8 +197,7 @@ def _rank_env(plan: RunPlan, rank: int) -> dict[str, str]:
 
 def _run_target(plan: RunPlan, sink: ConnectionSink, control: Any, rank: int = 0) -> int:
     """Build and drive the target in this process and report how it ended; returns the exit code."""
-    code = 0
-    try:
+    def drive() -> None:
         READS.attach(lambda name: sink.send(ev.Event(ev.ENVIRON, text=name)), harness_names(plan))
         recorder = _recorder(plan, sink)
         fn = load_target_fn(plan.target_ref)
@@ -209,23 +205,8 @@ def _run_target(plan: RunPlan, sink: ConnectionSink, control: Any, rank: int = 0
         if recorder is not None:
             recorder.on_kill = run._await_kill
         fn(run)
-        if plan.world_size > 1 or plan.launcher != LAUNCHER_HARNESS:
-            sink.flush()  # the launcher reports done once every rank has finished
-        else:
-            sink.send(ev.Event(ev.DONE))
-    except Converged:
-        sink.flush()
-    except BaseException:  # report everything, SystemExit included: the parent decides what it means
-        text = traceback.format_exc()
-        try:  # the pipe first: on a full disk the log write below fails, the pipe does not
-            sink.send(ev.Event(ev.ERROR, text=text))
-        except OSError:
-            pass
-        _write_quietly(sys.stderr, text)
-        code = EXIT_TARGET_RAISED
-    _write_quietly(sys.stdout, "")
-    _write_quietly(sys.stderr, "")
-    return code
+
+    return report_end(plan, sink, drive)
 
 
 def _exit(code: int) -> None:
@@ -263,8 +244,8 @@ def _launch_ranks(plan: RunPlan, conn: Any, control: Any) -> None:
         failed = True
         how = os.waitstatus_to_exitcode(status)
         what = f"signal {-how}" if how < 0 else f"exit code {how}"
-        _write_quietly(sys.stderr, f"[launcher] rank {ended} ended with {what}; ending ranks "
-                                   f"{sorted(pids.values())}\n")
+        write_quietly(sys.stderr, f"[launcher] rank {ended} ended with {what}; ending ranks "
+                                  f"{sorted(pids.values())}\n")
         for other in pids:
             try:
                 os.kill(other, signal.SIGKILL)
@@ -444,12 +425,12 @@ def _run_agent(plan: RunPlan, sink: ConnectionSink, node: int) -> int:
         how = f"signal {-failure.exitcode}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
         text = (f"torchrun gave up after {plan.max_restarts} restart(s) (--max-restarts={plan.max_restarts}): "
                 f"rank {rank} ended with {how}")
-        _write_quietly(sys.stderr, f"[launcher] {text}\n")
+        write_quietly(sys.stderr, f"[launcher] {text}\n")
         if not node:
             sink.send(ev.Event(ev.ERROR, text=text, extra={"launcher": LAUNCHER_TORCHRUN}))
         return EXIT_RANK_DIED
     except BaseException as exc:  # torchrun itself failed, or its agent was signalled (preemption)
-        _write_quietly(sys.stderr, f"[launcher] torchrun raised {exc!r}\n{traceback.format_exc()}")
+        write_quietly(sys.stderr, f"[launcher] torchrun raised {exc!r}\n{traceback.format_exc()}")
         return EXIT_RANK_DIED
     return 0
 
@@ -485,15 +466,6 @@ def torchrun_worker() -> None:
     code = _run_target(plan, sink, control if rank == 0 and (not attempt or held) else None, rank)
     if code:
         _exit(code)
-
-
-def _write_quietly(stream: Any, text: str) -> None:
-    """Write and flush, ignoring a log that cannot take it (a full disk)."""
-    try:
-        stream.write(text)
-        stream.flush()
-    except (OSError, ValueError):
-        pass
 
 
 def _recorder(plan: RunPlan, sink: ConnectionSink) -> Any:

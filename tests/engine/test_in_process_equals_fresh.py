@@ -1,0 +1,83 @@
+"""A Python program a command target runs in the run's process is judged as the same program in a fresh
+interpreter (``fresh_interpreter=True``): a differential test over a small corpus of programs that end their
+process in the ways real scripts do (a forked child that exits or raises, ``os._exit`` at several points,
+``exec``, a closed ``sys.stdout``, an exit function that raises, ``chdir`` and ``__file__``, ``sys.argv``).
+
+Each program is declared twice, run on the same cells both ways, and every cell's verdict categories and
+headline must be equal. Headlines may differ only in the run folders they name: the engine's folder and the
+target's name (which differ between the two declarations, so they share no reference) are replaced by
+placeholders before the comparison, and nothing else is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_resume_check.cells.matrix import Cell
+from pytest_resume_check.child.command import python_program
+from pytest_resume_check.engine import Engine
+from pytest_resume_check.run import KillSpec
+from pytest_resume_check.targets import resume_target
+
+PROGRAM = Path(__file__).resolve().parents[1] / "support" / "fresh_equivalence_program.py"
+MODES = ("plain", "fork_exit", "fork_raise", "fork_early", "exit_after_last", "exit_mid", "exit_code",
+         "exit_on_resume", "chdir_file", "stdout_closed", "exec_wrapper", "argv", "atexit_raises", "zc_plain",
+         "zc_fork_exit")
+#: A kill right after the checkpoint of step 2, and one step after it (a resume that redoes a step); each cell
+#: runs the uninterrupted reference too.
+CELLS = {"ckpt2": (KillSpec(2),), "ckpt2+1": (KillSpec(2, 1),)}
+#: Programs a fresh interpreter passes on every cell (the others fail alike both ways).
+PASSING = {"plain", "fork_exit", "fork_raise", "fork_early", "exit_after_last", "chdir_file", "stdout_closed",
+           "exec_wrapper", "argv", "atexit_raises", "zc_plain", "zc_fork_exit"}
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    return Engine(tmp_path_factory.mktemp("equivalence"), seed=3, hang_timeout=30)
+
+
+def declared(mode: str, fresh: bool):
+    name = f"{mode}_{'fresh' if fresh else 'in_process'}"
+    checkpoints = "step_*.json" if mode.startswith("zc_") else None  # a program that reports nothing
+    target = resume_target.command(["{python}", PROGRAM.name, mode, "{checkpoint_dir}"], name=name, steps=4,
+                                   cwd=PROGRAM.parent, fresh_interpreter=fresh, checkpoints=checkpoints)
+    assert (python_program(target.command) is None) is fresh  # really the two paths
+    return target
+
+
+def normalised(headline: str, engine: Engine, name: str) -> str:
+    """The headline with the run folders it may name made alike: the engine's folder and the target's name."""
+    return headline.replace(str(engine.root), "<root>").replace(name, "<target>")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_program_in_the_runs_process_is_judged_as_in_a_fresh_interpreter(engine, mode):
+    seen = {}
+    for fresh in (False, True):
+        target = declared(mode, fresh)
+        for cell, kills in CELLS.items():
+            result = engine.run_cell(Cell(target, {}, "auto", kills, target.steps({})))
+            verdict = result.verdict
+            seen[fresh, cell] = (verdict.passed, verdict.categories,
+                                 normalised(verdict.headline, engine, target.name))
+    for cell in CELLS:
+        assert seen[False, cell] == seen[True, cell], cell
+        assert seen[True, cell][0] is (mode in PASSING), seen[True, cell]
+
+
+@pytest.mark.parametrize("mode", ["fork_exit", "fork_raise"])
+def test_a_process_the_program_forks_never_reports_the_runs_end(engine, tmp_path, mode):
+    """A child the program forks after step 1, whose code ends (``sys.exit``, an error), ends as a fresh
+    interpreter's child would: the run's end (done, or the error) is reported once, by the run's own process,
+    after the program's last step."""
+    from pytest_resume_check.process.layout import Layout
+    from pytest_resume_check.records import events as ev
+
+    target = declared(mode, fresh=False)
+    plan = engine.runner.plan(target, {}, Layout(tmp_path).fresh(tmp_path / target.name), 0)
+    record = engine.runner.run(plan, target)
+    ends = [e.kind for e in record.events if e.kind in (ev.DONE, ev.ERROR)]
+    steps = [e.step for e in record.events if e.kind == ev.STEP_END]
+    assert (record.outcome, ends, steps) == ("done", [ev.DONE], [1, 2, 3, 4]), record.error
