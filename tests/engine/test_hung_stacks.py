@@ -76,7 +76,7 @@ def test_a_hung_runs_report_names_the_function_it_hung_in(engine):
     assert section[0] == f"pid {hung.pid}, main thread:"
     frames = section[1:]
     assert len(frames) == rp.STACK_FRAMES
-    assert [f.rpartition(" in ")[2] for f in frames[2:5]] == [PLANTED, "train", "_run_target"]
+    assert [f.rpartition(" in ")[2] for f in frames[2:5]] == [PLANTED, "train", "drive"]
     assert "misbehaving_target.py" in frames[2]
     # The harness's own thread (its event writer) is not quoted, and the output lines stop before the stacks.
     assert "_write_loop" not in report
