@@ -414,6 +414,7 @@ def _run_in_process(run: RunContext, spec: CommandSpec, program: tuple[str, str]
     local = LocalRun(run, context)
     client._in_process = local
     atexit._clear()  # what the fork server registered is not the program's
+    in_process.register_import_exits()  # but what its imports register, they would in a fresh interpreter
     if spec.checkpoints is not None:
         watch.start(local, spec.checkpoints, recorder=run._recorder, commit=run.plan.commit)
     kind, name = program

@@ -4,7 +4,9 @@
 from the preloaded fork server) to spare them an interpreter's start. Its verdicts must be those of the same
 program in a fresh interpreter, where the harness is another process. So while the program runs, this module
 gives it what that interpreter would: ``__file__`` absolute, the end an interpreter makes (threading's exit
-hooks, the threads that are no daemons, the exit functions, streams flushed unless the program closed them),
+hooks, the threads that are no daemons, the exit functions, those its imports registered included: logging's
+and multiprocessing's, which waits for the children that are no daemons; streams flushed unless the program
+closed them),
 and a process of its own as far as ending or replacing it goes (:class:`OwnProcess`): ``os._exit`` ends the
 run as the program's exit, an ``exec`` starts the new program on the run's socket, and a process the program
 forks never returns into the harness's code.
@@ -88,6 +90,23 @@ def exit_code(value: Any) -> int:
     except (OSError, ValueError):  # the program closed its stderr
         pass
     return 1
+
+
+#: Exit functions standard modules register when imported, by module: a program importing the module in a
+#: fresh interpreter has them run at its exit; in the run's process the fork server imported it already. In
+#: the order they are registered (so run in the reverse order): logging flushes and closes its handlers,
+#: multiprocessing joins the children that are no daemons (terminates those that are) and runs its
+#: finalizers. (``weakref.finalize``'s exit function is left out: it would also run the finalizers the
+#: server's objects registered, such as removing the server's temporary folders.)
+IMPORT_EXITS = (("logging", "shutdown"), ("multiprocessing.util", "_exit_function"))
+
+
+def register_import_exits() -> None:
+    """Register the exit functions of :data:`IMPORT_EXITS` whose modules are imported, as their imports did in
+    a fresh interpreter, before any the program registers (so they run after the program's)."""
+    for module, name in IMPORT_EXITS:
+        if module in sys.modules:
+            atexit.register(getattr(sys.modules[module], name))
 
 
 def end_as_interpreter(threads: set[threading.Thread], hooks: list[Any]) -> None:

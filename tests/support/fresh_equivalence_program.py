@@ -32,6 +32,9 @@ MODES = {
     "atexit_raises": "registers an exit function that raises",
     "zc_plain": "reports nothing (a zero-change target: the harness watches its checkpoints)",
     "zc_fork_exit": "reports nothing, and forks a child before it trains that ends with sys.exit(0)",
+    "mp_output": "a multiprocessing child that is no daemon writes its output model.json after main returns",
+    "mp_output_diverges": "as mp_output, but the output says how many steps this process trained (a resume "
+                          "delivers another model.json)",
 }
 #: Modes of a program that reports nothing: its target declares where its checkpoints appear.
 ZERO_CHANGE = ("zc_plain", "zc_fork_exit")
@@ -58,6 +61,27 @@ def fork_child(ending: str) -> None:
             raise RuntimeError("the child's own error")
         sys.exit(0)
     os.waitpid(pid, 0)
+
+
+def write_output(out: str, value: int, go) -> None:
+    """In a multiprocessing child: once the program's main has returned (``go`` set), deliver model.json. The
+    pause makes a parent that does not wait for it (as a fresh interpreter does at exit) finish first."""
+    import time
+
+    go.wait()
+    time.sleep(0.5)
+    with open(os.path.join(out, "model.json.tmp"), "w") as f:
+        json.dump({"value": value}, f)
+    os.replace(os.path.join(out, "model.json.tmp"), os.path.join(out, "model.json"))
+
+
+def deliver_late(out: str, value: int) -> None:
+    """Start a child that is no daemon to write model.json, and let it go as main returns."""
+    import multiprocessing
+
+    go = multiprocessing.Event()
+    multiprocessing.Process(target=write_output, args=(out, value, go)).start()
+    go.set()
 
 
 def main(mode: str, out: str) -> None:
@@ -103,6 +127,10 @@ def main(mode: str, out: str) -> None:
         sys.stdout.close()
     if mode == "exit_after_last":
         os._exit(0)
+    if mode == "mp_output":
+        deliver_late(out, STEPS)
+    if mode == "mp_output_diverges":
+        deliver_late(out, STEPS - start)
 
 
 if __name__ == "__main__":
