@@ -32,6 +32,7 @@ from typing import Any
 
 from pytest_resume_check import client
 from pytest_resume_check.child import in_process
+from pytest_resume_check.child.environ import READS
 from pytest_resume_check.child.watch import CALL_WATCHED, CONTEXT_CHECKPOINTS, CONTEXT_COMMIT
 from pytest_resume_check.client import CONTEXT_ENV, FD_ENV, PROTOCOL_VERSION
 from pytest_resume_check.records import events as ev
@@ -113,6 +114,10 @@ def run_command(run: RunContext) -> None:
         context[CONTEXT_CHECKPOINTS] = spec.checkpoints
         context[CONTEXT_COMMIT] = run.plan.commit
     program = python_program(spec)
+    stale = READS.read_when_imported(spec.env) if program is not None else []
+    if stale:  # the preloaded modules read these with the server's values: give the program its own import
+        run._sink.send(ev.Event(ev.RAN_FRESH, text=",".join(stale)))
+        program = None
     if program is not None:
         code, calls = _run_in_process(run, spec, program, argv, context)
     else:

@@ -12,6 +12,10 @@ A read counts only when the code that made it is the project's: a file outside t
 the installed distributions and this package. Importing torch alone reads some 360 variables, none of
 which a project sets; what the project's code reads through a framework is not seen (declare those).
 Reads from C (``getenv``) are not seen either. Writing to ``os.environ`` is untouched.
+
+The fork server also keeps every name any code read while it imported and warmed up (:meth:`Reads.seal`): a
+command target whose ``env=`` gives one of them another value cannot run in the run's process as a fresh
+interpreter would (:meth:`Reads.read_when_imported`).
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ class Reads:
         self._outside: tuple[str, ...] = ()
         self._project: dict[str, bool] = {}  # a code file -> whether it is the project's
         self._busy = threading.local()
+        self._every: set[str] | None = set()  # every name read by any code until :meth:`seal`
+        self._sealed: dict[str, str | None] = {}
 
     def install(self) -> None:
         """Make ``os.environ`` note reads (once; not when something else already replaced its class)."""
@@ -69,8 +75,23 @@ class Reads:
         for name in earlier:
             send(name)
 
+    def seal(self) -> None:
+        """In the fork server, once its imports and warm-ups are done: keep every name any code read so far
+        (libraries included) with its value then, for :meth:`read_when_imported`."""
+        every, self._every = self._every or set(), None
+        self._sealed = {name: os.environ.get(name) for name in sorted(every)}
+
+    def read_when_imported(self, env: Iterable[tuple[str, str]]) -> list[str]:
+        """The names among ``env`` (a command target's ``env=``) that code the fork server imported read, when
+        the server had another value for them: in a process forked from the server that code keeps the value
+        it read, where a fresh interpreter's import would read the target's."""
+        return [name for name, value in env if name in self._sealed and self._sealed[name] != value]
+
     def note(self, key: object) -> None:
         """Called for every read: keep ``key`` if the project's code read it, and send it if it counts."""
+        every = self._every
+        if every is not None and isinstance(key, str):
+            every.add(key)
         if not isinstance(key, str) or key in self._names or getattr(self._busy, "on", False):
             return
         self._busy.on = True  # what a send does never comes back here

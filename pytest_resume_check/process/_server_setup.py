@@ -68,6 +68,7 @@ def finish() -> None:
             _warm_torch()
     finally:
         _restore_output()
+    READS.seal()  # what the imports above read: a run whose env= differs there runs fresh (child.command)
     # Without this the first garbage collection in every forked child walks (and so copies) every
     # object torch and verl left in the server: about 0.4 s per run with verl 0.8.
     gc.collect()

@@ -66,6 +66,9 @@ FINAL_MISSING = "missing"
 #: text: an environment variable the project's own code read in the run (each name once; see
 #: :mod:`pytest_resume_check.records.environ`).
 ENVIRON = "environ"
+#: text: the ``env=`` variables (comma-separated) for which a command target's Python program ran in a fresh
+#: interpreter instead of the run's process: code the fork server imported read them with another value.
+RAN_FRESH = "ran_fresh"
 
 #: Keys of a state event's ``extra``: component digests, their leaves' digests by path, and (under a
 #: tolerance) the first leaf per component that is not close to the reference's (None: all close).
@@ -78,7 +81,7 @@ STATE_BEFORE_NEXT = "before_next"
 
 KINDS = frozenset({CONSUMED, TRAINED, STEP_END, CHECKPOINT, RESUMED, KILL_READY, LOG, ERROR, DONE, STATE,
                    PAUSED, CONVERGED, FINAL, FILE_OP, VIOLATION, RANKS, SIGNALLED, SETTINGS, COMMIT, POINTER, IN_PLACE,
-                   ENVIRON})
+                   ENVIRON, RAN_FRESH})
 #: What the watcher reports (the kinds of its ``watched`` call, :mod:`pytest_resume_check.child.command`).
 WATCHED_KINDS = (COMMIT, POINTER, IN_PLACE)
 

@@ -222,6 +222,12 @@ class RunRecord:
         return list(dict.fromkeys(e.text for e in self.events if e.kind == ev.ENVIRON and e.text))
 
     @property
+    def ran_fresh(self) -> list[str]:
+        """The ``env=`` variables for which this run's Python program ran in a fresh interpreter instead of the
+        run's process (:data:`~pytest_resume_check.records.events.RAN_FRESH`; none: it did not)."""
+        return [name for e in self.events if e.kind == ev.RAN_FRESH and e.text for name in e.text.split(",")]
+
+    @property
     def converged_step(self) -> int | None:
         return next((e.step for e in self.events if e.kind == ev.CONVERGED), None)
 

@@ -18,6 +18,18 @@ from pytest_resume_check.records.plan import RESUME_AUTO, KillSpec
 MSG_COMMIT_RECOGNISED = ("{target}: {file} recognised as the commit point of its checkpoints (each write of it names "
                          "one): publications, kills and saves follow it; declare commit={file!r} to say so")
 
+#: Key of a cell's JSON: the runs' environment (:func:`~pytest_resume_check.report.text.environment_json`; names
+#: only, never values).
+ENVIRONMENT_KEY = "environment"
+#: Key of a cell's ``environment``: the ``env=`` variables for which its command target's Python program ran in
+#: a fresh interpreter, not in the run's process (:data:`MSG_RAN_FRESH`).
+RAN_FRESH_KEY = "ran_fresh"
+#: The summary's line (and the failure report's) for a command target whose Python program ran in a fresh
+#: interpreter because of its ``env=``.
+MSG_RAN_FRESH = ("{target}: ran in a fresh interpreter, not in the run's process: its env= sets {names}, which "
+                 "modules the fork server imported read with another value (in the run's process they would "
+                 "keep it); declare fresh_interpreter=True to say so")
+
 
 def mark(cell: dict[str, Any]) -> str:
     """The grid mark of one cell."""
@@ -235,12 +247,23 @@ def recognised_commits(cells: Sequence[Mapping[str, Any]]) -> list[str]:
     return [MSG_COMMIT_RECOGNISED.format(target=t, file=f) for t, f in seen.items()] + ([""] if seen else [])
 
 
+def fresh_interpreters(cells: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A line per target whose Python program ran in a fresh interpreter because of its ``env=``."""
+    seen: dict[str, list[str]] = {}
+    for cell in cells:
+        names = (cell.get(ENVIRONMENT_KEY) or {}).get(RAN_FRESH_KEY)
+        if names and cell["target"] not in seen:
+            seen[cell["target"]] = list(names)
+    return [MSG_RAN_FRESH.format(target=t, names=", ".join(n)) for t, n in seen.items()] + ([""] if seen else [])
+
+
 def session_lines(results: Sequence[dict[str, Any]], width: int = 100, more_hint: str = OPT_JSON,
                   listed: int = 50) -> list[str]:
     """The end-of-session summary under its header: the grids, the smallest failing kill point of each
     failing case with its rerun command, and the failing cells' headlines (at most ``listed``)."""
     lines = grid(results, width=width)
     lines += recognised_commits(results)
+    lines += fresh_interpreters(results)
     smallest = smallest_failures(results)
     if smallest:
         lines += ["", "smallest failing kill point of each failing case:"]

@@ -23,7 +23,7 @@ from pytest_resume_check.records.names import OPT_CELL, OPT_MATRIX, OPT_SEED, RE
 from pytest_resume_check.records.plan import LAUNCHER_HARNESS
 from pytest_resume_check.records.results import AS_PLANNED, CellResult, Outcome, RunRecord, Verdict
 from pytest_resume_check.report import known_findings
-from pytest_resume_check.report.summary import MSG_COMMIT_RECOGNISED
+from pytest_resume_check.report.summary import ENVIRONMENT_KEY, MSG_COMMIT_RECOGNISED, MSG_RAN_FRESH, RAN_FRESH_KEY
 
 #: The story of a cell whose reference failed (no interrupted run was made).
 NO_RUNS = "no interrupted run (the reference itself failed)"
@@ -298,6 +298,9 @@ def failure_text(result: CellResult, rerun: str | None = None) -> str:
     if commit is not None:
         lines.append("  " + (MSG_COMMIT_RECOGNISED if commit["recognised"] else MSG_COMMIT_DECLARED).format(
             target=result.cell.target.name, file=commit["file"]))
+    fresh = environment_json(result)[RAN_FRESH_KEY]
+    if fresh:
+        lines.append("  " + MSG_RAN_FRESH.format(target=result.cell.target.name, names=", ".join(fresh)))
     shown_error = None
     for rec in result.runs:
         if rec.error and rec.outcome != Outcome.DONE:
@@ -371,8 +374,6 @@ def cell_json(result: CellResult) -> dict[str, Any]:
     return cell
 
 
-#: Key of a cell's JSON: the runs' environment (:func:`environment_json`; names only, never values).
-ENVIRONMENT_KEY = "environment"
 
 
 def environment_json(result: CellResult) -> dict[str, list[str]]:
@@ -382,7 +383,9 @@ def environment_json(result: CellResult) -> dict[str, list[str]]:
     ``differs``."""
     runs = [r for r in (result.reference, *result.runs) if r is not None]
     return {"read": sorted({name for r in runs for name in r.environ_read}),
-            "harness": sorted({name for r in runs for name in harness_names(r.plan)})}
+            "harness": sorted({name for r in runs for name in harness_names(r.plan)}),
+            RAN_FRESH_KEY: sorted({name for r in runs for name in r.ran_fresh})}
+
 
 
 #: The story of a cell the harness could not judge (its worker crashed, or the harness failed).

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import reads_setting_at_import
 
 from pytest_resume_check.cells.matrix import Cell
 from pytest_resume_check.child.command import python_program
@@ -23,15 +24,17 @@ from pytest_resume_check.run import KillSpec
 from pytest_resume_check.targets import resume_target
 
 PROGRAM = Path(__file__).resolve().parents[1] / "support" / "fresh_equivalence_program.py"
+SETTING_MODULE = "reads_setting_at_import"
 MODES = ("plain", "fork_exit", "fork_raise", "fork_early", "exit_after_last", "exit_mid", "exit_code",
          "exit_on_resume", "chdir_file", "stdout_closed", "exec_wrapper", "argv", "atexit_raises", "zc_plain",
-         "zc_fork_exit", "mp_output", "mp_output_diverges")
+         "zc_fork_exit", "mp_output", "mp_output_diverges", "env_at_import")
 #: A kill right after the checkpoint of step 2, and one step after it (a resume that redoes a step); each cell
 #: runs the uninterrupted reference too.
 CELLS = {"ckpt2": (KillSpec(2),), "ckpt2+1": (KillSpec(2, 1),)}
 #: Programs a fresh interpreter passes on every cell (the others fail alike both ways).
 PASSING = {"plain", "fork_exit", "fork_raise", "fork_early", "exit_after_last", "chdir_file", "stdout_closed",
-           "exec_wrapper", "argv", "atexit_raises", "zc_plain", "zc_fork_exit", "mp_output"}
+           "exec_wrapper", "argv", "atexit_raises", "zc_plain", "zc_fork_exit", "mp_output",
+           "env_at_import"}
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +46,11 @@ def declared(mode: str, fresh: bool):
     name = f"{mode}_{'fresh' if fresh else 'in_process'}"
     checkpoints = "step_*.json" if mode.startswith("zc_") else None  # a program that reports nothing
     outputs = ("model.json",) if mode.startswith("mp_output") else ()
+    # A module the fork server imports, reading at its import a variable the target sets.
+    preload, env = ((SETTING_MODULE,), {reads_setting_at_import.NAME: "on"}) if mode == "env_at_import" else ((), {})
     target = resume_target.command(["{python}", PROGRAM.name, mode, "{checkpoint_dir}"], name=name, steps=4,
                                    cwd=PROGRAM.parent, fresh_interpreter=fresh, checkpoints=checkpoints,
-                                   outputs=outputs)
+                                   outputs=outputs, preload=preload, env=env)
     assert (python_program(target.command) is None) is fresh  # really the two paths
     return target
 
@@ -84,3 +89,25 @@ def test_a_process_the_program_forks_never_reports_the_runs_end(engine, tmp_path
     ends = [e.kind for e in record.events if e.kind in (ev.DONE, ev.ERROR)]
     steps = [e.step for e in record.events if e.kind == ev.STEP_END]
     assert (record.outcome, ends, steps) == ("done", [ev.DONE], [1, 2, 3, 4]), record.error
+
+
+def test_a_variable_a_preloaded_module_read_sends_its_target_to_a_fresh_interpreter_with_a_note(engine):
+    """``env=`` giving another value to a variable that a module the fork server imported read at its import:
+    the program runs in a fresh interpreter, and the cell and the session's summary say which variable and
+    why; a variable nothing read there keeps the program in the run's process."""
+    from pytest_resume_check.report.summary import fresh_interpreters
+    from pytest_resume_check.report.text import RAN_FRESH_KEY, cell_json, environment_json
+
+    target = declared("env_at_import", fresh=False)
+    result = engine.run_cell(Cell(target, {}, "auto", CELLS["ckpt2"], target.steps({})))
+    assert result.verdict.passed, result.verdict.headline
+    assert environment_json(result)[RAN_FRESH_KEY] == [reads_setting_at_import.NAME]
+    line, blank = fresh_interpreters([cell_json(result)])
+    assert blank == "" and line.startswith(f"{target.name}: ran in a fresh interpreter")
+    assert reads_setting_at_import.NAME in line
+
+    unread = resume_target.command(["{python}", PROGRAM.name, "plain", "{checkpoint_dir}"], name="unread_env",
+                                   steps=4, cwd=PROGRAM.parent, env={"RESUME_CHECK_NOBODY_READS_THIS": "1"},
+                                   preload=(SETTING_MODULE,))
+    result = engine.run_cell(Cell(unread, {}, "auto", CELLS["ckpt2"], unread.steps({})))
+    assert result.verdict.passed and environment_json(result)[RAN_FRESH_KEY] == []

@@ -33,6 +33,7 @@ MODES = {
     "zc_plain": "reports nothing (a zero-change target: the harness watches its checkpoints)",
     "zc_fork_exit": "reports nothing, and forks a child before it trains that ends with sys.exit(0)",
     "mp_output": "a multiprocessing child that is no daemon writes its output model.json after main returns",
+    "env_at_import": "imports a module the fork server preloaded that read a variable its target's env= sets",
     "mp_output_diverges": "as mp_output, but the output says how many steps this process trained (a resume "
                           "delivers another model.json)",
 }
@@ -90,6 +91,11 @@ def main(mode: str, out: str) -> None:
     if mode == "argv" and (sys.argv[1:] != [mode, out] or sys.argv[0] != os.path.basename(__file__)
                            or not os.path.isabs(__file__)):
         raise SystemExit(f"unexpected sys.argv {sys.argv}")
+    if mode == "env_at_import":
+        import reads_setting_at_import
+
+        if reads_setting_at_import.SETTING != "on":
+            raise SystemExit(f"imported with {reads_setting_at_import.NAME}={reads_setting_at_import.SETTING}")
     if mode in ("fork_early", "zc_fork_exit"):
         fork_child("exit")
     if mode == "atexit_raises":
