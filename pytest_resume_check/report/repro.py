@@ -5,16 +5,25 @@ headline, the excerpt and the one command that runs exactly this cell again.
 The plugin decides what to copy and the command (it knows the conftests and the options); this module
 names the folder, writes the texts and the files. It never deletes: a folder of an earlier session is
 written over file by file.
+
+A folder is uploaded and shared (a CI artifact, an attachment to a bug report), so it holds only the
+project's own files and no path of the machine it was written on: each copy is read inside the project's
+root (a regular file, a link followed only while it stays inside), the README names copies by their path
+relative to that root, a module from outside it by its name alone, and the failure report's paths (a
+traceback, the kept folders) with the machine's places named (:func:`without_machine_paths`).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
-import shutil
+import stat
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from pytest_resume_check.records.regular_files import NotRegular, kind_of, open_inside, read_chunks
 
 #: Keys of a failing cell's JSON: the folder of its reproduction, or why it could not be written.
 CELL_KEY = "repro"
@@ -34,8 +43,17 @@ RUN_TEXT = ("In this folder, with pytest-resume-check {version} installed (and w
             "command runs exactly this cell, with the seed, mode and options it failed with, and fails with the "
             "headline above:")
 VERSIONS = "Where it failed: {versions}."
-COPIED = "- `{dest}`: a copy of `{source}`"
-DECLARED_IN = "- `conftest.py`: a copy of `{source}`, which declares the target `{target}`"
+#: ``{source}``: the copied file's path relative to the project's root.
+COPIED = "- `{dest}`: a copy of the project's `{source}`"
+DECLARED_IN = "- `conftest.py`: a copy of the project's `{source}`, which declares the target `{target}`"
+#: A conftest outside the project's root declares the target: not copied (it may hold what is not the project's).
+DECLARED_OUTSIDE = ("- no copy of the target's conftest: `{target}` is declared by the conftest `{module}` from "
+                    "outside the project (needed, not copied); put a copy of it here as `conftest.py`")
+#: A module the target uses that lies outside the project's root (a ``sys.path`` entry elsewhere): never
+#: copied, and named without its path, which is the machine's.
+NEEDED_OUTSIDE = "- needed, not copied: {name} (from outside the project)"
+#: A file chosen for copying that is no regular file inside the project's root when it is read.
+REFUSED = "- not copied: `{source}` is {kind}"
 INSTALLED = ("- no copy of the target: `{target}` is not declared by a conftest.py of the project; it comes from "
              "an installed package (an entry point of group `pytest_resume_check.targets`) or a plugin, which "
              "`--resume-matrix-target={target}` in the command finds where it is installed")
@@ -108,12 +126,26 @@ class Repro:
     command: str
     #: The whole failure report of the session it came from (with its rerun line and kept folders).
     report: str
-    #: Where the copied files go in the folder (``conftest.py``, ``pkg/mod.py``) and where they come from.
+    #: The project's root (pytest's rootdir): every copy is read inside it.
+    root: Path | None = None
+    #: Where the copied files go in the folder (``conftest.py``, ``pkg/mod.py``) and where they come from,
+    #: relative to ``root``.
     copies: Mapping[str, Path] = field(default_factory=dict)
-    #: The conftest that declares the target (copied as ``conftest.py``); None: an installed package's.
+    #: The conftest that declares the target (copied as ``conftest.py``), relative to ``root``; None: an
+    #: installed package's, or one outside the project (``declared_outside``).
     declared_in: Path | None = None
+    #: The module name of a conftest outside the project that declares the target (not copied).
+    declared_outside: str | None = None
+    #: Modules the target uses that lie outside the project's root, by name (not copied).
+    outside: Sequence[str] = ()
     #: What a reproduction needs but could not take along, each said in a few words.
     not_copied: Sequence[str] = ()
+    #: Files chosen for copying that were no regular file inside ``root`` when read: path (relative to
+    #: ``root``) and what it was instead (set by :func:`write`).
+    refused: Mapping[str, str] = field(default_factory=dict)
+    #: Absolute paths of this machine and what the README writes in their place (the project's root: ``""``,
+    #: paths relative to it); see :func:`without_machine_paths`.
+    places: Mapping[str, str] = field(default_factory=dict)
     #: ``key = value`` lines added to ``pytest.ini`` (the project's ini settings the cell depends on).
     ini: Mapping[str, str] = field(default_factory=dict)
     #: ``name version`` of the packages a rerun needs.
@@ -158,22 +190,52 @@ def _cell_of(readme: Path) -> str | None:
 
 
 def readme_text(repro: Repro) -> str:
-    """The README of a reproduction folder."""
-    lines = [README_TITLE.format(name=repro.name), "", *fenced([repro.headline, *repro.excerpt], "text"), "",
+    """The README of a reproduction folder. What the session wrote (the headline, the excerpt, the report,
+    the notes) is written with the machine's paths named (:func:`without_machine_paths`); the command and the
+    declared variables' values are written as they are."""
+    def own(text: str) -> str:
+        return without_machine_paths(text, repro.places)
+
+    lines = [README_TITLE.format(name=repro.name), "",
+             *fenced([own(repro.headline), *map(own, repro.excerpt)], "text"), "",
              RUN_TITLE, "", RUN_TEXT.format(version=repro.plugin_version), "", *fenced([repro.command], "bash"), ""]
     if repro.versions:
         lines += [VERSIONS.format(versions=", ".join(repro.versions)), ""]
     lines += environment_lines(repro.environment)
     lines += [FILES_TITLE, ""]
     if repro.declared_in is not None:
-        lines.append(DECLARED_IN.format(source=repro.declared_in, target=repro.target))
+        lines.append(DECLARED_IN.format(source=repro.declared_in.as_posix(), target=repro.target))
+    elif repro.declared_outside is not None:
+        lines.append(DECLARED_OUTSIDE.format(target=repro.target, module=repro.declared_outside))
     else:
         lines.append(INSTALLED.format(target=repro.target))
-    lines += [COPIED.format(dest=dest, source=source) for dest, source in repro.copies.items() if dest != "conftest.py"]
+    lines += [COPIED.format(dest=dest, source=source.as_posix()) for dest, source in repro.copies.items()
+              if dest != "conftest.py"]
     lines.append(INI_LINE)
-    lines += [NOT_COPIED.format(what=what) for what in repro.not_copied]
-    lines += ["", ORIGINAL_TITLE, "", *fenced(repro.report.splitlines(), "text"), ""]
+    lines += [NEEDED_OUTSIDE.format(name=name) for name in repro.outside]
+    lines += [NOT_COPIED.format(what=own(what)) for what in repro.not_copied]
+    lines += [REFUSED.format(source=source, kind=own(kind)) for source, kind in repro.refused.items()]
+    lines += ["", ORIGINAL_TITLE, "", *fenced(own(repro.report).splitlines(), "text"), ""]
     return "\n".join(lines)
+
+
+def without_machine_paths(text: str, places: Mapping[str, str]) -> str:
+    """``text`` with each of the absolute paths ``places`` names replaced by its name (the longest first, so
+    a folder inside another is named as itself): a path below a place becomes ``name/rest``, and below the
+    place named ``""`` (the project's root) plain ``rest``, relative to it. A place matches only as whole path
+    components: ``/p`` is not replaced in ``/p2`` nor in ``/x/p``."""
+    order = sorted((p for p in places if p), key=len, reverse=True)
+    if not order:
+        return text
+    pattern = re.compile(r"(?<![\w./~-])(" + "|".join(map(re.escape, order)) + r")(?:(/)|(?![\w.-]))")
+
+    def named(match: re.Match[str]) -> str:
+        name = places[match.group(1)]
+        if match.group(2):
+            return f"{name}/" if name else ""
+        return name or "."
+
+    return pattern.sub(named, text)
 
 
 def ini_text(repro: Repro) -> str:
@@ -182,15 +244,43 @@ def ini_text(repro: Repro) -> str:
 
 
 def write(folder: Path, repro: Repro) -> Path:
-    """Write the reproduction into ``folder`` (made if missing); its path."""
+    """Write the reproduction into ``folder`` (made if missing); its path. Each copy is read inside
+    ``repro.root`` as a regular file (a link followed only while it stays inside, up to the size the file
+    has when opened); one that is something else is left out, and the README names it."""
     folder.mkdir(parents=True, exist_ok=True)
+    refused: dict[str, str] = {}
     for dest, source in repro.copies.items():
-        target = folder / dest
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
+        kind = _copy_inside(repro.root, source, folder / dest)
+        if kind is not None:
+            refused[dest] = kind
+    if refused:
+        repro = replace(repro, copies={d: s for d, s in repro.copies.items() if d not in refused},
+                        refused={repro.copies[d].as_posix(): kind for d, kind in refused.items()})
     (folder / INI).write_text(ini_text(repro), encoding="utf-8")
     (folder / README).write_text(readme_text(repro), encoding="utf-8")
     return folder
+
+
+def _copy_inside(root: Path | None, source: Path, target: Path) -> str | None:
+    """Copy ``source`` (relative to ``root``) to ``target``: None, or what ``source`` is instead of a regular
+    file inside ``root`` (then nothing is written)."""
+    if root is None:
+        raise ValueError(f"{source}: a copy needs the project's root to read it from")
+    try:
+        fd = open_inside(str(root), source.as_posix())
+    except NotRegular as exc:  # replaced since the plugin chose it
+        return exc.kind
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # a folder by now
+            return kind_of(mode)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("wb") as out:
+            for chunk in read_chunks(fd):
+                out.write(chunk)
+    finally:
+        os.close(fd)
+    return None
 
 
 def fenced(lines: Sequence[str], language: str) -> list[str]:

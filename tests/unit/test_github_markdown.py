@@ -6,6 +6,7 @@ headline escaped, and never more bytes than it is given (what is left out is cou
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -139,16 +140,15 @@ def example(name="t[c-auto-ckpt1]", **kw):
 
 
 def test_the_readme_starts_with_the_cell_its_headline_and_excerpt_then_the_command(tmp_path):
-    conftest = tmp_path / "conftest.py"
-    conftest.write_text("")
-    text = repro.readme_text(example(copies={"conftest.py": conftest}, declared_in=conftest,
+    conftest = Path("tests/conftest.py")  # relative to the project's root
+    text = repro.readme_text(example(root=tmp_path, copies={"conftest.py": conftest}, declared_in=conftest,
                                      ini={"resume_matrix_hang_timeout": "5"}))
     lines = text.splitlines()
     assert lines[0] == "# Reproduction of the resume-matrix cell `t[c-auto-ckpt1]`"
     assert lines[2:6] == ["```text", "LOST 1 input", "  reference: 1", "  resumed:   2"]
     command = text.split(repro.RUN_TITLE)[1].split("```bash\n")[1].split("\n")[0]
     assert command == "pytest --resume-matrix '--resume-matrix-cell=t[c-auto-ckpt1]' --resume-matrix-target=t"
-    assert f"`conftest.py`: a copy of `{conftest}`, which declares the target `t`" in text
+    assert "`conftest.py`: a copy of the project's `tests/conftest.py`, which declares the target `t`" in text
     ini = repro.ini_text(example(ini={"resume_matrix_hang_timeout": "5"}))
     assert ini.startswith("[pytest]\n") and "pythonpath = .\n" in ini
     assert ini.endswith("resume_matrix_hang_timeout = 5\n")
