@@ -122,6 +122,7 @@ def describe(config: pytest.Config, item: Any) -> Any:
     elif getattr(item, "failure_text", None):  # run on a cluster node: its report came back whole
         report = item.failure_text
     root = Path(config.rootpath)
+    installed = importlib.metadata.packages_distributions()  # seconds with many installed: looked up once
     conftest = declaring_conftest(config, target.name)
     declared = inside_root(Path(str(conftest.__file__)), root) if conftest is not None else None
     copies: dict[str, Path] = {}
@@ -132,7 +133,7 @@ def describe(config: pytest.Config, item: Any) -> Any:
             copies["conftest.py"] = declared
             if "." in conftest.__name__:
                 notes.append(NOTE_PACKAGE_CONFTEST.format(path=declared.as_posix(), module=conftest.__name__))
-        found = project_modules([conftest], _modules_of_target(target), root, skip=conftest)
+        found = project_modules([conftest], _modules_of_target(target), root, installed, skip=conftest)
         copies.update(found.copies)
         notes += found.notes
     notes += _other_hooks(config, conftest, root)
@@ -144,7 +145,7 @@ def describe(config: pytest.Config, item: Any) -> Any:
         name=item.name, target=target.name, headline=headline, excerpt=excerpt,
         command=repro_command(config, item.name, target.name), report=report, root=root, copies=copies,
         declared_in=declared, declared_outside=conftest.__name__ if conftest is not None and declared is None else None,
-        outside=found.outside, not_copied=notes, ini=ini, places=machine_places(config, root),
+        outside=found.outside, not_copied=notes, ini=ini, places=machine_places(config, root, installed),
         versions=_versions(found.used), plugin_version=_version(PLUGIN_DISTRIBUTION) or "?",
         environment=environment.for_repro(target, config.stash[SETTINGS_KEY], cell_json),
     )
@@ -166,16 +167,16 @@ def declaring_conftest(config: pytest.Config, name: str) -> ModuleType | None:
     return None
 
 
-def project_modules(roots: list[ModuleType], names: list[str], root: Path, skip: ModuleType | None = None,
-                    ) -> ProjectModules:
+def project_modules(roots: list[ModuleType], names: list[str], root: Path, installed: Mapping[str, Any],
+                    skip: ModuleType | None = None) -> ProjectModules:
     """The project's own modules among ``names`` and those that ``roots`` use, found through their globals
     (modules, and the modules of functions, classes and other objects), and through those modules'
     globals in turn. A module of an installed distribution (this package too; a project installed in
     editable mode also counts as installed), of the standard library, or another conftest is not the
-    project's; one whose file lies outside ``root`` is named (``outside``), never copied, nor followed."""
+    project's (``installed``: :func:`importlib.metadata.packages_distributions`); one whose file lies outside
+    ``root`` is named (``outside``), never copied, nor followed."""
     found = ProjectModules()
     seen: set[str] = set()
-    installed = importlib.metadata.packages_distributions()
     queue: deque[ModuleType] = deque(roots)
     size = left_out = 0
 
@@ -228,13 +229,13 @@ def inside_root(path: Path, root: Path) -> Path | None:
     return named.relative_to(root) if named.is_relative_to(root) else resolved.relative_to(root.resolve())
 
 
-def machine_places(config: pytest.Config, root: Path) -> dict[str, str]:
+def machine_places(config: pytest.Config, root: Path, installed: Mapping[str, Any]) -> dict[str, str]:
     """The absolute paths of this machine a failure report may name (a traceback's files, the kept folders,
     the interpreter), each with what a README writes instead: the project's root ``""`` (paths relative to
     it), the python executable ``python``, pytest's base temporary directory, where packages are installed
     (an editable one's folder as if it were there), the standard library, other ``sys.path`` entries, the
     prefixes of the interpreter, the home folder. A place inside the project's root is written relative to
-    the root instead, save the executable."""
+    the root instead, save the executable. ``installed``: the top-level names of installed distributions."""
     places: dict[str, str] = {}
 
     def add(path: object, name: str) -> None:
@@ -254,7 +255,7 @@ def machine_places(config: pytest.Config, root: Path) -> dict[str, str]:
     for key, name in (("purelib", PLACE_SITE_PACKAGES), ("platlib", PLACE_SITE_PACKAGES),
                       ("stdlib", PLACE_STDLIB), ("platstdlib", PLACE_STDLIB)):
         add(paths.get(key), name)
-    for top in importlib.metadata.packages_distributions():
+    for top in installed:
         module = sys.modules.get(top)
         file = getattr(module, "__file__", None)
         if isinstance(file, str) and Path(file).name == "__init__.py":

@@ -80,11 +80,17 @@ class Config:
     """What :func:`plugin_repro.machine_places` asks of pytest's config: no base temporary directory."""
 
 
+#: Installed distributions by top-level name, as :func:`importlib.metadata.packages_distributions` gives them.
+INSTALLED = {"pytest_resume_check": ["pytest-resume-check"], "pytest": ["pytest"]}
+
+
 def test_the_places_of_a_session_name_the_interpreter_and_leave_paths_in_the_project_relative(tmp_path):
-    places = plugin_repro.machine_places(Config(), tmp_path)  # type: ignore[arg-type]
+    places = plugin_repro.machine_places(Config(), tmp_path, INSTALLED)  # type: ignore[arg-type]
     assert places[str(tmp_path)] == "" and places[sys.executable] == plugin_repro.PLACE_PYTHON
     assert places[sys.prefix] == plugin_repro.PLACE_PREFIX
-    inner = plugin_repro.machine_places(Config(), Path(sys.prefix))  # type: ignore[arg-type]
+    harness = str(Path(plugin_repro.__file__).parents[1])  # the package folder
+    assert places[harness] == f"{plugin_repro.PLACE_SITE_PACKAGES}/pytest_resume_check"  # editable or not
+    inner = plugin_repro.machine_places(Config(), Path(sys.prefix), INSTALLED)  # type: ignore[arg-type]
     assert inner[sys.prefix] == "" and inner[sys.executable] == plugin_repro.PLACE_PYTHON
     assert not [p for p, name in inner.items() if name not in ("", plugin_repro.PLACE_PYTHON)
                 and Path(p).resolve().is_relative_to(Path(sys.prefix).resolve())]
