@@ -94,3 +94,10 @@ def test_the_places_of_a_session_name_the_interpreter_and_leave_paths_in_the_pro
     assert inner[sys.prefix] == "" and inner[sys.executable] == plugin_repro.PLACE_PYTHON
     assert not [p for p, name in inner.items() if name not in ("", plugin_repro.PLACE_PYTHON)
                 and Path(p).resolve().is_relative_to(Path(sys.prefix).resolve())]
+
+
+def test_a_conftest_from_outside_the_project_that_declares_the_target_is_named_not_copied():
+    text = repro.readme_text(repro.Repro(name="t[c-auto-ckpt1]", target="t", headline="LOST 1 input", excerpt=[],
+                                         command="pytest x", report="", declared_outside="conftest"))
+    assert repro.DECLARED_OUTSIDE.format(target="t", module="conftest") + "\n" in text
+    assert "is not declared by a conftest.py of the project" not in text  # not an installed package's either
