@@ -6,7 +6,8 @@ for its own cell's outcome.
 the fix), answers at once the cells of a target no node can run (its ``resources=``), and submits the
 other groups, each asking Ray for exactly its target's resources per task. A thread per task reads its
 records as they come (:mod:`.node`): a failing cell's kept folders are unpacked into this session's
-folder and every path in its report and JSON points there. A task whose node is lost fails its
+folder (entry by entry, within the copy limit: :mod:`.evidence`), every path in its report and JSON points
+there, and what was not copied back is named. A task whose node is lost fails its
 unfinished cells with one line naming the node, or, with retries left, runs them again elsewhere.
 :meth:`RayExecutor.close` stops every task still running (through the session's control actor: Ray's cancel
 does not reach a running generator task) and waits for each to end what it started.
@@ -14,12 +15,10 @@ does not reach a running generator task) and waits for each to end what it start
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import secrets
 import socket
-import tarfile
 import threading
 import time
 import uuid
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_resume_check.cluster import wire
-from pytest_resume_check.process.layout import check_inside
+from pytest_resume_check.cluster.evidence import HERE, ON_NODE, THE_ARCHIVE, WHY_BROKEN, Refused, Unpacked, unpack
 from pytest_resume_check.records.environ import differing
 
 #: How long the end of the session waits for stopped tasks to end their groups' pytest sessions.
@@ -65,6 +64,25 @@ MSG_WORKER_LOST = ("the Ray worker that ran this cell's group on node {node} die
 MSG_NOT_RUN = "the group's pytest on node {node} ended {how} before this cell had an outcome: {why}"
 #: Added to a failing cell's report whose kept folders were too big to copy back.
 MSG_LEFT_ON_NODE = ("  kept on node {node} (not copied back: {mb:.0f} MB, more than {opt}={limit:g}): {paths}")
+#: The same, for kept folders the node could not pack (a fault of the harness there): they stay on the node.
+MSG_NOT_PACKED = "  kept on node {node} (not copied back: packing them failed there: {why}): {paths}"
+#: Added to a failing cell's report for the entries of its kept folders that were not copied back (one line:
+#: the first :data:`NAMED` of them, then how many more the cell's JSON names under :data:`REFUSED_KEY`).
+MSG_REFUSED = "  not copied back from node {node}: {entries}"
+MSG_REFUSED_ENTRY = "{path} ({why}; {where})"
+MSG_REFUSED_MORE = "; and {count} more (the cell's JSON names each, under {key})"
+#: Where an entry was refused, as :data:`MSG_REFUSED_ENTRY` says it.
+MSG_WHERE = {HERE: "refused here", ON_NODE: "left out on the node"}
+NAMED = 3
+#: In place of the ``kept:`` line of a cell none of whose kept folders could be unpacked here (the node
+#: removed them with its group, so the line would name folders that no longer exist).
+MSG_KEPT_NOTHING = ("  kept: nothing: the kept folders sent back by node {node} could not be unpacked here ({why}), "
+                    "and the node removed them with its group")
+#: Keys of a failing cell's JSON: the entries not copied back, the evidence sent back but not unpacked, the
+#: evidence too big to copy that stayed on its node.
+REFUSED_KEY = "evidence_refused"
+LOST_KEY = "evidence_lost"
+LEFT_KEY = "kept_on_node"
 #: The outcome of a cell asked for after the session stopped the cluster's tasks.
 MSG_STOPPED = "HARNESS: the session stopped its Ray tasks before this cell had an outcome; rerun the cell"
 MSG_CANCEL_PROBLEM = "the Ray task of {group} did not end within {seconds:g} s of the session's stop (node {node})"
@@ -317,38 +335,69 @@ class RayExecutor:
             self._answer(name, CellOutcome(wire.FAILED, f"{category}: {message}", category=category))
 
     def _outcome_of(self, record: dict[str, Any], task: Task) -> CellOutcome:
-        """A cell's record as its item reports it: evidence unpacked here, its paths pointing here."""
+        """A cell's record as its item reports it: evidence unpacked here, its paths pointing here, what was
+        not copied back named (and the ``kept:`` line true when nothing was)."""
         remote_root = str(record.get("root") or "")
         text = str(record.get("text") or "")
         cell_json = record.get("cell_json")
-        moved = False
+        refused = [Refused.from_json(r) for r in record.get("evidence_refused") or ()]
         if record.get("evidence") is not None and remote_root:
-            moved = self._unpack(record["evidence"])
-        if moved:
-            text = text.replace(remote_root, str(self.root))
-            cell_json = _replaced(cell_json, remote_root, str(self.root))
+            unpacked = self._unpack(record["evidence"], remote_root, record.get("kept") or [])
+            if unpacked.placed:
+                text = text.replace(remote_root, str(self.root))
+                cell_json = _replaced(cell_json, remote_root, str(self.root))
+            else:
+                why = unpacked.refused[-1].why if unpacked.refused else "the archive held nothing"
+                nothing = MSG_KEPT_NOTHING.format(node=task.node_name(), why=why)
+                kept_line = str(record.get("kept_line") or "")
+                text = text.replace(kept_line, nothing) if kept_line and kept_line in text else f"{text}\n{nothing}"
+                if cell_json is not None:
+                    cell_json[LOST_KEY] = {"node": task.node, "paths": list(record.get("kept") or ()), "why": why}
+            # The archive as a whole, when nothing of it could be placed, is named by the kept line alone.
+            refused += [r for r in unpacked.refused if unpacked.placed or r.path != THE_ARCHIVE]
+        if refused:
+            text += "\n" + self._refused_line(refused, task)
+            if cell_json is not None:
+                cell_json[REFUSED_KEY] = [{**r.to_json(), "path": self._here(r.path)} for r in refused]
         left = record.get("evidence_left")
         if left:
-            text += "\n" + MSG_LEFT_ON_NODE.format(node=task.node_name(), mb=left["bytes"] / 2**20,
-                                                   opt=self.settings.copy_option,
-                                                   limit=self.settings.copy_bytes / 2**20,
-                                                   paths=", ".join(left["paths"]))
+            paths, node = ", ".join(left["paths"]), task.node_name()
+            text += "\n" + (MSG_NOT_PACKED.format(node=node, why=left["why"], paths=paths) if left.get("why")
+                            else MSG_LEFT_ON_NODE.format(node=node, mb=left["bytes"] / 2**20,
+                                                         opt=self.settings.copy_option,
+                                                         limit=self.settings.copy_bytes / 2**20, paths=paths))
             if cell_json is not None:
-                cell_json["kept_on_node"] = {"node": task.node, **left}
+                cell_json[LEFT_KEY] = {"node": task.node, **left}
         # What the node's runs read, compared here without values; the variables the task set are equal.
         differs = differing(record.get("environ") or {}, self.env_key, os.environ, task.spec.get("env", {}))
         return CellOutcome(record["outcome"], text, cell_json, float(record.get("reference_seconds") or 0.0),
                            node=dict(task.node), differs=differs)
 
-    def _unpack(self, data: bytes) -> bool:
-        """Unpack kept folders into this session's folder (each member checked to stay inside it)."""
+    def _here(self, path: str) -> str:
+        """Where an entry of the archive (a path relative to the session's folder) lies, or would, here."""
+        return path if path == THE_ARCHIVE else str(self.root / path)
+
+    def _refused_line(self, refused: Sequence[Refused], task: Task) -> str:
+        entries = "; ".join(MSG_REFUSED_ENTRY.format(path=self._here(r.path), why=r.why, where=MSG_WHERE[r.where])
+                            for r in refused[:NAMED])
+        if len(refused) > NAMED:
+            entries += MSG_REFUSED_MORE.format(count=len(refused) - NAMED, key=REFUSED_KEY)
+        return MSG_REFUSED.format(node=task.node_name(), entries=entries)
+
+    def _unpack(self, data: bytes, remote_root: str, kept: Sequence[str]) -> Unpacked:
+        """Unpack kept folders into this session's folder (:func:`~.evidence.unpack`: entry by entry, each
+        inside one of the cell's kept folders, within the copy limit)."""
+        folders = []
+        for path in kept:
+            try:
+                folders.append(str(Path(path).relative_to(remote_root)))
+            except ValueError:
+                continue
         try:
-            with self._unpacking, tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-                members = [m for m in tar.getmembers() if _inside(self.root / m.name, self.root)]
-                tar.extractall(self.root, members=members, filter="data")
-        except (OSError, tarfile.TarError, ValueError):
-            return False
-        return True
+            with self._unpacking:  # two groups of one case bring the same reference folder
+                return unpack(data, self.root, folders, self.settings.copy_bytes)
+        except Exception as exc:  # a fault of the harness here: named in the cell's report, the rest goes on
+            return Unpacked(0, [Refused(THE_ARCHIVE, WHY_BROKEN.format(error=_first_line(exc)), HERE)])
 
     # -- the end -------------------------------------------------------------------------------------
 
@@ -457,14 +506,6 @@ def _last_error(tail: Sequence[str]) -> str:
     """The line of a pytest's output that says what went wrong (its ``ERROR:``), else its last line."""
     errors = [ln for ln in tail if ln.startswith("ERROR")]
     return (errors[-1] if errors else tail[-1] if tail else "no output")[:400]
-
-
-def _inside(path: Path, root: Path) -> bool:
-    try:
-        check_inside(path, root)
-    except ValueError:
-        return False
-    return True
 
 
 def _replaced(value: Any, old: str, new: str) -> Any:

@@ -18,13 +18,11 @@ group's folder unless evidence too big to copy stayed in it.
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -34,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_resume_check.cluster import wire
+from pytest_resume_check.cluster.evidence import folder_bytes, pack
 from pytest_resume_check.process import sweep
-from pytest_resume_check.process.layout import check_inside, remove_inside
+from pytest_resume_check.process.layout import remove_inside
 
 #: Every group's folder on a node lies in this folder of the node's temporary directory.
 BASE_FOLDER = "pytest-resume-check-ray-{uid}"
@@ -182,8 +181,9 @@ class Group:
         return [ln.rstrip() for ln in text.splitlines() if ln.strip()][-TAIL_LINES:]
 
     def _with_evidence(self, record: dict[str, Any]) -> dict[str, Any]:
-        """A failing cell's record with its kept folders packed (``evidence``), or, when they are more than
-        the copy limit, their size and paths (``evidence_left``), which then stay on the node."""
+        """A failing cell's record with its kept folders packed (``evidence``, and the entries left out named
+        in ``evidence_refused``: :mod:`.evidence`), or, when they are more than the copy limit or could not be
+        packed (``why``), their size and paths (``evidence_left``), which then stay on the node."""
         kept = [Path(p) for p in record.get("kept") or () if p and os.path.isdir(p)]
         if record.get("outcome") != wire.FAILED or not kept:
             return record
@@ -193,7 +193,15 @@ class Group:
             self.keep = True
             record["evidence_left"] = {"bytes": size, "paths": [str(p) for p in kept], "group": str(self.folder)}
             return record
-        record["evidence"] = pack(kept, root)
+        try:
+            packed = pack(kept, root, int(self.spec["copy_limit"]))
+        except Exception as exc:  # a fault of the harness here: the folders stay, and the report says where
+            self.keep = True
+            record["evidence_left"] = {"bytes": size, "paths": [str(p) for p in kept], "group": str(self.folder),
+                                       "why": f"{type(exc).__name__}: {exc}"}
+            return record
+        record["evidence"] = packed.data
+        record["evidence_refused"] = [r.to_json() for r in packed.refused]
         return record
 
     def stop(self) -> None:
@@ -247,31 +255,6 @@ def _environ(pid: int) -> str:
         return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
     except OSError:
         return ""
-
-
-def folder_bytes(folders: list[Path]) -> int:
-    """Bytes of the regular files under ``folders``, a file with several links counted once."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    for folder in folders:
-        for path in [folder, *folder.rglob("*")]:
-            try:
-                st = path.lstat()
-            except OSError:
-                continue
-            if path.is_file() and not path.is_symlink() and (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
-                total += st.st_size
-    return total
-
-
-def pack(folders: list[Path], root: Path) -> bytes:
-    """``folders`` (each inside ``root``) as a gzipped tar, named relative to ``root``."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
-        for folder in folders:
-            tar.add(str(check_inside(folder, root)), arcname=str(folder.relative_to(root)))
-    return buffer.getvalue()
 
 
 #: Set in the group's pytest once its pipe closed: nobody reads its records or folder any more.

@@ -6,8 +6,9 @@ A record: ``name`` (the cell), ``outcome`` (``passed``, ``failed`` with ``text``
 ``skipped`` with ``text`` the reason, ``error`` with ``text`` pytest's report of an error outside a
 verdict), ``cell_json`` (None for an error; its ``rerun`` is that session's command, which the pytest
 side replaces with its own), ``reference_seconds``, ``root`` (that session's folder), ``kept`` (the
-folders a failing cell keeps) and ``environ`` (each variable the cell's runs read, with a digest of its
-value there keyed by :data:`ENV_KEY_ENV`, or None where it is unset: values never travel).
+folders a failing cell keeps), ``kept_line`` (the line of ``text`` that names them) and ``environ`` (each
+variable the cell's runs read, with a digest of its value there keyed by :data:`ENV_KEY_ENV`, or None where
+it is unset: values never travel). The Ray task adds a failing cell's packed folders (:mod:`.node`).
 
 Stdlib only: the plugin imports this whether or not Ray is installed.
 """

@@ -63,10 +63,11 @@ def write_record(item: Any, call: pytest.CallInfo[None], report: pytest.TestRepo
     if path is None:
         return
     from pytest_resume_check.plugin.items import ResumeCheckFailure
-    from pytest_resume_check.report.text import ENVIRONMENT_KEY
+    from pytest_resume_check.report.text import ENVIRONMENT_KEY, kept_line
 
     excinfo = call.excinfo
     kept: list[str] = []
+    line = ""
     if excinfo is None:
         outcome, text = wire.PASSED, ""
     elif excinfo.errisinstance(pytest.skip.Exception):
@@ -75,7 +76,7 @@ def write_record(item: Any, call: pytest.CallInfo[None], report: pytest.TestRepo
         outcome, text = wire.FAILED, str(excinfo.value)
         workdir = item.result.workdir if item.result is not None else None
         if workdir is not None:
-            kept = [str(workdir), str(workdir.parent / REFERENCE)]
+            kept, line = [str(workdir), str(workdir.parent / REFERENCE)], kept_line(workdir)
     else:
         outcome, text = wire.ERROR, report.longreprtext
     cell_json = item.cell_json
@@ -83,4 +84,5 @@ def write_record(item: Any, call: pytest.CallInfo[None], report: pytest.TestRepo
     key = wire.env_key()
     wire.write(path, {"name": item.name, "outcome": outcome, "text": text, "cell_json": cell_json,
                       "reference_seconds": item.reference_seconds, "root": str(root), "kept": kept,
+                      "kept_line": line,
                       "environ": digests(read, key, os.environ) if key else {}})

@@ -310,13 +310,23 @@ def failure_text(result: CellResult, rerun: str | None = None) -> str:
             break
     lines += _log_lines(result, shown_error)
     if result.workdir is not None:
-        lines.append(f"  kept: {result.workdir} (checkpoints, run*.log, restored-run*: what each resume restored) "
-                     f"and {result.workdir.parent / REFERENCE} (the uninterrupted runs)")
+        lines.append(kept_line(result.workdir))
     lines.append(f"  seed: {result.seed}" if result.seed is not None else "")
     if rerun:
         lines.append(f"  rerun: {rerun}")
     lines = [ln for ln in lines if ln]
     return "\n".join(lines)
+
+
+#: The line of a failing cell's report naming the folders it keeps (its own and its case's reference runs).
+MSG_KEPT = ("  kept: {workdir} (checkpoints, run*.log, restored-run*: what each resume restored) and {reference} (the "
+            "uninterrupted runs)")
+
+
+def kept_line(workdir: Path) -> str:
+    """The line naming the folders a failing cell keeps (a cluster node sends it with the cell's record, so the
+    session can put what is true in its place when those folders could not be copied back)."""
+    return MSG_KEPT.format(workdir=workdir, reference=workdir.parent / REFERENCE)
 
 
 #: The contract of a cell that resumes at another world size (see docs/distributed.md).
