@@ -37,7 +37,7 @@ def declare(name, cases, **options):
     return resume_target(project_trainer.train, name=name, steps=project_trainer.STEPS, cases=cases,
                          preload=("project_trainer",), crash_save=False, **options)
 
-files = declare("files", [{"id": "ok"}, {"id": "bug", "skip": True}])
+files = declare("files", [{"id": "ok"}, {"id": "bug", "skip": True, "links": True}])
 gpu = declare("gpu", [{"id": "g"}], resume_modes=["auto"], resources={"CPU": 1, "GPU": 1})
 gpu2 = declare("gpu2", [{"id": "g"}], resume_modes=["auto"], resources={"GPU": 2})
 
@@ -201,6 +201,29 @@ def test_cluster_gives_each_cell_the_local_verdict_report_and_evidence(tmp_path)
     assert re.fullmatch(r"resume-matrix\d+", root.name)
     for run in on_cluster[name]["runs"]:
         assert run["log_file"].startswith(f"{root}/") and Path(run["log_file"]).is_file()
+
+    # Kept folders with an absolute link to a checkpoint and a FIFO: a link that leads inside its folder comes back
+    # relative (one in a cell's snapshot of a shared first run leads into that run's folder: left out), each FIFO
+    # is left out; what was left out is named in the report and the JSON, and everything else is kept.
+    came_back = []
+    for bug in (n for n in failing if n.startswith("files[bug-")):
+        text = block(remote, bug)
+        kept = re.search(r"kept: (\S+) \(checkpoints", text)
+        assert kept is not None, text
+        cell = Path(kept.group(1))
+        assert (cell / "run0.log").is_file() and not list(cell.rglob("events.fifo")), text
+        for link in cell.rglob("current"):
+            assert not os.path.isabs(os.readlink(link)) and (link / "weights.bin").is_file(), text
+            came_back.append(link)
+        from pytest_resume_check.cluster.executor import REFUSED_KEY
+
+        refused = on_cluster[bug][REFUSED_KEY]
+        assert refused and {r["where"] for r in refused} == {"node"}, refused
+        for r in refused:
+            assert (r["why"] == "a FIFO" if r["path"].endswith("/events.fifo") else
+                    r["path"].endswith("/current") and r["why"].endswith(", outside its kept folder")), r
+        assert f": {refused[0]['path']} ({refused[0]['why']}; left out on the node)" in text, text
+    assert came_back
 
     # GPU resources: each run of `gpu` saw the device Ray gave its task; `gpu2` is refused in one line.
     seen = [f.read_text().split() for f in flags.iterdir()]

@@ -4,7 +4,8 @@
 Case keys: ``sleep`` seconds per step; ``bytes`` per checkpoint; ``daemon``: each run double-forks a
 daemon into a new session; ``skip``: a resume loses its first input (a planted bug); ``gate``: a path the
 run waits for before it starts; ``skip_if_set``: variable names, and a resume loses its first input when
-all of them are set in the run's environment (a trainer configured by its environment).
+all of them are set in the run's environment (a trainer configured by its environment); ``links``: each
+save also points ``current`` at its folder by an absolute link, and the checkpoint folder holds a FIFO.
 ``TRAINER_FLAG_DIR`` in the environment: each run leaves a file there when it starts, which names its
 target, its pytest-xdist worker and the GPUs it sees (``-`` for none).
 """
@@ -47,6 +48,13 @@ def train(run):
             (folder / "weights.bin").write_bytes(b"\0" * run.case.get("bytes", 10))
             (folder / "step").write_text(str(step))
             latest.write_text(str(step))
+            if run.case.get("links"):  # what trainers leave beside their checkpoints
+                current = run.checkpoint_dir / "current"
+                if current.is_symlink():
+                    current.unlink()
+                current.symlink_to(folder.resolve())
+                if not os.path.lexists(run.checkpoint_dir / "events.fifo"):
+                    os.mkfifo(run.checkpoint_dir / "events.fifo")
             run.checkpoint_published(step, folder)
 
 
