@@ -157,7 +157,8 @@ def test_a_runs_reads_are_its_environ_events_in_order():
         reference = RunRecord(plan(), [ev.Event(ev.ENVIRON, text="C")])
         runs = [record]
 
-    assert environment_json(Result()) == {"read": ["A", "B", "C"], "harness": ["MY_SERVER", "PYTEST_RESUME_CHECK_RUN"]}
+    assert environment_json(Result()) == {"read": ["A", "B", "C"], "harness": ["MY_SERVER", "PYTEST_RESUME_CHECK_RUN"],
+                                        "ran_fresh": []}
 
 
 def test_a_reproduction_says_how_to_set_the_declared_variables_and_names_the_others():
