@@ -81,6 +81,13 @@ HELP_ENV = ("environment variables the runs take from the environment pytest is 
 HELP_STEP_SUMMARY = (f"append the matrix's summary in Markdown to this file (default: ${GITHUB_STEP_SUMMARY}, the "
                      "step summary GitHub Actions gives each step; /dev/null: none)")
 
+#: The accepted ranges of the numeric options. A seed is one every seeding function takes (numpy's stop at
+#: 2**32 - 1); the others are far beyond any real use, so a mistyped exponent is a usage error, not an overflow.
+MAX_SEED = 2**32 - 1
+MAX_BUDGET = 10**9
+MAX_RAY_RETRIES = 100
+MAX_RAY_COPY_MB = 2**20
+
 #: Where ``--resume-matrix-seed=last`` finds the previous seed in pytest's cache.
 CACHE_SEED = "resume_check/seed"
 #: The node of the matrix, and how its cells' node ids start (``resume-matrix::t[case-auto-ckpt1]``).
@@ -92,18 +99,22 @@ WORKER_NODE_IDS = "resume_matrix_node_ids"
 
 ERR_MODE = ("{opt}={value!r} is not a matrix mode; use one of: " + ", ".join(MODES)
             + " (e.g. {opt}=" + QUICK + ")")
-ERR_SEED = "{opt}={value!r} is not a seed; give an integer (e.g. {opt}=1234) or 'last'"
+ERR_SEED = ("{opt}={value!r} is not a seed; give a whole number from 0 to " + f"{MAX_SEED:,}" + " (e.g. {opt}=1234), "
+            "or 'last'")
 ERR_SEED_LAST = "{opt}=last: no previous seed is cached in this project; run once without it first"
 ERR_SEED_NO_CACHE = ("{opt}=last: pytest's cache is disabled (-p no:cacheprovider), so no previous seed can be read; "
                      "give the seed itself (the header of the earlier run printed it: {opt}=N)")
 #: The old spelling of the mode, ``--resume-matrix=full``: still accepted, with this note.
 DEPRECATED_MODE = ("{old} is deprecated: use {new} (a bare {opt} can no longer swallow the path after it); "
                    "the old spelling still works for now")
-ERR_HANG = "{opt}={value!r} must be a positive number of seconds (e.g. {opt}=60), or 0 or inf for no limit"
-ERR_BUDGET = ("{opt}={value!r} is not a budget; give the most trainer runs the matrix may make, a whole number of "
-              "at least 1 (e.g. {opt}=50)")
-ERR_RAY_RETRIES = "{opt}={value!r} must be a whole number of retries >= 0 (e.g. {opt}=1)"
-ERR_RAY_COPY = "{opt}={value!r} must be a number of megabytes >= 0 (e.g. {opt}=512; 0: copy nothing back)"
+ERR_HANG = ("{opt}={value!r} is not a hang limit; give a number of seconds from 0 to inf (e.g. {opt}=60; 0 or inf: "
+            "no limit; limits longer than about 23 days are cut to that)")
+ERR_BUDGET = ("{opt}={value!r} is not a budget; give the most trainer runs the matrix may make, a whole number from "
+              "1 to " + f"{MAX_BUDGET:,}" + " (e.g. {opt}=50)")
+ERR_RAY_RETRIES = ("{opt}={value!r} is not a number of retries; give a whole number from 0 to " + str(MAX_RAY_RETRIES)
+                   + " (e.g. {opt}=1)")
+ERR_RAY_COPY = ("{opt}={value!r} is not a number of megabytes; give a number from 0 to " + f"{MAX_RAY_COPY_MB:,}"
+                + " (1 TiB) (e.g. {opt}=512; 0: copy nothing back)")
 ERR_RAY_XDIST = ("{opt} runs the cells on the Ray cluster, and -n {n} would run them in pytest-xdist workers too; "
                  "drop -n (the cluster's nodes run the groups in parallel)")
 ERR_ENV = ("{opt}={value!r}: {bad!r} is not the name of an environment variable; give names of letters, digits and "
@@ -147,6 +158,47 @@ class Settings:
     ray_copy_bytes: int = int(DEFAULT_RAY_COPY_MB * 2**20)
     #: Variables every target's runs take from this environment (``--resume-matrix-env``).
     env: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NumericOption:
+    """A numeric option: where it is read, whether it takes whole numbers, the range it accepts (both ends
+    included) and its error, which names the option, the value given and that range."""
+
+    dest: str
+    ini: str
+    opt: str
+    whole: bool
+    low: float
+    high: float
+    error: str
+
+
+#: Every numeric option of the plugin, checked by :func:`check_number` (nan, inf outside the range, a
+#: negative count, a number too large to be meant: one usage error each, never an overflow further on).
+SEED = NumericOption("resume_matrix_seed", "resume_matrix_seed", OPT_SEED, True, 0, MAX_SEED, ERR_SEED)
+HANG = NumericOption("resume_matrix_hang_timeout", "resume_matrix_hang_timeout", OPT_HANG, False, 0, math.inf,
+                     ERR_HANG)
+BUDGET = NumericOption("resume_matrix_budget", "resume_matrix_budget", OPT_BUDGET, True, 1, MAX_BUDGET, ERR_BUDGET)
+RAY_RETRIES = NumericOption("resume_matrix_ray_retries", "resume_matrix_ray_retries", OPT_RAY_RETRIES, True, 0,
+                            MAX_RAY_RETRIES, ERR_RAY_RETRIES)
+RAY_COPY = NumericOption("resume_matrix_ray_copy", "resume_matrix_ray_copy", OPT_RAY_COPY, False, 0, MAX_RAY_COPY_MB,
+                         ERR_RAY_COPY)
+NUMERIC_OPTIONS = (SEED, HANG, BUDGET, RAY_RETRIES, RAY_COPY)
+
+
+def check_number(option: NumericOption, value: object, where: str) -> float:
+    """``value`` (as given: text from the command line or the ini file) as a number in ``option``'s range,
+    an ``int`` for a whole-number option; else ``pytest.UsageError`` with its error, naming ``where`` (the
+    option, or the ini key) and the value."""
+    text = str(value).strip()
+    try:
+        number: float = int(text) if option.whole else float(text)
+    except ValueError:
+        number = math.nan
+    if not option.low <= number <= option.high:  # nan fails both comparisons
+        raise pytest.UsageError(option.error.format(opt=where, value=value))
+    return number
 
 
 #: The session's settings, set in ``pytest_configure`` whether or not the matrix is on.
@@ -314,28 +366,22 @@ def _mode(config: pytest.Config, node_ids_given: bool) -> str | None:
 
 
 def _hang_timeout(config: pytest.Config) -> float:
-    hang = _setting(config, "resume_matrix_hang_timeout") or DEFAULT_HANG_TIMEOUT
-    try:
-        hang = float(hang)
-        if math.isnan(hang) or hang < 0:  # 0 and inf: no limit (the runner cuts huge limits)
-            raise ValueError
-    except ValueError:
-        raise pytest.UsageError(ERR_HANG.format(opt=OPT_HANG, value=hang)) from None
-    return hang
+    given = _numeric(config, HANG)
+    return DEFAULT_HANG_TIMEOUT if given is None else float(check_number(HANG, *given))
+
+
+def _numeric(config: pytest.Config, option: NumericOption) -> tuple[object, str] | None:
+    """The value given for ``option`` and where (the option, else the ini key), or None when not given."""
+    value = config.getoption(option.dest)
+    if value not in (None, ""):
+        return value, option.opt
+    value = config.getini(option.ini)
+    return (value, f"ini {option.ini}") if value not in (None, "") else None
 
 
 def _budget(config: pytest.Config) -> int | None:
-    value = _setting(config, "resume_matrix_budget")
-    if value is None:
-        return None
-    opt = OPT_BUDGET if config.getoption("resume_matrix_budget") is not None else "ini resume_matrix_budget"
-    try:
-        budget = int(str(value).strip())
-    except ValueError:
-        budget = 0
-    if budget < 1:
-        raise pytest.UsageError(ERR_BUDGET.format(opt=opt, value=value))
-    return budget
+    given = _numeric(config, BUDGET)
+    return None if given is None else int(check_number(BUDGET, *given))
 
 
 def _ray(config: pytest.Config) -> dict[str, Any]:
@@ -343,23 +389,12 @@ def _ray(config: pytest.Config) -> dict[str, Any]:
     from pytest_resume_check.cluster import wire
 
     address = _setting(config, "resume_matrix_ray")
-    retries, copy = _setting(config, "resume_matrix_ray_retries"), _setting(config, "resume_matrix_ray_copy")
     out: dict[str, Any] = {}
+    retries, copy = _numeric(config, RAY_RETRIES), _numeric(config, RAY_COPY)
     if retries is not None:
-        try:
-            out["ray_retries"] = int(str(retries).strip())
-        except ValueError:
-            out["ray_retries"] = -1
-        if out["ray_retries"] < 0:
-            raise pytest.UsageError(ERR_RAY_RETRIES.format(opt=OPT_RAY_RETRIES, value=retries))
+        out["ray_retries"] = int(check_number(RAY_RETRIES, *retries))
     if copy is not None:
-        try:
-            megabytes = float(str(copy).strip())
-        except ValueError:
-            megabytes = -1.0
-        if not 0 <= megabytes < float("inf"):
-            raise pytest.UsageError(ERR_RAY_COPY.format(opt=OPT_RAY_COPY, value=copy))
-        out["ray_copy_bytes"] = int(megabytes * 2**20)
+        out["ray_copy_bytes"] = int(check_number(RAY_COPY, *copy) * 2**20)
     if address is not None and not wire.in_group():
         workers = config.getoption("numprocesses", None)
         if workers not in (None, 0, "0"):
@@ -409,10 +444,7 @@ def _seed(config: pytest.Config) -> int:
             return int(seed)
     if raw is None:
         return Random().randrange(10**6)
-    try:
-        return int(raw)
-    except ValueError:
-        raise pytest.UsageError(ERR_SEED.format(opt=OPT_SEED, value=raw)) from None
+    return int(check_number(SEED, raw, OPT_SEED if config.getoption(SEED.dest) is not None else f"ini {SEED.ini}"))
 
 
 def _rerunning_failures(config: pytest.Config) -> bool:

@@ -155,12 +155,36 @@ def test_a_target_whose_functions_raise_gets_one_failing_item_and_the_other_targ
 
 # -- the hang limit -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value", ["nan", "-1"])
-def test_a_hang_limit_that_is_not_a_number_of_seconds_is_refused(pytester, value):
-    # Refused before any run: in process is enough.
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--resume-matrix", f"{options.OPT_HANG}={value}")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert options.ERR_HANG.format(opt=options.OPT_HANG, value=float(value)) in result.stderr.str()
+#: Values a mistyped or hostile numeric option gets, and which of them each option accepts: only the hang
+#: limit takes inf (no limit) and huge limits (cut to about 23 days), as matrix.md says.
+ABSURD = ["inf", "nan", "1e308", "-1", "-inf"]
+ACCEPTED = {options.HANG.opt: {"inf", "1e308"}}
+
+
+@pytest.mark.parametrize("value", ABSURD)
+@pytest.mark.parametrize("option", options.NUMERIC_OPTIONS, ids=lambda option: option.opt)
+def test_every_numeric_option_refuses_absurd_values_with_one_usage_error_naming_it(pytester, option, value):
+    # Refused while pytest configures, before any run (none is asked for here): in process is enough.
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", f"{option.opt}={value}")
+    output = result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in output and "Traceback" not in output, output
+    if value in ACCEPTED.get(option.opt, ()):
+        assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED, output
+        return
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, output
+    message = option.error.format(opt=option.opt, value=value)
+    assert message in result.stderr.str()
+    high = "inf" if option.high == math.inf else f"{option.high:,}"
+    assert f"{option.opt}={value!r}" in message and f"from {option.low:g} to {high}" in message
+
+
+@pytest.mark.parametrize("option", options.NUMERIC_OPTIONS, ids=lambda option: option.opt)
+def test_every_numeric_option_takes_the_ends_of_its_range_from_the_command_line_or_the_ini_file(option):
+    for end in (option.low, option.high):
+        given = str(int(end)) if option.whole else str(end)
+        assert options.check_number(option, given, option.opt) == end
+    with pytest.raises(pytest.UsageError, match=f"^ini {option.ini}='x'"):
+        options.check_number(option, "x", f"ini {option.ini}")
 
 
 def test_a_basetemp_whose_parent_folder_is_missing_is_one_usage_error_naming_it(project):

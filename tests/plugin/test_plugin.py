@@ -34,7 +34,7 @@ def test_loading_the_plugin_imports_neither_torch_nor_the_engine(pytester):
         (["--resume-matrix-mode=fast"], options.ERR_MODE.format(opt=options.OPT_MODE, value="fast")),
         (["--resume-matrix", "--resume-matrix-seed=abc"], options.ERR_SEED.format(opt=options.OPT_SEED, value="abc")),
         (["--resume-matrix", "--resume-matrix-hang-timeout=-1"],
-         options.ERR_HANG.format(opt=options.OPT_HANG, value=-1.0)),
+         options.ERR_HANG.format(opt=options.OPT_HANG, value="-1")),
         (["--resume-matrix", "--resume-matrix-isolation=thread"],
          options.ERR_ISOLATION.format(opt=options.OPT_ISOLATION, value="thread")),
     ],

@@ -353,4 +353,4 @@ def test_a_cluster_that_cannot_be_used_is_one_error(tmp_path):
     code, output = pytest_in(path, "--resume-matrix", "--resume-matrix-ray=auto", "-n", "2")
     assert code == 4 and "drop -n" in output, output
     code, output = pytest_in(path, "--resume-matrix", "--resume-matrix-ray=auto", "--resume-matrix-ray-retries=x")
-    assert code == 4 and "--resume-matrix-ray-retries='x' must be a whole number" in output, output
+    assert code == 4 and "--resume-matrix-ray-retries='x' is not a number of retries" in output, output
