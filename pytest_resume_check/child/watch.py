@@ -44,6 +44,7 @@ import importlib.util
 import io
 import json
 import os
+import stat
 import sys
 import threading
 from collections.abc import Callable
@@ -53,6 +54,7 @@ from pytest_resume_check import client
 from pytest_resume_check.child.recorder import WRITE_FLAGS, FileProxy
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.commits import MAX_POINTER_BYTES, holding, matches, named_checkpoint, pointer_text
+from pytest_resume_check.records.regular_files import NotRegular, open_inside
 
 #: The field of the run's context that holds the checkpoint glob (set only for zero-change targets).
 CONTEXT_CHECKPOINTS = "checkpoints"
@@ -258,11 +260,20 @@ class Watcher:
         self.run._call(CALL_WATCHED, kind=kind, step=step, path=path, extra=extra or {})
 
     def _pointer_text(self, rel: str) -> str | None:
+        """The text of the pointer file ``rel`` (its first bytes), or None when it names nothing: gone, or
+        no regular file inside the run's folder (a FIFO there would block this, the program's own thread)."""
         try:
-            with _real_open(os.path.join(self.root, rel), "rb") as f:
-                return pointer_text(f.read(MAX_POINTER_BYTES + 1))
+            fd = open_inside(self.root, rel)
+        except (OSError, NotRegular):
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder (or a link to one) holds no text
+                return None
+            return pointer_text(os.read(fd, MAX_POINTER_BYTES + 1))
         except OSError:
             return None
+        finally:
+            os.close(fd)
 
     def _known(self) -> list[str]:
         """The checkpoints in this run's folder (by name), then those written since the previous commit."""

@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pytest_resume_check.records.regular_files import NotRegular, open_inside
+
 #: What a :class:`FaultPlan` does at its op (the values appear in cell JSON and kill ids: never change them).
 MODE_RECORD = "record"
 MODE_CRASH = "crash"
@@ -38,6 +40,9 @@ MODES = (MODE_RECORD, MODE_CRASH, MODE_POWER, MODE_TORN, MODE_ERROR)
 ERRNOS = {"enospc": errno_codes.ENOSPC, "eio": errno_codes.EIO}
 #: Marker in injected errors, so the verdict can tell them from the target's own failures.
 INJECTED = "[injected by pytest-resume-check]"
+#: A file the damage after a kill left alone: it is no regular file inside the run's folder (``{refusal}``
+#: names it and what it is), which the harness never opens to write.
+NOT_CUT = "not cut: {refusal} (the harness cuts only regular files inside the run's checkpoint folder)"
 
 #: Keys of the ``extra`` of a kill-ready event sent from inside a watched save.
 EXTRA_OPS_DONE = "ops_done"
@@ -97,6 +102,8 @@ class DiskDamage:
     not_durable: tuple[tuple[str, int], ...] = ()
     #: (relative path, size before, size after) of the torn file.
     torn: tuple[str, int, int] | None = None
+    #: Why each file the damage names was left as it is (a FIFO, a link out of the folder), as reports say it.
+    refused: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.not_durable or self.torn)
@@ -107,29 +114,44 @@ class DiskDamage:
         if self.torn:
             rel, size, cut = self.torn
             lines.append(f"torn: {rel} cut from {size} to {cut} bytes")
-        return lines
+        return lines + [NOT_CUT.format(refusal=refusal) for refusal in self.refused]
 
 
 def apply_after_kill(root: str, extra: Mapping[str, Any]) -> DiskDamage:
     """Apply what a power loss or torn write does to the files under ``root`` after the kill, as the
-    kill-ready event's ``extra`` describes it."""
-    cut = []
+    kill-ready event's ``extra`` describes it. Only regular files inside ``root`` are opened (the names
+    come from the run's process, and the trainer may have left a FIFO or a link out of the folder there);
+    :attr:`DiskDamage.refused` names the others."""
+    cut: list[tuple[str, int]] = []
+    refused: list[str] = []
     for rel, synced in sorted(extra.get(EXTRA_UNSYNCED, {}).items()):
-        path = os.path.join(root, rel)
-        if os.path.exists(path):
-            with open(path, "r+b") as f:
-                f.truncate(int(synced))
+        if _cut(root, rel, int(synced), refused) is not None:
             cut.append((rel, int(synced)))
     torn = None
     rel = extra.get(EXTRA_TORN)
     if rel:
-        path = os.path.join(root, rel)
-        if os.path.exists(path):
-            size = os.path.getsize(path)
-            with open(path, "r+b") as f:
-                f.truncate(size // 2)
+        size = _cut(root, rel, None, refused)
+        if size is not None:
             torn = (rel, size, size // 2)
-    return DiskDamage(tuple(cut), torn)
+    return DiskDamage(tuple(cut), torn, tuple(refused))
+
+
+def _cut(root: str, rel: str, keep: int | None, refused: list[str]) -> int | None:
+    """Cut the regular file ``rel`` inside ``root`` to ``keep`` bytes (None: half its size) and return the
+    size it had; None when it is not there, or is refused (then said in ``refused``)."""
+    try:
+        fd = open_inside(root, rel, write=True)
+    except FileNotFoundError:
+        return None
+    except NotRegular as exc:
+        refused.append(str(exc))
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        os.ftruncate(fd, size // 2 if keep is None else keep)
+    finally:
+        os.close(fd)
+    return size
 
 
 def leaves_incomplete(fault: FaultPlan | None, ops: Sequence[FileOp], name: str) -> bool:

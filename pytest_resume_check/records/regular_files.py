@@ -12,6 +12,8 @@ replaced. A read stops at the size the descriptor had when it was checked, so a 
 :func:`open_inside` resolves a path inside a folder one component at a time, each opened relative to the
 folder above it, and follows a symbolic link only while where it leads stays inside that folder.
 :func:`open_for_append` opens the step summary file the session writes at its end, a regular file only.
+The same checks guard a file opened to be cut (a power loss's damage after a kill inside a save): it is
+opened for writing, with no truncating flag, and cut only once the descriptor is known to be that file.
 """
 
 from __future__ import annotations
@@ -40,7 +42,15 @@ KIND_LINK_NOWHERE = "a symbolic link to {target}, which does not exist"
 KIND_LINK_LOOP = "a chain of more than " + str(MAX_LINKS) + " symbolic links"
 KIND_OTHER = "not a regular file (mode {mode:o})"
 
+#: ``os.open`` as it was when this module was imported: in a run's process the zero-change watcher wraps
+#: ``os.open`` to see the program's reads, and the pointer files it reads itself through this module must not
+#: count as the program's (the watcher imports this module before it wraps anything).
+_os_open = os.open
+
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+#: Opened to be cut with ``os.ftruncate``: ``O_NONBLOCK`` as above (a FIFO nobody reads fails with ``ENXIO``
+#: instead of waiting), and no ``O_TRUNC``, which would cut a file before it is checked.
+_WRITE = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _FOLDER = os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
 
 
@@ -61,18 +71,20 @@ def kind_of(mode: int) -> str:
     return next((kind for test, kind in kinds if test(mode)), KIND_OTHER.format(mode=stat.S_IFMT(mode)))
 
 
-def open_regular(path: str, *, dir_fd: int | None = None) -> int:
-    """A descriptor open for reading on the regular file ``path`` (relative to ``dir_fd`` when given), never
-    through a symbolic link; raises :class:`NotRegular` for anything else, without opening a FIFO or a
-    device that was one when looked at."""
+def open_regular(path: str, *, dir_fd: int | None = None, write: bool = False) -> int:
+    """A descriptor open for reading (``write``: for writing, to cut it) on the regular file ``path``
+    (relative to ``dir_fd`` when given), never through a symbolic link; raises :class:`NotRegular` for
+    anything else, without opening a FIFO or a device that was one when looked at."""
     mode = os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode
     if not stat.S_ISREG(mode):
         raise NotRegular(path, kind_of(mode))
     try:
-        fd = os.open(path, _READ, dir_fd=dir_fd)
+        fd = _os_open(path, _WRITE if write else _READ, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # replaced by a link since it was looked at
             raise NotRegular(path, KIND_LINK) from None
+        if exc.errno == errno.ENXIO:  # replaced by a FIFO nobody reads since it was looked at
+            raise NotRegular(path, KIND_FIFO) from None
         raise
     return _checked(fd, path)
 
@@ -97,15 +109,16 @@ def read_chunks(fd: int) -> Iterator[bytes]:
         yield chunk
 
 
-def open_inside(folder: str, rel: str) -> int:
-    """A descriptor on what ``rel`` names inside ``folder``: a regular file open for reading, or a folder (a
+def open_inside(folder: str, rel: str, *, write: bool = False) -> int:
+    """A descriptor on what ``rel`` names inside ``folder``: a regular file open for reading (``write``: for
+    writing, to cut it; a folder is then refused too), or a folder (a
     directory descriptor, for :func:`os.listdir`). Each component is opened relative to the one before it,
     never through a link; a symbolic link is followed by putting where it leads in its place, relative or
     absolute, as long as that stays inside ``folder`` (``..`` above ``folder`` does not). Raises
     :class:`NotRegular` for a FIFO, device or socket, and for a link leading out of ``folder``."""
     bases = (os.path.abspath(folder), os.path.realpath(folder))  # as named, and with its links resolved
     parts = _parts(rel)
-    opened = [os.open(folder, _FOLDER & ~os.O_NOFOLLOW)]  # the folder itself is the harness's: named as given
+    opened = [_os_open(folder, _FOLDER & ~os.O_NOFOLLOW)]  # the folder itself is the harness's: named as given
     links, target = 0, ""
     try:
         while parts:
@@ -136,12 +149,14 @@ def open_inside(folder: str, rel: str) -> int:
                     target = inner
                 parts.extend(_parts(target))
                 continue
-            if stat.S_ISDIR(mode):
-                opened.append(os.open(name, _FOLDER, dir_fd=opened[-1]))
+            if stat.S_ISDIR(mode) and (parts or not write):
+                opened.append(_os_open(name, _FOLDER, dir_fd=opened[-1]))
             elif stat.S_ISREG(mode) and not parts:
-                return open_regular(name, dir_fd=opened[-1])
+                return open_regular(name, dir_fd=opened[-1], write=write)
             else:
                 raise NotRegular(rel, kind_of(mode))
+        if write:  # the folder itself: nothing to cut
+            raise NotRegular(rel, KIND_FOLDER)
         return opened.pop()
     finally:
         for fd in opened:
@@ -158,7 +173,7 @@ def open_for_append(path: str) -> int:
     followed: the path is the user's choice) must be a regular file. Raises :class:`NotRegular` without
     waiting for a FIFO's reader, and OSError when it cannot be opened."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        fd = _os_open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         if exc.errno == errno.ENXIO:  # a FIFO nobody reads, or a device that is not there
             raise NotRegular(path, kind_of(os.stat(path).st_mode)) from None

@@ -12,13 +12,17 @@ import socket
 import stat
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from pytest_resume_check.cells.shared_runs import Unshareable, _snapshot
 from pytest_resume_check.child.command import MISSING, MSG_OUTPUT_REFUSED, REFUSED, output_digests
+from pytest_resume_check.child.watch import Watcher
 from pytest_resume_check.plugin.summary import ERR_STEP_SUMMARY_NOT_REGULAR, _write_step_summary
 from pytest_resume_check.records import regular_files as rf
+from pytest_resume_check.records.commits import MAX_POINTER_BYTES
+from pytest_resume_check.records.faults import EXTRA_TORN, EXTRA_UNSYNCED, NOT_CUT, apply_after_kill
 
 
 class FifoWriter:
@@ -216,3 +220,56 @@ def test_open_inside_never_leaves_the_folder_by_dot_dot(tmp_path):
         assert b"".join(rf.read_chunks(fd)) == b"model"
     finally:
         os.close(fd)
+
+
+# -- the zero-change watcher's pointer files, and the damage a power loss leaves --------------------
+
+def _pointer_text(root: Path, rel: str) -> str | None:
+    """What the watcher reads from the pointer file ``rel`` of a run whose folder is ``root`` (the method
+    needs only the folder of the watcher it belongs to)."""
+    return Watcher._pointer_text(SimpleNamespace(root=str(root)), rel)  # type: ignore[arg-type]
+
+
+def test_the_watcher_reads_a_pointer_file_that_is_regular_and_refuses_a_fifo_without_waiting(tmp_path):
+    (tmp_path / "latest.txt").write_text("step_2")
+    assert _pointer_text(tmp_path, "latest.txt") == "step_2"
+    os.mkfifo(tmp_path / "latest")
+    writer = FifoWriter(tmp_path / "latest", b"step_3")
+    assert _pointer_text(tmp_path, "latest") is None  # names nothing: the program's thread is never held
+    assert writer.finish() == b"step_3"
+
+
+def test_the_watcher_reads_at_most_a_pointers_worth_of_a_big_file_and_nothing_through_a_link_out(tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("step_9")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "latest").symlink_to(outside)
+    assert _pointer_text(run, "latest") is None
+    (run / "big").write_bytes(b"s" * (10 * MAX_POINTER_BYTES))
+    assert _pointer_text(run, "big") is None  # too long to be a pointer, and read only that far
+
+
+def test_the_damage_after_a_kill_cuts_only_regular_files_inside_the_folder_and_names_the_others(tmp_path):
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"o" * 100)
+    run = tmp_path / "run"
+    (run / "step_2").mkdir(parents=True)
+    (run / "step_2" / "model.bin").write_bytes(b"m" * 100)
+    (run / "step_2" / "optim.bin").symlink_to(outside)
+    os.mkfifo(run / "step_2" / "data.bin")
+    writer = FifoWriter(run / "step_2" / "data.bin")
+    damage = apply_after_kill(str(run), {
+        EXTRA_UNSYNCED: {"step_2/model.bin": 10, "step_2/optim.bin": 0, "step_2/data.bin": 0, "../outside.bin": 0,
+                         "step_2/gone.bin": 0},
+        EXTRA_TORN: "step_2",
+    })
+    assert writer.finish() == writer.data  # never opened
+    assert (run / "step_2" / "model.bin").read_bytes() == b"m" * 10
+    assert outside.read_bytes() == b"o" * 100  # neither through the link nor by "..": it is not the run's
+    assert damage.not_durable == (("step_2/model.bin", 10),) and damage.torn is None
+    refused = [("../outside.bin", rf.KIND_LINK_OUT.format(target="../outside.bin", folder=run)),
+               ("step_2/data.bin", rf.KIND_FIFO),
+               ("step_2/optim.bin", rf.KIND_LINK_OUT.format(target=outside, folder=run)),
+               ("step_2", rf.KIND_FOLDER)]  # the files to make not durable in order, then the one to tear
+    assert damage.describe()[1:] == [NOT_CUT.format(refusal=f"{rel} is {kind}") for rel, kind in refused]
