@@ -18,6 +18,11 @@ from pytest_resume_check.run import Converged
 
 #: Exit code of a run's process whose target raised (its error is on the channel).
 EXIT_TARGET_RAISED = 70
+#: The first line of a target's error whose traceback :mod:`traceback` could not format (``{error}``: what
+#: formatting raised); its frames follow without their source lines, then the error itself as usual.
+MSG_UNFORMATTED = "Traceback (most recent call last; formatting it raised {error}, so no source lines):"
+#: An error whose ``str()`` raises, as its last line gives its message.
+MSG_NO_STR = "<str() of the error raised {error}>"
 
 
 def report_end(plan: RunPlan, sink: Any, body: Callable[[], None]) -> int:
@@ -34,7 +39,7 @@ def report_end(plan: RunPlan, sink: Any, body: Callable[[], None]) -> int:
     except Converged:
         sink.flush()
     except BaseException:  # report everything, SystemExit included: the parent decides what it means
-        text = traceback.format_exc()
+        text = error_text(sys.exc_info()[1])
         try:  # the pipe first: on a full disk the log write below fails, the pipe does not
             sink.send(ev.Event(ev.ERROR, text=text))
         except OSError:
@@ -44,6 +49,33 @@ def report_end(plan: RunPlan, sink: Any, body: Callable[[], None]) -> int:
     write_quietly(sys.stdout, "")
     write_quietly(sys.stderr, "")
     return code
+
+
+def error_text(error: BaseException | None) -> str:
+    """The traceback of ``error`` as the parent quotes it. A hostile frame can make :mod:`traceback` itself
+    raise (a module whose loader raises when asked for its source; an error whose ``__notes__`` raise): then
+    the frames are named from the code objects alone and the error's own line ends it as usual, so the run
+    still reports what its target raised instead of dying with multiprocessing's traceback of ours."""
+    try:
+        return traceback.format_exc()
+    except BaseException as exc:  # anything: this text is the last word the run says
+        failed = f"{type(exc).__name__}"
+    lines = [MSG_UNFORMATTED.format(error=failed)]
+    tb = error.__traceback__ if error is not None else None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        lines.append(f'  File "{code.co_filename}", line {tb.tb_lineno}, in {code.co_name}')
+        tb = tb.tb_next
+    kind = type(error)
+    name = kind.__qualname__
+    if kind.__module__ not in ("builtins", "__main__"):
+        name = f"{kind.__module__}.{name}"
+    try:
+        message = str(error)
+    except BaseException as exc:
+        message = MSG_NO_STR.format(error=type(exc).__name__)
+    lines.append(f"{name}: {message}" if message else name)
+    return "\n".join(lines) + "\n"
 
 
 def write_quietly(stream: Any, text: str) -> None:

@@ -155,7 +155,9 @@ class BrokenTarget(pytest.Item):
         raise ResumeCheckFailure(self.message)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
-        return str(excinfo.value)
+        from pytest_resume_check.report.text import visible
+
+        return visible(str(excinfo.value))  # it quotes the target's own exception
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
         return self.path, None, f"resume-matrix {self.name}"
@@ -260,7 +262,9 @@ class ResumeCell(pytest.Item):
 
         # TargetError: the target itself is broken (a preload module that fails to import), one line says why.
         if isinstance(excinfo.value, (ResumeCheckFailure, TargetError)):
-            return str(excinfo.value)
+            from pytest_resume_check.report.text import visible
+
+            return visible(str(excinfo.value))  # the trainer's words in it reach the terminal as text
         return super().repr_failure(excinfo)
 
     def reportinfo(self) -> tuple[Any, int | None, str]:

@@ -71,6 +71,7 @@ def write_summary(tr: Any, results: Sequence[dict[str, Any]], broken: Sequence[s
     """The header line, the grids and failing cells, then the JSON and HTML files asked for."""
     from pytest_resume_check import categories
     from pytest_resume_check.report import summary
+    from pytest_resume_check.report.text import visible
 
     results = sorted(results, key=summary.cell_name)
     failed = [r for r in results if categories.fails(r)]  # an XPASS fails, as pytest counts it
@@ -79,7 +80,7 @@ def write_summary(tr: Any, results: Sequence[dict[str, Any]], broken: Sequence[s
     tr.write_sep("=", SUMMARY_HEADER.format(cells=len(results), failing=len(failed), expected=len(expected),
                                             broken=some_broken, seed=settings.seed))
     for line in summary.session_lines(results, width=min(MAX_WIDTH, tr._tw.fullwidth), more_hint=OPT_JSON):
-        tr.write_line(line)
+        tr.write_line(visible(line))  # headlines quote the trainer's exceptions and log lines
     if settings.repro_dir:
         _say_repros(tr, results, settings.repro_dir)
     if settings.step_summary:

@@ -37,6 +37,18 @@ LOG_LINES_JSON = 20
 LOG_TAIL_BYTES = 16384
 LOG_LINE_CHARS = 240
 
+#: Characters a terminal acts on instead of showing: C0 controls but newline and tab (ESC starts the sequences
+#: that set the window title or clear the screen, CR writes over the line), DEL, C1 controls (CSI among them),
+#: and the bidirectional overrides that show text in another order than it has.
+_ACTING = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text: str) -> str:
+    """``text`` as the terminal may print it: each character a terminal would act on shown as its Python
+    escape (ESC as ``\\x1b``). The harness prints what a trainer wrote (its exception, its log lines) in
+    headlines and reports; JSON keeps the raw text (escaped by JSON) and HTML escapes it itself."""
+    return _ACTING.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
 
 #: Above the excerpt when it is not the plain consumed ledger (:func:`evidence_title`): the ledger its lines
 #: show, of which rank, and the other ledgers that differ too (their findings follow as ``also:`` lines).
@@ -280,7 +292,7 @@ def _where_hung(who: str, rec: RunRecord) -> list[str]:
 
 
 def failure_text(result: CellResult, rerun: str | None = None) -> str:
-    """The whole failure report of one cell."""
+    """The whole failure report of one cell, for a terminal (:func:`visible`)."""
     v = result.verdict
     lines = [v.headline]
     known = known_findings.known_finding_json(result)
@@ -315,7 +327,7 @@ def failure_text(result: CellResult, rerun: str | None = None) -> str:
     if rerun:
         lines.append(f"  rerun: {rerun}")
     lines = [ln for ln in lines if ln]
-    return "\n".join(lines)
+    return visible("\n".join(lines))
 
 
 #: The line of a failing cell's report naming the folders it keeps (its own and its case's reference runs).

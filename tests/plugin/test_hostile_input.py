@@ -7,6 +7,7 @@ cells still ran and passed. Runs no torch, so it also runs where only pytest is 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -335,3 +336,53 @@ def test_a_report_path_that_cannot_be_written_says_so_and_the_matrix_result_stan
         summary.ERR_REPORT_WRITE.format(kind="HTML", path=html_path, reason="Not a directory", opt=options.OPT_HTML),
     ])
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+# -- a trainer's words on the terminal ----------------------------------------------------------------
+
+HOSTILE_WORDS = GOOD + '''
+import hostile
+
+escapes = resume_target(hostile.escapes, name="escapes", steps=trainer.STEPS, resume_modes=["auto"],
+                        crash_save=False)
+nosource = resume_target(hostile.go, name="nosource", steps=trainer.STEPS, resume_modes=["auto"],
+                         crash_save=False)
+'''
+
+#: A target raising an error that sets the terminal's title and clears it, and one raising in a frame of a
+#: module whose loader raises when the traceback asks for its source.
+HOSTILE = """
+import trainer
+
+
+def escapes(run):
+    trainer.train(run)
+    raise RuntimeError("bad \\x1b]0;title\\x07 and \\x1b[2J clear")
+
+
+class NoSource:
+    def get_source(self, name):
+        raise ValueError("source is not readable today")
+
+
+__loader__ = NoSource()
+exec(compile("def go(run):\\n    trainer.train(run)\\n    raise RuntimeError('from a frame with no source')\\n",
+             "/nonexistent/hostile_virtual.py", "exec"), globals())
+"""
+
+
+def test_a_trainers_words_reach_the_terminal_as_text_and_a_hostile_frame_still_names_its_error(project):
+    project.makepyfile(hostile=HOSTILE)
+    project.makeconftest(HOSTILE_WORDS)
+    result = run_matrix(project, "escapes", "nosource", args=["--resume-matrix-json=cells.json"])
+    output = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, output
+    result.assert_outcomes(passed=GOOD_CELLS, failed=2 * GOOD_CELLS)
+    assert "\x1b" not in output and "\x07" not in output
+    raised = "*CRASHED: the reference run raised RuntimeError: {}"
+    result.stdout.fnmatch_lines([raised.format("bad \\x1b]0;title\\x07 and \\x1b[2J clear")])
+    result.stdout.fnmatch_lines([raised.format("from a frame with no source")])  # not "died by itself"
+    assert "Process resume-check" not in output  # multiprocessing's traceback of the harness's own failure
+    cells = json.loads((project.path / "cells.json").read_text())["cells"]
+    assert {c["headline"] for c in cells if c["target"] == "escapes"} == {
+        "CRASHED: the reference run raised RuntimeError: bad \x1b]0;title\x07 and \x1b[2J clear"}  # raw in JSON
