@@ -16,6 +16,7 @@ import io
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +57,8 @@ class Recorder:
         self.synced: dict[str, int] = {}  # path -> bytes made durable by fsync
         self._failing = False
         self._originals: list[tuple[Any, str, Any]] = []
+        #: ``saving`` is set in a thread while ``torch.save`` writes a path (see :func:`_torch_save_wrapper`).
+        self._local = threading.local()
 
     # -- the watched window ----------------------------------------------------------------------
     def start(self, step: int) -> None:
@@ -82,7 +85,7 @@ class Recorder:
     def op(self, kind: str, path: Any, target: Any = None) -> str | None:
         """Called before an operation happens; the path relative to the root when the operation is
         watched, None when it is not. May kill or raise."""
-        rel = self._rel(path) if self.active else None
+        rel = self._rel(path) if self.active and not getattr(self._local, "saving", False) else None
         if rel is None:
             return None
         index = len(self.ops)
@@ -220,10 +223,18 @@ def _fsync_wrapper(rec: Recorder, real: Callable[..., Any]) -> Callable[..., Any
 
 
 def _torch_save_wrapper(rec: Recorder, real: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.save`` to a path is one op in either format: the zip format writes from C++, the legacy one
+    (``_use_new_zipfile_serialization=False``) through Python's ``open``, whose ops inside the save are not
+    counted again (they made one save two ops and more, and its crash cells differ by format)."""
+
     def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
         rel = rec.op("torch.save", f) if isinstance(f, (str, os.PathLike)) else None
         if rel is not None:
-            real(obj, f, *args, **kwargs)
+            rec._local.saving = True
+            try:
+                real(obj, f, *args, **kwargs)
+            finally:
+                rec._local.saving = False
             # torch writes paths from C++ and never fsyncs them: nothing of it is durable.
             rec.written[rel] = max(1, os.path.getsize(f))
             rec.synced[rel] = 0

@@ -105,6 +105,8 @@ class Watcher:
         self.last_named: str | None = None  # the checkpoint the previous commit named
         self.filled: set[str] = set()  # checkpoint folders reported as filled in place
         self.pending: tuple[str, str] | None = None  # a pointer closed in place: reported unless renamed away
+        #: ``saving`` is set in a thread while ``torch.save`` writes a path: the save is one publication.
+        self.local = threading.local()
 
     # -- what a path is ------------------------------------------------------------------------------
     def _relative(self, path: Any) -> tuple[str, str] | None:
@@ -335,7 +337,7 @@ class Watcher:
     def _open_wrapper(self, real: Callable[..., Any]) -> Callable[..., Any]:
         def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
             result = real(file, mode, *args, **kwargs)
-            if isinstance(file, (str, bytes, os.PathLike)):
+            if isinstance(file, (str, bytes, os.PathLike)) and not getattr(self.local, "saving", False):
                 if any(c in mode for c in _WRITING):
                     rel = self._own(file)
                     if rel is not None and self.opened_for_writing(rel, mode):
@@ -363,10 +365,20 @@ class Watcher:
         return move
 
     def _torch_save_wrapper(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        """A ``torch.save`` to a path publishes once in either format: the legacy one
+        (``_use_new_zipfile_serialization=False``) writes through ``open``, whose close inside the save would
+        publish the same checkpoint a second time, as the next step."""
+
         def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
-            real(obj, f, *args, **kwargs)
-            if isinstance(f, (str, bytes, os.PathLike)):
-                self.wrote(f)
+            if not isinstance(f, (str, bytes, os.PathLike)):
+                real(obj, f, *args, **kwargs)
+                return
+            self.local.saving = True
+            try:
+                real(obj, f, *args, **kwargs)
+            finally:
+                self.local.saving = False
+            self.wrote(f)
 
         return save
 
