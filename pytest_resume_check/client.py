@@ -50,14 +50,23 @@ PROTOCOL = PROTOCOL_VERSION
 
 def _state_fields(components: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a ``state`` or ``final`` line: the components themselves when they are JSON values, else
-    each component's leaves digested here (``leaves``: a tensor cannot travel as JSON)."""
+    each component's leaves digested here (``leaves``: a tensor cannot travel as JSON), or, for a leaf no digest
+    can be the same in every run (a plain object), what the harness reports it as (``refused``: its keys, type
+    and why), so the run is the ``PROTOCOL`` finding naming it rather than a program that crashed."""
     named = {str(k): v for k, v in components.items()}
     try:
         json.dumps(named, allow_nan=False)
     except (TypeError, ValueError):
-        from pytest_resume_check.records.state import leaf_digests
+        from pytest_resume_check.records.state import Undigestable, leaf_digests
 
-        return {"leaves": {name: leaf_digests(value) for name, value in named.items()}}
+        leaves = {}
+        for name, value in named.items():
+            try:
+                leaves[name] = leaf_digests(value)
+            except Undigestable as exc:
+                keys = [name, *(k if isinstance(k, (str, int, float, bool)) else repr(k) for k in exc.keys)]
+                return {"refused": {"keys": keys, "type": exc.type_name, "why": exc.why}}
+        return {"leaves": leaves}
     return {"components": named}
 
 

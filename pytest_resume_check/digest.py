@@ -17,5 +17,7 @@ from pytest_resume_check.records.state import combine, leaf_digests
 
 def digest_of(value: Any) -> str:
     """Hex digest of nested dicts/lists/tuples of tensors, numpy arrays, bytes, plain values and
-    objects with ``state_dict()`` or ``get_state()``."""
+    objects with ``state_dict()`` or ``get_state()``. Raises
+    :class:`~pytest_resume_check.records.state.Undigestable` for a value no digest reads the same way in every
+    run (a plain object, whose repr holds its address); raised in a target, the run is ``PROTOCOL`` naming it."""
     return combine(leaf_digests(value))

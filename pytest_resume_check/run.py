@@ -34,6 +34,7 @@ from pytest_resume_check.records.plan import (  # noqa: F401  (re-exported: targ
 from pytest_resume_check.records.state import (
     CAPTURED,
     DIGEST_COMPONENT,
+    Undigestable,
     captured_generators,
     combine,
     first_not_close,
@@ -124,6 +125,8 @@ class RunContext:
         #: (step, thread) of a state equal to the reference's: the run stops as that thread takes the next
         #: step's first inputs, if they are the reference's (see _check_converged).
         self._converging: tuple[int, int] | None = None
+        #: Whether this run reported a leaf the harness cannot digest (its PROTOCOL line is sent once).
+        self._undigestable = False
 
     # -- what the target reads -------------------------------------------------------------------
     @property
@@ -259,7 +262,8 @@ class RunContext:
             self._state_values(ev.STATE, step, components)
             return
         digests = self._send_digests(ev.STATE, step, components)
-        self._check_converged(step, digests)
+        if digests is not None:
+            self._check_converged(step, digests)
 
     def final(self, components: Mapping[str, Any]) -> None:
         """Optional: report what the job delivers, once, at the end of training: the exported model, its
@@ -316,23 +320,44 @@ class RunContext:
         """Pass an event through as it is (a command target relays its program's file operations)."""
         self._sink.send(event)
 
-    def _send_digests(self, kind: str, step: int | None, components: Mapping[str, Any]) -> dict[str, str]:
-        """Digest ``components`` and send them as one ``kind`` event; returns the component digests."""
-        extra = self._digested(components)
+    def _send_digests(self, kind: str, step: int | None, components: Mapping[str, Any]) -> dict[str, str] | None:
+        """Digest ``components`` and send them as one ``kind`` event; returns the component digests, or None when
+        a leaf cannot be digested the same way in every run (then the run's ``PROTOCOL`` line is sent instead)."""
+        try:
+            extra = self._digested(components)
+        except Undigestable as exc:
+            self._refused(kind, step, exc)
+            return None
         self._sink.send(ev.Event(kind, step=step, extra=extra))
         return extra[ev.STATE_DIGESTS]
 
     @staticmethod
     def _digested(components: Mapping[str, Any]) -> dict[str, Any]:
         """A state event's ``extra`` for ``components``: their digests and their leaves' digests."""
-        leaves = {str(name): leaf_digests(value) for name, value in components.items()}
+        leaves = {}
+        for name, value in components.items():
+            try:
+                leaves[str(name)] = leaf_digests(value)
+            except Undigestable as exc:
+                raise exc.below(name) from None
         return {ev.STATE_DIGESTS: {name: combine(values) for name, values in leaves.items()}, ev.STATE_LEAVES: leaves}
+
+    def _refused(self, kind: str, step: int | None, exc: Undigestable) -> None:
+        """A reported leaf the harness cannot digest the same way in every run: the run's ``PROTOCOL`` line naming
+        it, its type and the fix, instead of a digest that would differ between runs holding the same state (a
+        false ``NONDETERMINISTIC``) or an error blamed on the trainer. Sent once a run: the first says it all."""
+        if self._undigestable:
+            return
+        self._undigestable = True
+        root, call = ("final", "run.final()") if kind == ev.FINAL else ("state", f"run.state(step={step})")
+        self._violation(exc.message(root, call))
 
     def _capture(self, step: int) -> None:
         """Record the process-global generators after ``step`` as components of their own (the trainer
         need not think of them). Under a tolerance they are compared exactly all the same."""
         digests = self._send_digests(ev.STATE, step, captured_generators())
-        self._seen(step, digests)
+        if digests is not None:
+            self._seen(step, digests)
 
     def _seen(self, step: int, digests: Mapping[str, str]) -> None:
         if self._state_step != step:
@@ -382,7 +407,13 @@ class RunContext:
         """Tolerance mode: write the values (first reference run) or compare them with the reference's
         here, in the child, and report which components are not close (no early stop). ``step`` None:
         the final outputs."""
-        values = {str(name): plain_values(value) for name, value in components.items()}
+        values = {}
+        for component, value in components.items():
+            try:
+                values[str(component)] = plain_values(value)
+            except Undigestable as exc:
+                self._refused(kind, step, exc.below(component))
+                return
         name = (f"step_{step}" if step is not None else "final") + (f"_rank{self._rank}" if self._rank else "") + ".pkl"
         if self.plan.state_values_dir:
             path = Path(self.plan.state_values_dir) / name

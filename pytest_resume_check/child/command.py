@@ -41,7 +41,7 @@ from pytest_resume_check.records.errors import TargetError
 from pytest_resume_check.records.names import case_id
 from pytest_resume_check.records.plan import LAUNCHER_TORCHRUN, CommandSpec
 from pytest_resume_check.records.regular_files import NotRegular, open_inside, read_chunks
-from pytest_resume_check.records.state import combine
+from pytest_resume_check.records.state import Undigestable, combine
 from pytest_resume_check.run import RunContext
 
 #: The folder whose ``sitecustomize`` installs the watcher of zero-change targets in their program.
@@ -624,9 +624,22 @@ ERR_LEAVES_TOLERANCE = ("this target compares its state under a tolerance (state
                         "values: send them as components, not as digested leaves")
 
 
+#: The field of a ``state`` or ``final`` line by which the client says a leaf cannot be digested the same way in
+#: every run (:class:`~pytest_resume_check.records.state.Undigestable`): ``keys`` (the component's name first),
+#: ``type`` and ``why``. The run's ``PROTOCOL`` line names it, as for a Python target reporting the same state.
+FIELD_REFUSED = "refused"
+
+
 def _state(run: RunContext, call: str, step: Any, request: Mapping[str, Any]) -> None:
     """A ``state`` or ``final`` line: JSON values the harness digests here (``components``), or leaves the program
-    digested itself (:data:`FIELD_LEAVES`), reported as the same event a Python target's call makes."""
+    digested itself (:data:`FIELD_LEAVES`), reported as the same event a Python target's call makes; a leaf the
+    program could not digest (:data:`FIELD_REFUSED`) is the run's ``PROTOCOL`` line."""
+    if FIELD_REFUSED in request:
+        refused = request[FIELD_REFUSED]
+        if run.plan.report_state:
+            run._refused(ev.STATE if call == "state" else ev.FINAL, int(step) if call == "state" else None,
+                         Undigestable(tuple(refused["keys"]), str(refused["type"]), str(refused["why"])))
+        return
     if FIELD_LEAVES not in request:
         components = request["components"]
         if not isinstance(components, dict):

@@ -14,6 +14,7 @@ from typing import Any
 
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.plan import LAUNCHER_HARNESS, RunPlan
+from pytest_resume_check.records.state import Undigestable
 from pytest_resume_check.run import Converged
 
 #: Exit code of a run's process whose target raised (its error is on the channel).
@@ -23,6 +24,8 @@ EXIT_TARGET_RAISED = 70
 MSG_UNFORMATTED = "Traceback (most recent call last; formatting it raised {error}, so no source lines):"
 #: An error whose ``str()`` raises, as its last line gives its message.
 MSG_NO_STR = "<str() of the error raised {error}>"
+#: How the ``PROTOCOL`` line of a target whose own ``digest_of(value)`` refused a leaf names the leaf and the call.
+DIGEST_OF_ROOT, DIGEST_OF_CALL = "value", "digest_of(value)"
 
 
 def report_end(plan: RunPlan, sink: Any, body: Callable[[], None]) -> int:
@@ -38,8 +41,13 @@ def report_end(plan: RunPlan, sink: Any, body: Callable[[], None]) -> int:
             sink.send(ev.Event(ev.DONE))
     except Converged:
         sink.flush()
-    except BaseException:  # report everything, SystemExit included: the parent decides what it means
-        text = error_text(sys.exc_info()[1])
+    except BaseException as exc:  # report everything, SystemExit included: the parent decides what it means
+        if isinstance(exc, Undigestable):  # digest_of(state) met a leaf no digest can be the same in every run
+            try:  # the run's PROTOCOL line, judged before how the run ended: not the trainer's crash
+                sink.send(ev.Event(ev.VIOLATION, text=exc.message(DIGEST_OF_ROOT, DIGEST_OF_CALL)))
+            except OSError:
+                pass
+        text = error_text(exc)
         try:  # the pipe first: on a full disk the log write below fails, the pipe does not
             sink.send(ev.Event(ev.ERROR, text=text))
         except OSError:

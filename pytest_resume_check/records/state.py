@@ -12,6 +12,13 @@ Digests are XXH3-128 (the ``xxhash`` package, which verl brings and the torch ex
 is part of the digest (``x3:`` before an XXH3 digest), so digests of two kinds never pass for a difference
 of state: :func:`digest_kind` names it and the judge refuses to compare across kinds.
 
+A leaf the harness cannot digest the same way in every run is refused, never digested into a false
+difference: an object with no state of its own to read, whose repr holds its memory address (``<foo.Bar
+object at 0x7f...>``, a function, a lock), or a tensor whose values torch cannot read out. Sparse tensors are
+digested by their own components (a COO tensor coalesced first, so equal tensors digest equally), a nested
+tensor by the tensors it holds. :class:`Undigestable` names the leaf's key path and type, and
+:data:`MSG_UNDIGESTABLE` is the run's ``PROTOCOL`` line with the fix.
+
 No torch or numpy import at module level: values are inspected by duck typing, and numpy is imported
 only to compare values under a tolerance.
 """
@@ -23,6 +30,7 @@ import hashlib
 import math
 import pickle
 import random
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -48,6 +56,53 @@ CAPTURED = frozenset({CAPTURED_PYTHON, CAPTURED_NUMPY, CAPTURED_TORCH, CAPTURED_
 #: every leaf); numpy's other leaves (its position, its cached Gaussian) are small values any state may hold.
 GENERATOR_BODY: dict[str, tuple[str, ...] | None] = {
     CAPTURED_PYTHON: None, CAPTURED_NUMPY: ("state.key",), CAPTURED_TORCH: None, CAPTURED_CUDA: None}
+
+
+#: The ``PROTOCOL`` text of a run that reported a leaf the harness cannot digest the same way in every run
+#: (after the run's name: ``PROTOCOL: the reference run reported ...``). ``where`` is the leaf's key path
+#: (:meth:`Undigestable.where`), ``call`` the report call, ``why`` one of the ``WHY_*`` below.
+MSG_UNDIGESTABLE = ("reported {where} to {call}: a {type}, which the harness cannot digest the same way in every "
+                    "run ({why}); give it a state_dict(), or report a number, a tensor, or a dict of them")
+#: Why a leaf is refused: an object whose repr names where it lives in memory, not what it holds.
+WHY_ADDRESS = "its repr holds its memory address, not its state"
+#: Why a leaf is refused: its repr, the only thing the harness can read of it, raised.
+WHY_REPR_RAISED = "its repr raised {error}"
+#: Why a leaf is refused: torch cannot read the values of a tensor of this layout or kind.
+WHY_TENSOR = "torch cannot read out the values of this {layout} tensor: {error}"
+
+#: How a repr that names an object's memory address reads (``object.__repr__``, functions, numpy's
+#: ``Generator(PCG64) at 0x7F...``): it differs in every process, whatever the object holds.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+#: The components of a compressed sparse tensor, by layout: its index tensors (the values come last).
+_COMPRESSED = {"torch.sparse_csr": ("crow_indices", "col_indices"), "torch.sparse_bsr": ("crow_indices", "col_indices"),
+               "torch.sparse_csc": ("ccol_indices", "row_indices"), "torch.sparse_bsc": ("ccol_indices", "row_indices")}
+#: The longest error text a refusal quotes (its first line).
+_ERROR_CHARS = 160
+
+
+class Undigestable(ValueError):
+    """A leaf of a reported state that the harness cannot digest the same way in every run: its key path below
+    the reported value (``("opt", "sched")``), its type (``foo.Bar``) and why (a ``WHY_*`` text). Raised by
+    :func:`leaf_digests` and :func:`plain_values`; the run context reports it as the run's ``PROTOCOL`` line
+    (:data:`MSG_UNDIGESTABLE`), since a digest of it would differ between runs that hold the same state."""
+
+    def __init__(self, keys: tuple[Any, ...], type_name: str, why: str):
+        super().__init__(f"{type_name} at {keys!r}: {why}")
+        self.keys = keys
+        self.type_name = type_name
+        self.why = why
+
+    def below(self, *keys: Any) -> Undigestable:
+        """The same refusal with ``keys`` before its own (the component's name, say)."""
+        return Undigestable(tuple(keys) + self.keys, self.type_name, self.why)
+
+    def where(self, root: str) -> str:
+        """The leaf's key path as Python reads it: ``state['opt']['sched']``, ``final['metrics'][0]``."""
+        return root + "".join(f"[{key!r}]" for key in self.keys)
+
+    def message(self, root: str, call: str) -> str:
+        """The one-line text of :data:`MSG_UNDIGESTABLE` for this refusal in the report ``call``."""
+        return MSG_UNDIGESTABLE.format(where=self.where(root), call=call, type=self.type_name, why=self.why)
 
 
 def captured_generators() -> dict[str, Any]:
@@ -76,15 +131,22 @@ def drawn_after(states: Mapping[int, Mapping[str, str]], name: str, step: int) -
 
 def flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """``(path, leaf)`` pairs of a nested value, mapping keys in sorted order, sequences in order."""
+    for keys, leaf in _walk(value, ()):
+        path = ".".join(str(key) for key in keys)
+        yield (f"{prefix}.{path}" if prefix and path else prefix or path), leaf
+
+
+def _walk(value: Any, keys: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """``(keys, leaf)`` pairs of a nested value: the keys (mapping keys, sequence indices) lead to the leaf."""
     value = _expand(value)
     if isinstance(value, Mapping):
         for key in sorted(value, key=repr):
-            yield from flatten(value[key], f"{prefix}.{key}" if prefix else str(key))
+            yield from _walk(value[key], (*keys, key))
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            yield from flatten(item, f"{prefix}.{index}" if prefix else str(index))
+            yield from _walk(item, (*keys, index))
     else:
-        yield prefix, value
+        yield keys, value
 
 
 @functools.lru_cache(maxsize=1)
@@ -108,7 +170,8 @@ def digest_kind(digest: str) -> str:
 
 
 def leaf_digest(value: Any) -> str:
-    """Digest of one leaf: type, shape, dtype and exact bytes for tensors and arrays, repr otherwise."""
+    """Digest of one leaf: type, shape, dtype and exact bytes for tensors and arrays (a sparse tensor's by its
+    components), repr otherwise; :class:`Undigestable` for a leaf whose digest would differ between runs."""
     prefix, new = _hasher()
     h = new()
     _feed_leaf(h, value)
@@ -116,8 +179,15 @@ def leaf_digest(value: Any) -> str:
 
 
 def leaf_digests(value: Any) -> dict[str, str]:
-    """Digest of every leaf of a component, by path (in flattening order)."""
-    return {path: leaf_digest(leaf) for path, leaf in flatten(value)}
+    """Digest of every leaf of a component, by path (in flattening order). :class:`Undigestable`, with the
+    leaf's keys, for a leaf the harness cannot digest the same way in every run."""
+    out = {}
+    for keys, leaf in _walk(value, ()):
+        try:
+            out[".".join(str(key) for key in keys)] = leaf_digest(leaf)
+        except Undigestable as exc:
+            raise exc.below(*keys) from None
+    return out
 
 
 def combine(leaves: Mapping[str, str]) -> str:
@@ -138,12 +208,19 @@ def first_differing_key(a: Mapping[str, str], b: Mapping[str, str]) -> str | Non
 
 
 def plain_values(value: Any) -> dict[str, Any]:
-    """The leaves as picklable plain values (tensors become numpy arrays), for tolerance comparison."""
+    """The leaves as picklable plain values (tensors become numpy arrays, sparse ones dense), for tolerance
+    comparison; :class:`Undigestable` as for :func:`leaf_digests` (such a leaf never equals itself in
+    another run)."""
     out = {}
-    for path, leaf in flatten(value):
-        if _is_tensor(leaf):
-            leaf = _tensor_array(leaf)
-        out[path] = leaf
+    for keys, leaf in _walk(value, ()):
+        try:
+            if _is_tensor(leaf):
+                leaf = _tensor_array(leaf)
+            elif getattr(getattr(leaf, "dtype", None), "kind", "O") == "O":  # not an array of numbers
+                _repr_of(leaf)
+        except Undigestable as exc:
+            raise exc.below(*keys) from None
+        out[".".join(str(key) for key in keys)] = leaf
     return out
 
 
@@ -201,7 +278,10 @@ def pending_state(value: Any) -> dict[str, Any] | None:
 def _expand(value: Any) -> Any:
     """Stateful objects (modules, optimizers, schedulers, loaders, generators) as their state; an object
     that loads its state lazily as the state it will continue from (:func:`pending_state`)."""
-    if _is_tensor(value) or isinstance(value, (Mapping, list, tuple, str, bytes, bytearray)):
+    if _is_tensor(value):
+        # A nested tensor has no one shape: it is the list of the tensors it holds, each a leaf of its own.
+        return list(value.detach().unbind()) if getattr(value, "is_nested", False) else value
+    if isinstance(value, (Mapping, list, tuple, str, bytes, bytearray)):
         return value
     pending = pending_state(value)
     if pending is not None:
@@ -240,29 +320,107 @@ def _array_bytes(value: Any) -> Any:
 
 
 def _tensor_array(value: Any) -> Any:
-    array = value.detach().cpu()
     try:
-        return array.numpy()
-    except TypeError:
-        import torch
+        array = value.detach().cpu()
+        if getattr(array, "is_quantized", False):
+            array = array.dequantize()
+        if str(getattr(array, "layout", "torch.strided")) != "torch.strided":
+            array = array.to_dense()
+        try:
+            return array.numpy()
+        except TypeError:
+            import torch
 
-        return array.to(torch.float32).numpy()
+            return array.to(torch.float32).numpy()
+    except MemoryError:  # the machine's problem, not the tensor's
+        raise
+    except Exception as exc:  # a layout or kind whose values torch cannot read out (a meta tensor)
+        raise _tensor_refused(value, exc) from None
+
+
+def _tensor_parts(value: Any) -> list[tuple[str, Any]]:
+    """A tensor as the strided tensors that hold its values, each with its label: itself when strided; a sparse
+    COO tensor coalesced (duplicates summed, indices sorted: equal tensors, equal parts) as its indices and
+    values; a compressed sparse tensor (CSR, CSC, BSR, BSC) as its index tensors and values; a quantized one as
+    its integers and its scales (a nested tensor never comes here: :func:`_expand` lists what it holds)."""
+    layout = str(getattr(value, "layout", "torch.strided"))
+    if getattr(value, "is_quantized", False):  # its integers say nothing without their scale
+        import torch  # a quantized tensor exists, so torch is imported
+
+        if value.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+            params = [("scale", torch.tensor([value.q_scale()], dtype=torch.float64)),
+                      ("zero_point", torch.tensor([value.q_zero_point()], dtype=torch.int64))]
+        else:
+            params = [("scales", value.q_per_channel_scales()), ("zero_points", value.q_per_channel_zero_points()),
+                      ("axis", torch.tensor([value.q_per_channel_axis()], dtype=torch.int64))]
+        return [("int_repr", value.int_repr()), *params]
+    if layout == "torch.strided":
+        return [("", value)]
+    if layout == "torch.sparse_coo":
+        value = value.detach().coalesce()
+        return [("indices", value.indices()), ("values", value.values())]
+    if layout in _COMPRESSED:
+        return [(name, getattr(value, name)()) for name in _COMPRESSED[layout]] + [("values", value.values())]
+    return [("dense", value.to_dense())]  # mkldnn and any layout to come: by its values
+
+
+def _tensor_refused(value: Any, exc: BaseException) -> Undigestable:
+    error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    layout = str(getattr(value, "layout", "")).replace("torch.", "")
+    if getattr(value, "is_quantized", False) or getattr(value, "is_meta", False):
+        layout = ("meta " if getattr(value, "is_meta", False) else "quantized ") + layout
+    return Undigestable((), _type_name(value), WHY_TENSOR.format(layout=layout, error=error[:_ERROR_CHARS]))
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _repr_of(value: Any) -> str:
+    """The repr a plain leaf is digested by; :class:`Undigestable` when it names the object's address (it would
+    differ in every run) or raises."""
+    try:
+        text = repr(value)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {str(exc).strip()[:_ERROR_CHARS]}"
+        raise Undigestable((), _type_name(value), WHY_REPR_RAISED.format(error=error)) from None
+    if _ADDRESS.search(text):
+        raise Undigestable((), _type_name(value), WHY_ADDRESS)
+    return text
+
+
+def _feed_tensor(h: Any, value: Any) -> None:
+    try:
+        parts = _tensor_parts(value)
+        layout = str(getattr(value, "layout", "torch.strided"))
+        # The header of a strided tensor is what it always was; other layouts name theirs and their parts.
+        h.update(f"T{tuple(value.shape)}{value.dtype}".encode())
+        if len(parts) > 1 or layout != "torch.strided":
+            h.update(f"{layout}{len(parts)}".encode())
+        for label, part in parts:
+            if label:
+                h.update(f"{label}{tuple(part.shape)}{part.dtype}".encode())
+            h.update(_tensor_bytes(part))
+    except MemoryError:  # the machine's problem, not the tensor's
+        raise
+    except Exception as exc:  # a meta tensor, a quantized one, a layout torch cannot read out
+        raise _tensor_refused(value, exc) from None
 
 
 def _feed_leaf(h: Any, value: Any) -> None:
     if _is_tensor(value):
-        h.update(f"T{tuple(value.shape)}{value.dtype}".encode())
-        h.update(_tensor_bytes(value))
+        _feed_tensor(h, value)
     elif hasattr(value, "tobytes") and hasattr(value, "dtype") and hasattr(value, "shape"):  # numpy
         if value.dtype == object:
-            h.update(repr(value.tolist()).encode())
+            h.update(_repr_of(value.tolist()).encode())
         else:
             h.update(f"A{value.shape}{value.dtype}".encode())
             h.update(_array_bytes(value))
     elif isinstance(value, (bytes, bytearray)):
         h.update(b"B" + bytes(value))
     else:
-        h.update(f"{type(value).__name__}:{value!r}".encode())
+        h.update(f"{type(value).__name__}:{_repr_of(value)}".encode())
 
 
 def _close(a: Any, b: Any, rtol: float, atol: float) -> bool:

@@ -324,9 +324,13 @@ def test_report_page_example_lines_of_process_verdicts_match_the_message_templat
                  harness_errors.MSG_WORKER_CRASHED, "HARNESS: " + executor.MSG_NODE_LOST]
     shown = [line for lang, body in blocks("reading-a-report.md") if lang == "text"
              for line in body.splitlines() if line.startswith(TEMPLATE_CATEGORIES)]
-    assert len(shown) == 11
+    assert len(shown) == 12
     for line in shown:
         assert any(template_pattern(t).match(line) for t in templates), line
+    # The PROTOCOL example for a plain object in run.state is the run context's own line.
+    from pytest_resume_check.records.state import MSG_UNDIGESTABLE
+    undigestable = next(line for line in shown if "cannot digest" in line)
+    assert template_pattern(vd.MSG_CALLS.format(who="{who}", what=MSG_UNDIGESTABLE)).match(undigestable)
     # The PROTOCOL example for a missing resumed() call is the ledger's own message.
     from pytest_resume_check.records.ledger import compose
     never = next(line for line in shown if "never reported which checkpoint" in line)
