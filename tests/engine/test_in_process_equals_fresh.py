@@ -2,7 +2,8 @@
 interpreter (``fresh_interpreter=True``): a differential test over a small corpus of programs that end their
 process in the ways real scripts do (a forked child that exits or raises, ``os._exit`` at several points,
 ``exec``, a closed ``sys.stdout``, an exit function that raises, ``chdir`` and ``__file__``, ``sys.argv``, a
-multiprocessing child that delivers the program's output after its main returned).
+multiprocessing child or a thread that delivers the program's output after its main returned, a variable a
+preloaded module read when imported, signal handlers, warning filters, faulthandler, resource limits).
 
 Each program is declared twice, run on the same cells both ways, and every cell's verdict categories and
 headline must be equal. Headlines may differ only in the run folders they name: the engine's folder and the
@@ -27,14 +28,15 @@ PROGRAM = Path(__file__).resolve().parents[1] / "support" / "fresh_equivalence_p
 SETTING_MODULE = "reads_setting_at_import"
 MODES = ("plain", "fork_exit", "fork_raise", "fork_early", "exit_after_last", "exit_mid", "exit_code",
          "exit_on_resume", "chdir_file", "stdout_closed", "exec_wrapper", "argv", "atexit_raises", "zc_plain",
-         "zc_fork_exit", "mp_output", "mp_output_diverges", "env_at_import")
+         "zc_fork_exit", "mp_output", "mp_output_diverges", "env_at_import", "mp_joined", "thread_output", "signals",
+         "warnings", "faulthandler", "rlimit")
 #: A kill right after the checkpoint of step 2, and one step after it (a resume that redoes a step); each cell
 #: runs the uninterrupted reference too.
 CELLS = {"ckpt2": (KillSpec(2),), "ckpt2+1": (KillSpec(2, 1),)}
 #: Programs a fresh interpreter passes on every cell (the others fail alike both ways).
 PASSING = {"plain", "fork_exit", "fork_raise", "fork_early", "exit_after_last", "chdir_file", "stdout_closed",
            "exec_wrapper", "argv", "atexit_raises", "zc_plain", "zc_fork_exit", "mp_output",
-           "env_at_import"}
+           "env_at_import", "mp_joined", "thread_output", "signals", "warnings", "faulthandler", "rlimit"}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def engine(tmp_path_factory):
 def declared(mode: str, fresh: bool):
     name = f"{mode}_{'fresh' if fresh else 'in_process'}"
     checkpoints = "step_*.json" if mode.startswith("zc_") else None  # a program that reports nothing
-    outputs = ("model.json",) if mode.startswith("mp_output") else ()
+    outputs = ("model.json",) if mode.startswith("mp_") or mode == "thread_output" else ()
     # A module the fork server imports, reading at its import a variable the target sets.
     preload, env = ((SETTING_MODULE,), {reads_setting_at_import.NAME: "on"}) if mode == "env_at_import" else ((), {})
     target = resume_target.command(["{python}", PROGRAM.name, mode, "{checkpoint_dir}"], name=name, steps=4,

@@ -33,6 +33,12 @@ MODES = {
     "zc_plain": "reports nothing (a zero-change target: the harness watches its checkpoints)",
     "zc_fork_exit": "reports nothing, and forks a child before it trains that ends with sys.exit(0)",
     "mp_output": "a multiprocessing child that is no daemon writes its output model.json after main returns",
+    "mp_joined": "a multiprocessing child that is no daemon writes model.json and is joined before main returns",
+    "thread_output": "a thread that is no daemon writes model.json after main returns",
+    "signals": "checks the signal handlers a fresh interpreter starts with, then handles a signal of its own",
+    "warnings": "checks that the default warning filters show a DeprecationWarning of __main__ and no other",
+    "faulthandler": "enables faulthandler on its stderr and dumps its own traceback",
+    "rlimit": "raises its soft limit of open files to the hard one, as training scripts do",
     "env_at_import": "imports a module the fork server preloaded that read a variable its target's env= sets",
     "mp_output_diverges": "as mp_output, but the output says how many steps this process trained (a resume "
                           "delivers another model.json)",
@@ -85,6 +91,43 @@ def deliver_late(out: str, value: int) -> None:
     go.set()
 
 
+def deliver_from_thread(out: str, value: int) -> None:
+    """Start a thread that is no daemon to write model.json, and let it go as main returns."""
+    import threading
+
+    go = threading.Event()
+    threading.Thread(target=write_output, args=(out, value, go)).start()
+    go.set()
+
+
+def check_signals() -> None:
+    """The handlers a fresh interpreter starts with (Python's for SIGINT, SIGPIPE ignored, the rest the
+    default), then one of the program's own, which must run."""
+    import signal
+
+    expected = {signal.SIGINT: signal.default_int_handler, signal.SIGPIPE: signal.SIG_IGN,
+                signal.SIGTERM: signal.SIG_DFL, signal.SIGUSR1: signal.SIG_DFL, signal.SIGCHLD: signal.SIG_DFL}
+    found = {s: signal.getsignal(s) for s in expected}
+    if found != expected:
+        raise SystemExit(f"signal handlers {found}")
+    seen = []
+    signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    os.kill(os.getpid(), signal.SIGUSR1)
+    if seen != [signal.SIGUSR1]:
+        raise SystemExit("the program's own SIGUSR1 handler did not run")
+
+
+def check_warnings() -> None:
+    """A DeprecationWarning of ``__main__`` is shown by the default filters, one of a library's is not."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.warn("of the program", DeprecationWarning, stacklevel=1)
+        warnings.warn_explicit("of a library", DeprecationWarning, "somelib.py", 1, module="somelib")
+    if [str(w.message) for w in shown] != ["of the program"]:
+        raise SystemExit(f"warnings shown: {[str(w.message) for w in shown]}")
+
+
 def main(mode: str, out: str) -> None:
     if mode == "exec_wrapper":
         os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), "plain", out])
@@ -96,6 +139,20 @@ def main(mode: str, out: str) -> None:
 
         if reads_setting_at_import.SETTING != "on":
             raise SystemExit(f"imported with {reads_setting_at_import.NAME}={reads_setting_at_import.SETTING}")
+    if mode == "signals":
+        check_signals()
+    if mode == "warnings":
+        check_warnings()
+    if mode == "faulthandler":
+        import faulthandler
+
+        faulthandler.enable()
+        faulthandler.dump_traceback()
+    if mode == "rlimit":
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     if mode in ("fork_early", "zc_fork_exit"):
         fork_child("exit")
     if mode == "atexit_raises":
@@ -133,6 +190,16 @@ def main(mode: str, out: str) -> None:
         sys.stdout.close()
     if mode == "exit_after_last":
         os._exit(0)
+    if mode == "mp_joined":
+        import multiprocessing
+
+        go = multiprocessing.Event()
+        go.set()
+        child = multiprocessing.Process(target=write_output, args=(out, STEPS, go))
+        child.start()
+        child.join()
+    if mode == "thread_output":
+        deliver_from_thread(out, STEPS)
     if mode == "mp_output":
         deliver_late(out, STEPS)
     if mode == "mp_output_diverges":
