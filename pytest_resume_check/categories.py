@@ -91,8 +91,8 @@ TABLE: tuple[Category, ...] = (
              "threads running, a service that fails to start); the headline names it and the fix.", True),
     Category(HARNESS, "#", "#e7ba52", False, "harness error",
              "The harness itself could not run or judge the cell (a full disk, a removed session folder, a "
-             "crashed pytest-xdist worker, a lost Ray node, its own bug); the headline says what happened and the "
-             "fix.", True),
+             "crashed pytest-xdist worker, a killed fork server, a lost Ray node, its own bug); the headline says "
+             "what happened and the fix.", True),
 )
 
 BY_NAME: dict[str, Category] = {c.name: c for c in TABLE}

@@ -27,6 +27,7 @@ from pytest_resume_check.judge.harness_errors import harness_finding
 from pytest_resume_check.judge.verdict import FIX_FILLED_IN_PLACE, judge
 from pytest_resume_check.process.layout import Layout
 from pytest_resume_check.process.runner import Runner
+from pytest_resume_check.process.starter import ForkServerDied
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.faults import MODE_RECORD, FaultPlan, FileOp
 from pytest_resume_check.records.names import case_id
@@ -128,8 +129,8 @@ class Engine:
         case = target.cases[0]
         try:
             ops = self.record_ops(target, case, axis.step, axis.prior)
-        except FilledInPlace:
-            raise  # its fix is to publish by rename, not to turn the crash cells off
+        except (FilledInPlace, ForkServerDied):
+            raise  # its fix is to publish by rename, or the harness's own: not to turn the crash cells off
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}{ERR_SMOKE_RECORD if axis.smoke else ''}") from exc
         if axis.smoke:

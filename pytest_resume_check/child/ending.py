@@ -7,6 +7,8 @@ command program running in the run's process that ends or replaces the process i
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -48,11 +50,14 @@ def report_end(plan: RunPlan, sink: Any, body: Callable[[], None]) -> int:
             except OSError:
                 pass
         text = error_text(exc)
-        try:  # the pipe first: on a full disk the log write below fails, the pipe does not
+        # The log first, whose failure is ignored (on a full disk the pipe still works): the parent stops
+        # reading at the error, and must hear before it that the log was lost.
+        lost = write_quietly(sys.stderr, text)
+        try:
+            _note_lost_log(plan, sink, lost)
             sink.send(ev.Event(ev.ERROR, text=text))
         except OSError:
             pass
-        write_quietly(sys.stderr, text)
         code = EXIT_TARGET_RAISED
     write_quietly(sys.stdout, "")
     write_quietly(sys.stderr, "")
@@ -86,10 +91,36 @@ def error_text(error: BaseException | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_quietly(stream: Any, text: str) -> None:
-    """Write and flush, ignoring a log that cannot take it (a full disk) or a stream the target closed."""
+def write_quietly(stream: Any, text: str) -> OSError | None:
+    """Write and flush, ignoring a log that cannot take it (a full disk) or a stream the target closed; the
+    error of a stream that could not take it."""
     try:
         stream.write(text)
         stream.flush()
-    except (OSError, ValueError):
+    except OSError as exc:
+        return exc
+    except ValueError:
         pass
+    return None
+
+
+#: The errors of a write that mean the disk (or the user's quota) under the run's log is full.
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _note_lost_log(plan: RunPlan, sink: Any, error: OSError | None) -> None:
+    """Tell the parent when the run's error could not be written to the run's log because its disk is full.
+    The trainer's error is then often the same full disk meeting its output (a ``print`` into the harness's
+    log raises ``ENOSPC``): the harness lost its evidence, and the cell is its failure, not the trainer's. Only
+    the harness's own log counts, not a stream the trainer redirected elsewhere."""
+    if error is not None and error.errno in FULL and _is_log(sys.stderr, plan.log_path):
+        sink.send(ev.Event(ev.LOG_LOST, path=plan.log_path, extra={ev.EXTRA_ERRNO: error.errno}))
+
+
+def _is_log(stream: Any, log_path: str) -> bool:
+    """Whether ``stream`` writes to the file at ``log_path``."""
+    try:
+        mine, log = os.fstat(stream.fileno()), os.stat(log_path)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (mine.st_dev, mine.st_ino) == (log.st_dev, log.st_ino)

@@ -2,15 +2,21 @@
 and the fix (issue 26: a full disk, a session folder another session removed, a file name too long for
 the file system and the harness's own bugs were 900-line tracebacks, and the cell vanished from the
 reports). The traceback is kept in the cell's folder for a bug report, not shown.
+
+A fork server killed under a run (the kernel's OOM killer picks the largest process, and the server holds
+every preloaded module) left the run with multiprocessing's exit status 255, which read as the trainer
+dying by itself; it is the harness's failure, named with how the server died.
 """
 
 from __future__ import annotations
 
 import errno
+import signal
 import traceback
 from pathlib import Path
 
 from pytest_resume_check.categories import HARNESS
+from pytest_resume_check.process.starter import ForkServerDied, ServerEnd
 from pytest_resume_check.records.results import Finding
 
 #: The traceback of a harness error, in the cell's folder.
@@ -27,6 +33,31 @@ MSG_BUG = ("HARNESS: the harness failed while running the cell ({what}); the cel
            "pytest-resume-check: please report it with the traceback{kept}")
 MSG_WORKER_CRASHED = ("HARNESS: the pytest-xdist worker running this cell crashed ({what}); the cell was not judged. "
                       "Rerun it alone with its rerun line; a worker that runs out of memory needs fewer workers (-n)")
+MSG_SERVER_DIED = ("HARNESS: the fork server the runs start from (pid {pid}) {how} while the cell ran; the cell was "
+                   "not judged, and the next runs start a new server. {fix}")
+#: How the server died, as :data:`MSG_SERVER_DIED` says it.
+HOW_SIGKILL = "was killed by SIGKILL (the kernel's OOM killer sends this)"
+HOW_SIGNAL = "was killed by {signal}"
+HOW_EXIT = "exited with status {status}"
+HOW_UNKNOWN = "ended"
+FIX_SERVER_MEMORY = ("If memory ran out (dmesg, or the cgroup's memory.events oom_kill count, says so), run fewer "
+                     "pytest-xdist workers (-n) or preload less; then rerun the cell with its rerun line")
+FIX_SERVER = ("Rerun the cell with its rerun line; if the server dies again, run with "
+              "--resume-matrix-isolation=spawn, which needs no fork server")
+
+
+def server_died(end: ServerEnd) -> str:
+    """The ``HARNESS`` line of a run whose fork server died under it (also what a target whose save could not
+    be recorded at collection shows)."""
+    if end.signal == signal.SIGKILL:
+        how, fix = HOW_SIGKILL, FIX_SERVER_MEMORY
+    elif end.signal is not None:
+        how, fix = HOW_SIGNAL.format(signal=end.signal_name), FIX_SERVER
+    elif end.status is not None:
+        how, fix = HOW_EXIT.format(status=end.status), FIX_SERVER
+    else:
+        how, fix = HOW_UNKNOWN, FIX_SERVER
+    return MSG_SERVER_DIED.format(pid=end.pid, how=how, fix=fix)
 
 
 def _what(exc: BaseException) -> str:
@@ -46,7 +77,11 @@ def harness_finding(exc: BaseException, root: Path, workdir: Path | None, cell_f
             kept = f" in {path}"
         except OSError:
             pass
-    codes = {getattr(e, "errno", None) for e in _chain(exc)}
+    chain = _chain(exc)
+    died = next((e for e in chain if isinstance(e, ForkServerDied)), None)
+    if died is not None:
+        return Finding(HARNESS, server_died(died.end))
+    codes = {getattr(e, "errno", None) for e in chain}
     if not Path(root).is_dir() or cell_folder is not None:
         return Finding(HARNESS, MSG_FOLDER_GONE.format(folder=root if not Path(root).is_dir() else cell_folder))
     if errno.ENOSPC in codes or errno.EDQUOT in codes:

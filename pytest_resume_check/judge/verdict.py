@@ -71,7 +71,7 @@ from pytest_resume_check.judge.state_verdict import (  # noqa: F401  (MSG_* re-e
     step_unit,
 )
 from pytest_resume_check.records import events as ev
-from pytest_resume_check.records.faults import MODE_ERROR
+from pytest_resume_check.records.faults import INJECTED, MODE_ERROR
 from pytest_resume_check.records.ledger import Entry, Ledger, ResumeReportMissing, compose
 from pytest_resume_check.records.names import ISOLATION_FORKSERVER, OPT_ISOLATION
 from pytest_resume_check.records.results import (
@@ -358,8 +358,9 @@ def _process_problem(judging: _Judging) -> Finding | None:
     for index, rec in enumerate(judging.runs):
         if rec.outcome in AS_PLANNED:
             continue
-        if index == 0 and judging.fault is not None and rec.outcome == Outcome.RAISED:
-            continue  # the injected I/O error made the save fail loudly, as it must
+        injected = rec.outcome == Outcome.RAISED and INJECTED in (rec.error or "")
+        if index == 0 and judging.fault is not None and injected:
+            continue  # the injected I/O error made the save fail loudly, as it must (any other error is the run's)
         return _process_finding(rec, judging.who(index), resumed=rec.plan.is_resume, run=index + 1)
     return None
 

@@ -68,6 +68,8 @@ class ResumeMatrix(pytest.Collector):
         """The cells of one target, or one failing item that says why they could not be built (the other
         targets still run, issue 13)."""
         from pytest_resume_check.cells import matrix
+        from pytest_resume_check.judge.harness_errors import server_died
+        from pytest_resume_check.process.starter import ForkServerDied
         from pytest_resume_check.targets import TargetError, describe_error
 
         settings = self.matrix.settings
@@ -91,6 +93,8 @@ class ResumeMatrix(pytest.Collector):
             except TargetError as exc:  # it cannot run at all (a preload module that fails)
                 if not axis.smoke:  # its cells say so, each with this one line: no item for smoke cells
                     items.append(self._broken(f"{target.name}[record-save]", str(exc)))
+            except ForkServerDied as exc:  # the harness's own failure, not the target's
+                items.append(self._broken(f"{target.name}[record-save]", server_died(exc.end)))
             except Exception as exc:  # a target whose save cannot even be recorded
                 items.append(self._broken(f"{target.name}[record-save]", str(exc)))
         items += [ResumeCell.from_parent(self, cell=cell, matrix=self.matrix,

@@ -126,13 +126,74 @@ def add_preload(entries: Any) -> None:
             target.append(entry)
 
 
+@dataclass(frozen=True)
+class ServerEnd:
+    """How the fork server ended, as the kernel tells its parent: the signal that killed it, or its exit
+    status (both None when that is no longer known)."""
+
+    pid: int
+    signal: int | None = None
+    status: int | None = None
+
+    @property
+    def signal_name(self) -> str | None:
+        """The killing signal's name (``SIGKILL``), None when no signal killed it."""
+        if self.signal is None:
+            return None
+        try:
+            return signal.Signals(self.signal).name
+        except ValueError:
+            return f"signal {self.signal}"
+
+
+class ForkServerDied(Exception):
+    """The fork server a run was started from died under it: the harness's own failure, never the run's
+    (:mod:`pytest_resume_check.judge.harness_errors` makes it the cell's ``HARNESS`` line)."""
+
+    def __init__(self, end: ServerEnd):
+        super().__init__(f"the fork server (pid {end.pid}) died: "
+                         + (f"killed by {end.signal_name}" if end.signal_name else f"exit status {end.status}"))
+        self.end = end
+
+
+def server_end(pid: int) -> ServerEnd | None:
+    """How the fork server ``pid`` (a child of this process) ended, None while it runs. Asked with
+    ``WNOWAIT``, so it stays a zombie for multiprocessing to reap when it starts the next one."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped already (or not ours): dead, how is not known
+        return None if _alive(pid) else ServerEnd(pid)
+    if info is None or info.si_pid == 0:
+        return None
+    if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+        return ServerEnd(pid, signal=info.si_status)
+    return ServerEnd(pid, status=info.si_status)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 @dataclass
 class Child:
-    """A started child: its process, the read end of its event channel."""
+    """A started child: its process, the read end of its event channel, and the fork server it was forked
+    from (None when it was spawned)."""
 
     process: Any
     conn: multiprocessing.connection.Connection
     control: multiprocessing.connection.Connection | None = None
+    server: int | None = None
+
+    def server_died(self) -> ServerEnd | None:
+        """How the fork server this child was forked from ended, if it did (an exit status of 255 is then
+        multiprocessing's way of saying it lost the server, not the child's)."""
+        return server_end(self.server) if self.server is not None else None
 
     def resume(self) -> None:
         """Let a child paused at a snapshot point go on."""
@@ -375,8 +436,10 @@ def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER) -> Child:
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {list(ISOLATIONS)}, not {isolation!r}")
     ctx = _context(isolation)
+    server = None
     if isolation == ISOLATION_FORKSERVER:
         _ensure_server(ctx)
+        server = _forkserver_pid()
     reader, writer = ctx.Pipe(duplex=False)
     # Rank 0 waits on it at a snapshot's checkpoint, for SIGTERM's grace, and where a lost node rejoins.
     wants_control = plan.pause_steps or (plan.kill is not None and (plan.kill.signal == SIGNAL_TERM
@@ -385,7 +448,13 @@ def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER) -> Child:
     process = ctx.Process(target=child_main, args=(plan, writer, control_reader),
                           name=f"resume-check:{plan.target_name}")
     if isolation == ISOLATION_FORKSERVER:
-        process.start()
+        try:
+            process.start()
+        except (OSError, EOFError) as exc:  # the server died between the check above and the fork
+            end = server_end(server) if server is not None else None
+            if end is not None:
+                raise ForkServerDied(end) from exc
+            raise
     else:  # a spawned interpreter is exec'd with the token, so its forked descendants show it too
         # The resource tracker first, without the token: started inside, it would carry this run's token,
         # the sweep after the run would kill it, and every later spawn warned "resource_tracker: process died
@@ -396,7 +465,7 @@ def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER) -> Child:
     writer.close()  # the child holds the only write end: EOF means it (and its workers) are gone
     if control_reader is not None:
         control_reader.close()
-    return Child(process, reader, control_writer)
+    return Child(process, reader, control_writer, server)
 
 
 def _context(isolation: str) -> multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext:

@@ -9,6 +9,7 @@ the harness (wait for the other ranks, snapshot, kill) and says whether the run'
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import select
@@ -57,9 +58,19 @@ def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HA
             server = starter.server_pid() if isolation == starter.ISOLATION_FORKSERVER else None
             record.leftovers = sweep(plan.token, server)
             record.seconds = time.monotonic() - started
+    lost = next((e for e in record.events if e.kind == ev.LOG_LOST), None)
+    if lost is not None:  # the run's log sits on a full disk: its evidence is lost, and so is its verdict
+        code = int(lost.extra.get(ev.EXTRA_ERRNO, errno.ENOSPC))
+        raise HarnessWriteError(code, os.strerror(code), lost.path)
+    if record.outcome in (Outcome.CRASHED, Outcome.HUNG) and (end := child.server_died()) is not None:
+        raise starter.ForkServerDied(end)  # the run did not die: the harness lost what it was forked from
     if record.outcome == Outcome.CRASHED and record.exitcode == 0 and not record.events:
         record.error = "the child exited without sending any event"
     return record
+
+
+class HarnessWriteError(OSError):
+    """A file of the harness's own for a run (its log) could not be written: the disk under it is full."""
 
 
 #: Seconds between checks that a silent child still lives.

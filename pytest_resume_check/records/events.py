@@ -41,6 +41,10 @@ FINAL = "final"  # extra as a state event's: what the job delivers at the end of
 #: text: a reporting rule the run broke (a call out of order, bytes on the channel that are no event); the
 #: cell is judged ``PROTOCOL``. The wire value keeps the category's word.
 VIOLATION = "protocol"
+#: The run's process could not write the run's log, the harness's own file (``path``; extra
+#: :data:`EXTRA_ERRNO`: a full disk or quota): the run's evidence is lost, which is the harness's failure.
+LOG_LOST = "log_lost"
+EXTRA_ERRNO = "errno"
 FILE_OP = "file_op"  # a file operation of the watched save (path, extra: index, kind, target)
 RANKS = "ranks"  # a multi-rank run's launcher started its ranks (extra: pids, by rank)
 #: Written by the supervisor, not a child: what it did to the run (extra: signal, grace, rank, pid).
@@ -81,7 +85,7 @@ STATE_BEFORE_NEXT = "before_next"
 
 KINDS = frozenset({CONSUMED, TRAINED, STEP_END, CHECKPOINT, RESUMED, KILL_READY, LOG, ERROR, DONE, STATE,
                    PAUSED, CONVERGED, FINAL, FILE_OP, VIOLATION, RANKS, SIGNALLED, SETTINGS, COMMIT, POINTER, IN_PLACE,
-                   ENVIRON, RAN_FRESH})
+                   ENVIRON, RAN_FRESH, LOG_LOST})
 #: What the watcher reports (the kinds of its ``watched`` call, :mod:`pytest_resume_check.child.command`).
 WATCHED_KINDS = (COMMIT, POINTER, IN_PLACE)
 

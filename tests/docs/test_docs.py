@@ -321,7 +321,8 @@ def test_report_page_example_lines_of_process_verdicts_match_the_message_templat
     templates = [vd.MSG_CRASHED, vd.MSG_HUNG + vd.MSG_HUNG_STACK, vd.MSG_NONDETERMINISTIC, vd.MSG_PROTOCOL,
                  vd.MSG_STEPS, stalled + vd.MSG_HUNG_STACKS,
                  "TARGET_ERROR: " + starter.ERR_PRELOAD, harness_errors.MSG_DISK_FULL, harness_errors.MSG_FOLDER_GONE,
-                 harness_errors.MSG_WORKER_CRASHED, "HARNESS: " + executor.MSG_NODE_LOST]
+                 harness_errors.MSG_WORKER_CRASHED, "HARNESS: " + executor.MSG_NODE_LOST,
+                 harness_errors.MSG_SERVER_DIED.replace("{how}", harness_errors.HOW_SIGKILL)]
     shown = [line for lang, body in blocks("reading-a-report.md") if lang == "text"
              for line in body.splitlines() if line.startswith(TEMPLATE_CATEGORIES)]
     assert len(shown) == 12

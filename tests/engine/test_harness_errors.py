@@ -6,25 +6,32 @@ for the file system, a crashed pytest-xdist worker. Torch-free: these run in the
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
 import trust_targets as tt
 
-from pytest_resume_check.categories import HARNESS, PROTOCOL
+from pytest_resume_check.categories import CRASHED, HARNESS, PROTOCOL
 from pytest_resume_check.cells import matrix, shared_runs
 from pytest_resume_check.cells.matrix import Cell
 from pytest_resume_check.engine import Engine
-from pytest_resume_check.judge import harness_errors
+from pytest_resume_check.judge import harness_errors, verdict
 from pytest_resume_check.process import starter
 from pytest_resume_check.process.layout import MAX_NAME_BYTES, safe_name
+from pytest_resume_check.records.faults import MODE_CRASH, FaultPlan
 from pytest_resume_check.records.plan import KillSpec
 from pytest_resume_check.targets import resume_target
 
 plain = resume_target(steps=tt.STEPS, name="plain")(tt.plain)
+server_killer = resume_target(steps=tt.STEPS, name="server_killer", cases=[{"kill_server_at": 2}])(tt.server_killer)
+disk_full_saver = resume_target(steps=tt.STEPS, name="disk_full_saver", cases=[{"disk_full_at": 2}],
+                                crash_save=False)(tt.disk_full_saver)
+stderr_printer = resume_target(steps=tt.STEPS, name="stderr_printer", crash_save=False)(tt.stderr_printer)
 scribbler = resume_target(steps=tt.STEPS, name="scribbler", cases=[{"frame": "junk"}, {"frame": "huge"}])(tt.scribbler)
 
 
@@ -50,6 +57,64 @@ def test_bytes_on_the_event_channel_that_are_no_event_are_protocol_and_the_fork_
     after = engine.run_cell(cell(plain, {}, KillSpec(3)))  # the next target's runs start as before
     assert after.verdict.findings == [], after.verdict.headline
     assert starter.server_pid() == server
+
+
+def test_a_fork_server_killed_under_a_run_is_harness_naming_how_and_the_next_cell_gets_a_new_server(engine):
+    """The kernel's OOM killer SIGKILLs the fork server (here the run does, at the end of step 2): the run
+    lost its server, it did not die by itself."""
+    starter.stop_server()  # a server of this test's own, whatever earlier tests in this process started
+    result = engine.run_cell(cell(server_killer, server_killer.cases[0], KillSpec(3)))
+    assert result.verdict.categories == [HARNESS], result.verdict.headline
+    killed = starter.ServerEnd(_pid_in(result.verdict.headline), signal=signal.SIGKILL)
+    assert result.verdict.headline == harness_errors.server_died(killed)
+    assert "killed by SIGKILL (the kernel's OOM killer sends this)" in result.verdict.headline
+    after = engine.run_cell(cell(plain, {}, KillSpec(3)))  # the session goes on with a new server
+    assert after.verdict.findings == [], after.verdict.headline
+    assert starter.server_pid() not in (None, killed.pid)
+
+
+def test_a_fork_server_killed_while_a_save_is_recorded_at_collection_is_no_advice_to_turn_crash_cells_off(engine):
+    starter.stop_server()
+    with pytest.raises(Exception) as raised:
+        engine.crash_cells(server_killer, "quick")
+    assert "crash_save=False" not in str(raised.value)  # its fix is not the trainer's
+    assert isinstance(raised.value, starter.ForkServerDied)
+    assert raised.value.end.signal == signal.SIGKILL
+    line = harness_errors.server_died(raised.value.end)
+    assert line.startswith(f"HARNESS: the fork server the runs start from (pid {raised.value.end.pid}) was killed "
+                           "by SIGKILL")
+
+
+def test_a_crash_cell_whose_own_save_meets_a_full_disk_is_the_trainers_crash_naming_the_disk(engine):
+    """The trainer's own save fails with ENOSPC before the crash point is reached: its crash, not ``PROTOCOL:
+    the last run was killed``, and the headline says the disk is full."""
+    kill = KillSpec(2, fault=FaultPlan(2, MODE_CRASH, op=2, total=8))
+    result = engine.run_cell(cell(disk_full_saver, disk_full_saver.cases[0], kill))
+    assert result.verdict.categories == [CRASHED], result.verdict.headline
+    assert "No space left on device" in result.verdict.headline
+    assert result.verdict.headline.endswith(verdict.DISK_FULL)
+
+
+def test_a_run_whose_log_sits_on_a_full_disk_is_harness_naming_the_log(engine, tmp_path):
+    """The run's log is the harness's file: when the disk under it is full (here it is ``/dev/full``) the
+    trainer's print into it raises ENOSPC, and that is the harness's failure, named with the log's path."""
+    log = tmp_path / "run0.log"
+    log.symlink_to("/dev/full")
+    plan = dataclasses.replace(engine.plan(stderr_printer, {}, tmp_path / "w", 0, kill=KillSpec(3)),
+                               log_path=str(log))
+    with pytest.raises(OSError) as raised:
+        engine.run(plan, stderr_printer)
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(log)
+    finding = harness_errors.harness_finding(raised.value, engine.root, None)
+    assert finding.category == HARNESS
+    assert finding.headline.startswith(harness_errors.MSG_DISK_FULL.split("{")[0])
+    assert f"No space left on device: '{log}'" in finding.headline
+    again = engine.run_cell(cell(stderr_printer, {}, KillSpec(3)))  # with its log on a disk with room: fine
+    assert again.verdict.findings == [], again.verdict.headline
+
+
+def _pid_in(headline: str) -> int:
+    return int(headline.split("(pid ", 1)[1].split(")", 1)[0])
 
 
 def test_a_made_up_message_length_cannot_make_the_harness_wait_past_the_hang_limit(tmp_path):

@@ -194,6 +194,54 @@ def plain(run: Any) -> None:
     _plain(run)
 
 
+def server_killer(run: Any) -> None:
+    """:func:`plain`, whose run SIGKILLs the fork server it was forked from (its parent) at the end of step
+    ``kill_server_at`` (case key), as the kernel's OOM killer would, and then waits for the harness to end
+    it."""
+    start, w, folder = _restore(run)
+    run.resumed(start, folder)
+    server = os.getppid()
+    for step in range(start + 1, STEPS + 1):
+        run.consumed([step], step=step, epoch=0)
+        w = 0.5 * w + step
+        run.step_end(step)
+        if step == run.case.get("kill_server_at"):
+            os.kill(server, signal.SIGKILL)
+            threading.Event().wait()  # the harness ends the run: its server is gone
+        if run.should_checkpoint(step):
+            run.checkpoint_published(step, _save(run.checkpoint_dir, step, w))
+
+
+def disk_full_saver(run: Any) -> None:
+    """:func:`plain`, whose save of checkpoint ``disk_full_at`` (case key) writes through ``/dev/full``, where
+    every write fails with ENOSPC: its own save meeting a full disk."""
+    start, w, folder = _restore(run)
+    run.resumed(start, folder)
+    for step in range(start + 1, STEPS + 1):
+        run.consumed([step], step=step, epoch=0)
+        w = 0.5 * w + step
+        run.step_end(step)
+        if run.should_checkpoint(step):
+            if step == run.case.get("disk_full_at"):
+                (run.checkpoint_dir / f"step_{step}").mkdir(exist_ok=True)
+                with open("/dev/full", "w") as f:
+                    f.write(json.dumps({"step": step, "w": w}))
+            run.checkpoint_published(step, _save(run.checkpoint_dir, step, w))
+
+
+def stderr_printer(run: Any) -> None:
+    """:func:`plain`, printing a line to stderr (the run's log) at each step's end."""
+    start, w, folder = _restore(run)
+    run.resumed(start, folder)
+    for step in range(start + 1, STEPS + 1):
+        run.consumed([step], step=step, epoch=0)
+        w = 0.5 * w + step
+        print(f"step {step}: w={w}", file=sys.stderr)
+        run.step_end(step)
+        if run.should_checkpoint(step):
+            run.checkpoint_published(step, _save(run.checkpoint_dir, step, w))
+
+
 def forking_logger(run: Any) -> None:
     """Forks a helper that logs long lines for a while, as the trainer logs long lines too: both write to
     the run's channel, messages far above what a pipe writes in one piece."""
