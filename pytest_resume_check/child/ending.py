@@ -50,14 +50,19 @@ def report_end(plan: RunPlan, sink: Any, body: Callable[[], None]) -> int:
             except OSError:
                 pass
         text = error_text(exc)
-        # The log first, whose failure is ignored (on a full disk the pipe still works): the parent stops
-        # reading at the error, and must hear before it that the log was lost.
-        lost = write_quietly(sys.stderr, text)
+        # The run's log first when stderr is still that file (a write to it cannot block, and its failure is
+        # ignored: on a full disk the pipe still works): the parent stops reading at the error, and must hear
+        # before it that the log was lost. A stream the trainer put there instead gets the error after.
+        to_log = _is_log(sys.stderr, plan.log_path)
+        lost = write_quietly(sys.stderr, text) if to_log else None
         try:
-            _note_lost_log(plan, sink, lost)
+            if lost is not None and lost.errno in FULL:
+                sink.send(ev.Event(ev.LOG_LOST, path=plan.log_path, extra={ev.EXTRA_ERRNO: lost.errno}))
             sink.send(ev.Event(ev.ERROR, text=text))
         except OSError:
             pass
+        if not to_log:
+            write_quietly(sys.stderr, text)
         code = EXIT_TARGET_RAISED
     write_quietly(sys.stdout, "")
     write_quietly(sys.stderr, "")
@@ -104,17 +109,10 @@ def write_quietly(stream: Any, text: str) -> OSError | None:
     return None
 
 
-#: The errors of a write that mean the disk (or the user's quota) under the run's log is full.
+#: The errors of a write that mean the disk (or the user's quota) under the run's log is full. The trainer's
+#: error is then often that same full disk meeting its output (a ``print`` into the harness's log raises
+#: ``ENOSPC``): the harness lost its evidence, and the cell is its failure (:data:`~.events.LOG_LOST`).
 FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-def _note_lost_log(plan: RunPlan, sink: Any, error: OSError | None) -> None:
-    """Tell the parent when the run's error could not be written to the run's log because its disk is full.
-    The trainer's error is then often the same full disk meeting its output (a ``print`` into the harness's
-    log raises ``ENOSPC``): the harness lost its evidence, and the cell is its failure, not the trainer's. Only
-    the harness's own log counts, not a stream the trainer redirected elsewhere."""
-    if error is not None and error.errno in FULL and _is_log(sys.stderr, plan.log_path):
-        sink.send(ev.Event(ev.LOG_LOST, path=plan.log_path, extra={ev.EXTRA_ERRNO: error.errno}))
 
 
 def _is_log(stream: Any, log_path: str) -> bool:

@@ -219,3 +219,32 @@ def test_a_crashed_xdist_worker_is_a_failing_cell_in_the_summary_and_the_json(py
     crashed = [c for c in cells if c["status"] == HARNESS]
     assert [(c["resume_mode"], c["kill"]) for c in crashed] == [("auto", "ckpt2")]
     assert "worker 'gw" in crashed[0]["headline"] and "crashed while running" in crashed[0]["headline"]
+
+
+SERVER_KILLING_CONFTEST = """
+import trust_targets
+from pytest_resume_check import resume_target
+
+server_killer = resume_target(steps=trust_targets.STEPS, name="server_killer",
+                              cases=[{"kill_server_at": 2}])(trust_targets.server_killer)
+plain = resume_target(steps=trust_targets.STEPS, name="plain", crash_save=False)(trust_targets.plain)
+"""
+
+
+def test_a_session_whose_fork_server_keeps_dying_reports_each_cell_as_harness_and_ends(pytester, monkeypatch):
+    """Every run of one target kills its fork server, at collection (recording its save) and in its cells: each
+    is one HARNESS line, the other target's cells pass on the servers started after."""
+    pytester.makeconftest(SERVER_KILLING_CONFTEST)
+    support = Path(__file__).resolve().parents[1] / "support"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(support), os.environ.get("PYTHONPATH", "")]))
+    result = pytester.runpytest_subprocess("--resume-matrix", "-p", "no:cacheprovider", "--resume-matrix-seed=1",
+                                           "--resume-matrix-json=out.json")
+    result.stdout.fnmatch_lines(["*resume-matrix server_killer?record-save?*",
+                                 "HARNESS: the fork server the runs start from (pid *) was killed by SIGKILL (the "
+                                 "kernel's OOM killer sends this)*"])
+    assert "crash_save=False" not in result.stdout.str()
+    cells = json.loads((pytester.path / "out.json").read_text())["cells"]
+    killers = [c for c in cells if c["target"] == "server_killer"]
+    assert killers and all(c["status"] == HARNESS for c in killers)
+    assert all(c["passed"] for c in cells if c["target"] == "plain")
+
