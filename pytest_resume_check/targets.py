@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import pickle
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -54,6 +55,12 @@ ERR_CASE_ID = ("target {name!r}: case id {case_id!r} {problem}; the harness make
                "a plain id (letters, digits, '-', '_', '.'), e.g. {{'id': 'shuffle'}}")
 ERR_CASE_TWICE = ("target {name!r}: cases {first} and {second} both get the id {case_id!r}; they would share one "
                   "reference and one folder. Give them distinct 'id' keys")
+#: A case the run's process cannot get: each run gets its case as :mod:`pickle` copies it, and one that cannot be
+#: copied so would fail in the new process before the harness's code runs (multiprocessing's traceback on the
+#: terminal, and the run's death blamed on the trainer).
+ERR_CASE_NOT_SENT = ("target {name!r}: case {case_id!r} cannot be sent to a run's process: copying it as pickle "
+                     "does raised {error}; give cases of plain values (numbers, strings, lists, dicts) or of "
+                     "objects that pickle can copy")
 ERR_STEPS = ("target {name!r}: steps={steps!r} is not a number of steps; give the steps of an uninterrupted run "
              "(an int of at least 1, e.g. steps=12) or a function of the case that returns them")
 ERR_EARLY_STOP = ("target {name!r}: early_stop={value!r} is not one of " + ", ".join(map(repr, EARLY_STOPS)) +
@@ -87,8 +94,9 @@ def describe_error(exc: BaseException) -> str:
 
 
 def check_cases(name: str, cases: Sequence[Mapping[str, Any]]) -> None:
-    """Raise :class:`TargetError` if an explicit case ``id`` cannot name a folder, or two cases get one id
-    (they would share a reference and a folder, and one would be judged against the other's runs)."""
+    """Raise :class:`TargetError` if an explicit case ``id`` cannot name a folder, two cases get one id (they
+    would share a reference and a folder, and one would be judged against the other's runs), or a case cannot
+    be copied into a run's process (:data:`ERR_CASE_NOT_SENT`)."""
     seen: dict[str, Mapping[str, Any]] = {}
     for case in cases:
         if "id" in case:
@@ -100,6 +108,10 @@ def check_cases(name: str, cases: Sequence[Mapping[str, Any]]) -> None:
             raise TargetError(ERR_CASE_TWICE.format(name=name, case_id=ident, first=dict(seen[ident]),
                                                     second=dict(case)))
         seen[ident] = case
+        try:
+            pickle.loads(pickle.dumps(dict(case)))
+        except Exception as exc:
+            raise TargetError(ERR_CASE_NOT_SENT.format(name=name, case_id=ident, error=describe_error(exc))) from exc
 
 
 @dataclass(frozen=True)
