@@ -325,7 +325,7 @@ def test_report_page_example_lines_of_process_verdicts_match_the_message_templat
                  harness_errors.MSG_SERVER_DIED.replace("{how}", harness_errors.HOW_SIGKILL)]
     shown = [line for lang, body in blocks("reading-a-report.md") if lang == "text"
              for line in body.splitlines() if line.startswith(TEMPLATE_CATEGORIES)]
-    assert len(shown) == 12
+    assert len(shown) == 13
     for line in shown:
         assert any(template_pattern(t).match(line) for t in templates), line
     # The PROTOCOL example for a plain object in run.state is the run context's own line.

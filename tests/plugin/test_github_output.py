@@ -245,7 +245,8 @@ def test_a_cell_configured_by_the_environment_reproduces_by_its_readmes_environm
     assert "`RC_OTHER`" in section and "`PYTEST_RESUME_CHECK_RUN`" in section
     cell = next(c for c in json.loads(report.read_text())["cells"] if c["kill"] == "ckpt2")
     assert cell["environment"] == {"read": ["RC_MODE", "RC_OTHER", "TRAINER_FLAG_DIR"],
-                                   "harness": ["PYTEST_RESUME_CHECK_RUN"], "declared": ["RC_MODE", "RC_UNSET"]}
+                                   "harness": ["PYTEST_RESUME_CHECK_RUN"], "declared": ["RC_MODE", "RC_UNSET"],
+                                   "ran_fresh": []}
     assert all(values["RC_OTHER"] not in text for text in (readme, out, report.read_text()))
     assert values["RC_MODE"] not in report.read_text() + out
 
