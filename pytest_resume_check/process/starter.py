@@ -171,6 +171,7 @@ def server_end(pid: int) -> ServerEnd | None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (a zombie counts: only a signal's answer is asked)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -327,13 +328,7 @@ def _server_alive() -> bool:
         with open(f"/proc/{pid}/stat", "rb") as f:
             return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
     except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
+        return _alive(pid)
 
 
 def _sys_path() -> list[str]:
