@@ -34,6 +34,15 @@ DOWNSTREAM = EXAMPLES / "downstream"
 CHECKED_PAGES = ("index.md", "quickstart.md", "matrix.md", "reading-a-report.md", "ci.md",
                  "crash-consistency.md", "distributed.md", "design.md", "findings.md", "recipes/index.md", "github.md",
                  "recipes/command.md", "recipes/lightning.md", "recipes/accelerate.md", "recipes/hf-trainer.md")
+#: The other pages of the site, each with what checks it instead (tests/docs/test_site_map.py keeps both lists
+#: and mkdocs.yml's nav the same pages).
+CHECKED_ELSEWHERE = {
+    "writing-a-target.md": "test_downstream_example.py and test_docs_snippets.py run its example project and blocks",
+    "trainer-configuration.md": "test_docs_snippets.py runs its blocks",
+    "guarantees.md": "test_every_test_the_guarantees_name_exists: each promise names the test that holds it",
+    "cluster.md": "its commands need a Ray cluster: tests/plugin/test_ray_cluster.py runs what it describes",
+    "reference.md": "generated from the docstrings by the strict build (test_mkdocs_build_is_strict_clean)",
+}
 #: Languages that are code and must be included from a tested file, never written inline.
 INCLUDED_LANGUAGES = {"python", "yaml", "ini", "toml", "shell"}
 COMMAND_TESTS = "engine/test_command_targets.py"
@@ -154,13 +163,19 @@ def text_block_after(page: str, marker: str) -> list[str]:
 
 # -- the site and the shape of the pages -------------------------------------------------------------------
 
-@requires("mkdocs", "material")
+@requires("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers")
 def test_mkdocs_build_is_strict_clean(tmp_path):
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
                            "-d", str(tmp_path / "startup")], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "startup" / "img" / "html-report.png").is_file()
+    # The API reference is read from the sources (no import): the declared names and the trainer are on it.
+    reference = (tmp_path / "startup" / "reference" / "index.html").read_text()
+    for name in ("pytest_resume_check.targets.resume_target", "pytest_resume_check.run.RunContext",
+                 "pytest_resume_check.engine.Engine", "pytest_resume_check.integrations.lightning",
+                 "agentlightning.verl.trainer.AgentLightningRayPPOTrainer"):
+        assert f'id="{name}"' in reference, name
 
 
 def test_code_on_the_pages_is_included_from_tested_files():
