@@ -388,7 +388,7 @@ def test_torchdata_finding_script_shows_two_orders():
 
 @needs_torch
 def test_the_declared_known_bug_fails_exactly_where_declared(tmp_path):
-    """writing-a-target.md's expected_failures example (issue 19: the old one, torchdata #1437, passes on
+    """writing-a-target.md's expected_failures example (the old one, meta-pytorch/data#1437, passes on
     torchdata 0.11 and so failed as XPASS when copied). Its cells fail as declared, the rest pass."""
     report = tmp_path / "known.json"
     done = run_pytest(("--resume-matrix", "--resume-matrix-mode=full", "-m", "resume_matrix",
@@ -457,9 +457,9 @@ def test_verl_finding_reproduces_with_its_documented_command(pytester):
 
 @needs_verl
 def test_quickstart_figures_come_from_the_command_it_shows(tmp_path):
-    """docs/quickstart.md's one-target command prints the summary the page shows (issue 14: the page said
+    """docs/quickstart.md's one-target command prints the summary the page shows (the page said
     197 cells while the same command ran 426). Its timings are not checked: they depend on the machine.
-    The whole main job is not run here (issue 26: inside the suite it hit its time limit on a loaded
+    The whole main job is not run here (inside the suite it hit its time limit on a loaded
     machine); its counts are checked from its matrix below."""
     command = ("pytest --resume-matrix -m resume_matrix --resume-matrix-target=verl_stock_sync -n auto "
                "--resume-matrix-seed=1234")
