@@ -102,15 +102,9 @@ TESTED_EXAMPLES = {
 INSTALL = re.compile(r"^(python3 -m venv \S+|(\.venv/bin/)?pip install .+)$")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 INCLUDE = re.compile(r'^--8<-- "([^"]+)"$')
-HTML_OPTION = "--resume-matrix-html"
-NO_HTML_OPTION = "the plugin has no --resume-matrix-html option yet"
 
 needs_torch = requires("torch", "torchdata")
 needs_verl = requires("torch", "torchdata", "verl")
-
-
-def html_option_wired() -> bool:
-    return HTML_OPTION in vars(plugin_options).values()
 
 
 def blocks(page: str) -> list[tuple[str, str]]:
@@ -214,8 +208,6 @@ def test_matrix_page_lists_every_option_and_no_other():
     for option in options:
         assert f"`{option}" in page, f"docs/matrix.md does not list {option}"
     shown = set(re.findall(r"`(--resume-matrix[a-z-]*)", page))
-    if not html_option_wired():
-        shown.discard(HTML_OPTION)
     assert shown <= options, f"docs/matrix.md lists options the plugin does not have: {shown - options}"
     inis = set(re.findall(r'addini\(\s*"(resume_matrix\w*)"', Path(plugin_options.__file__).read_text()))
     for ini in inis:
@@ -231,8 +223,6 @@ def test_every_pytest_command_on_the_pages_collects(page, cwd, line, tmp_path):
     below (and to the matrix's own tests). Commands for the project root run in this repository's root,
     whose tests/conftest.py declares the bundled targets (elsewhere they run only when named)."""
     args = shlex.split(line)[1:]
-    if HTML_OPTION in line and not html_option_wired():
-        pytest.skip(NO_HTML_OPTION)
     args = [a for i, a in enumerate(args) if a != "-n" and (i == 0 or args[i - 1] != "-n")]  # xdist only spreads
     folder = ROOT / cwd
     # Reports a command writes go to tmp_path, never into the repository.
@@ -293,8 +283,6 @@ def test_ini_example_configures_the_matrix(pytester):
 def test_ci_workflow_runs_its_matrix_command_on_the_example_project(pytester):
     import yaml
 
-    if not html_option_wired():
-        pytest.skip(NO_HTML_OPTION)
     workflow = yaml.safe_load((EXAMPLES / "ci" / "resume-matrix.yml").read_text())
     steps = workflow["jobs"]["resume-matrix"]["steps"]
     matrix = next(s for s in steps if s.get("name") == "Resume matrix")
