@@ -30,7 +30,8 @@ TOP_FILES = ("README.md", "CONTRIBUTING.md", "CHANGELOG.md", "mkdocs.yml", "pypr
 
 
 def text_files() -> list[Path]:
-    files = [ROOT / name for name in TOP_FILES]
+    # An sdist holds fewer of them (no benchmarks, no action): what is there is read.
+    files = [ROOT / name for name in TOP_FILES if (ROOT / name).is_file()]
     for folder in SOURCES:
         files += [p for p in sorted((ROOT / folder).rglob("*")) if p.suffix in SUFFIXES and p.is_file()
                   and "__pycache__" not in p.parts]
