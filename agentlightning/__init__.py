@@ -19,7 +19,7 @@ from importlib.metadata import PackageNotFoundError, distribution
 #: This package's distribution, and upstream Agent Lightning's, which provides the same import name.
 DISTRIBUTION = "pytest-resume-check"
 UPSTREAM = "agentlightning"
-#: The failure when upstream Agent Lightning is installed too (issue 14, item 18).
+#: The failure when upstream Agent Lightning is installed too.
 ERR_SHARED_IMPORT_NAME = (
     "the 'agentlightning' import name is provided by two distributions: {ours} (its VERL trainer piece, "
     "agentlightning.verl) and {other} {version}; they overwrite each other's files. Uninstall one of them "

@@ -11,9 +11,9 @@ in every repetition (order rotated):
   child forked from the preloaded fork server (what a Python target costs);
 - ``command``: ``script_example``'s command (``{python} -m ...``, reporting through
   ``pytest_resume_check.client``), which runs in the run's own process, forked from the server that
-  preloaded what the script imports (issue 30);
+  preloaded what the script imports;
 - ``command fresh``: the same with ``fresh_interpreter=True``: a fresh interpreter per run, reporting over
-  the socket (every command before issue 30);
+  the socket (as every command ran before scripts ran in the run's process);
 - with --torch, ``torch script`` and ``torch script fresh``: a script file that imports torch at its top and
   then runs the same ``main`` (torch must be installed), in the run's process and as its own process.
 

@@ -1,9 +1,9 @@
-"""What the early-stop rule costs on the bundled matrix (issue 28). Prints figures; asserts nothing.
+"""What the early-stop rule costs on the bundled matrix. Prints figures; asserts nothing.
 
     python benchmarks/early_stop_cost.py [--seed 7] [--targets builtin_loop,agentlightning_async,...] [--out DIR]
 
 A resumed run whose state equals the reference's may stop early. The rule ``early_stop="epoch"`` (the
-default) takes that stop only at a step that ends an epoch; ``"any"`` (the rule before issue 28) at the
+default) takes that stop only at a step that ends an epoch; ``"any"`` (the earlier rule) at the
 first equal step. For every one-rank bundled target that reports its state, this runs the quick matrix
 of the main job once under each rule, the two side by side (cell by cell, alternating which rule goes
 first, so machine noise falls on both alike), with shared first runs as in quick mode, and prints per

@@ -1,8 +1,8 @@
-"""Verdicts must not depend on the load (issue 26): run two-rank matrices on an idle machine and beside CPU
+"""Verdicts must not depend on the load: run two-rank matrices on an idle machine and beside CPU
 burners, side by side in one run, and compare every cell's JSON.
 
 The targets: the bundled ``ddp_loop`` (DDP, StatefulDistributedSampler, DCP; saves on SIGTERM) and the
-loop of issue 26 that once failed ``LOST 1 input on rank 1`` under load (consumed, all-reduce, step_end,
+two-rank loop that once failed ``LOST 1 input on rank 1`` under load (consumed, all-reduce, step_end,
 save on rank 0, barrier; ``tests/support/trust_targets.py:two_rank_loop``). For each repetition, each target's
 matrix runs once without and once with ``--burners`` processes spinning (``python3 -c "while True:
 pass"``), with the same seed; a cell differs when its status, categories, headline or composite ledger
@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: A project whose conftest declares the loop of issue 26 (the trainer lives in the repository's tests/).
+#: A project whose conftest declares that two-rank loop (the trainer lives in the repository's tests/).
 ISSUE_LOOP_CONFTEST = textwrap.dedent(f"""
     import sys
     sys.path.insert(0, {str(ROOT / "tests" / "support")!r})

@@ -1,5 +1,5 @@
 """Cost of a run of the bundled two-rank DDP loop launched by torchrun against the harness's own launcher,
-side by side, and of a run in which torchrun restarts its workers once (issue 31). Prints figures; asserts
+side by side, and of a run in which torchrun restarts its workers once. Prints figures; asserts
 nothing.
 
     python benchmarks/torchrun_cost.py [--reps 5]

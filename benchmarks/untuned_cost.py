@@ -1,4 +1,4 @@
-"""What a target costs when it is declared the obvious way, without tuning (issue 29, item 2). Prints
+"""What a target costs when it is declared the obvious way, without tuning. Prints
 figures; asserts nothing.
 
     python benchmarks/untuned_cost.py [--repeat 1] [--ddp] [--out /tmp/untuned-cost]
@@ -8,7 +8,7 @@ Adam, ``torch.save`` checkpoints) declared as four targets with one matrix, each
 of its own (serial, so its terminal summary has the runs' timings) in one invocation, side by side:
 
 - ``untuned``: no ``preload``, nothing else: the obvious declaration (``auto_preload`` on, the default);
-- ``untuned_before``: the same with ``auto_preload=False``: what it cost before issue 29;
+- ``untuned_before``: the same with ``auto_preload=False``: what it cost before ``auto_preload`` existed;
 - ``tuned``: ``preload=("torch", "conftest:warm_up")`` by hand, ``auto_preload=False``: the tuned one as
   it was;
 - ``tuned_auto``: the same hand-tuned preload, ``auto_preload`` on.

@@ -11,7 +11,7 @@ resume_matrix`` from this checkout (its ``tests/conftest.py`` declares the bundl
 narrows it). Each is run once without xdist (``-p no:xdist``) and once with ``-n 2`` per repetition,
 alternating which goes first, with one seed and a private TMPDIR per invocation. Prints each
 invocation's wall and CPU seconds (its own and its children's) and cells, the load, and the median of
-the per-repetition ratios serial / ``-n 2`` (issue 30's goals on two cores: at least 1.2 at 30 cells, 1.5
+the per-repetition ratios serial / ``-n 2`` (the goals on two cores: at least 1.2 at 30 cells, 1.5
 at 100).
 """
 

@@ -75,7 +75,7 @@ def keep_restored(source: Path, log_path: Path) -> None:
     """Keep what a resumed run restored beside its log (``restored-run1/`` for ``run1.log``), as hard links:
     a trainer that keeps only its last N checkpoints may delete it later in the run, and a failing cell's
     report must still show it. Costs no copy of the data; anything that cannot be linked is skipped. Only
-    what lies inside the cell's own folder is kept (issue 26: ``run.resumed(3, "/usr")`` linked a whole
+    what lies inside the cell's own folder is kept (``run.resumed(3, "/usr")`` linked a whole
     tree for 73 s)."""
     dest = log_path.parent / (RESTORED + log_path.stem)
     try:

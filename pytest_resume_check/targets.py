@@ -47,7 +47,7 @@ ENTRY_POINT_GROUP = "pytest_resume_check.targets"
 #: Isolation modes: children forked from a preloaded server, or fresh interpreters.
 
 
-#: A target name or case id that cannot be a folder name (issue 13: a target named ``..`` made the
+#: A target name or case id that cannot be a folder name (a target named ``..`` made the
 #: harness work in, and delete, folders outside its session root).
 ERR_TARGET_NAME = ("target {name!r}: the name {problem}; the harness makes a folder of it, so give a plain name "
                    "(letters, digits, '-', '_', '.'), e.g. name='my_trainer'")
@@ -148,7 +148,7 @@ def _contract(value: Contract | str) -> Contract:
 
 
 #: ``crash_save=`` of a target that declares none: a few crash-consistency cells on one save, so a save that is
-#: not crash-safe fails without opting in (issue 29); ``(step, prior)`` asks for every crash point of a save,
+#: not crash-safe fails without opting in; ``(step, prior)`` asks for every crash point of a save,
 #: False for none.
 CRASH_SMOKE = "smoke"
 
@@ -177,7 +177,7 @@ class Target:
     resume_modes: tuple[str, ...] = (RESUME_AUTO, RESUME_PATH)
     preload: tuple[str, ...] = ()
     #: The fork server also imports the module that declares ``fn`` (and so what it imports), as a child
-    #: would, and when torch is then imported pays its first-use costs once (issue 29): a target declared
+    #: would, and when torch is then imported pays its first-use costs once: a target declared
     #: without ``preload`` starts its runs as fast as a tuned one. A module that cannot be preloaded so is
     #: left to the children, as before. False: only ``preload`` (see process/_server_setup.py).
     auto_preload: bool = True
@@ -394,7 +394,7 @@ def _early_stop(name: str, value: Any) -> str:
 
 
 #: The most ranks a run may have: they all run on this machine, each a process with its own rendezvous
-#: connections (issue 26: world_size=1000 ran 240 s with 955 zombies and no verdict).
+#: connections (world_size=1000 ran 240 s with 955 zombies and no verdict).
 MAX_WORLD_SIZE = 32
 ERR_WORLD_SIZE = ("target {name!r}: world_size={value!r} must be a whole number of ranks from 1 to "
                   f"{MAX_WORLD_SIZE} (e.g. world_size=2): every rank is a process on this machine")

@@ -13,7 +13,7 @@ On an exception the temporary file is removed and ``path`` is left as it was.
 
 Reads (:func:`read_regular`) take only a regular file, and only up to a size: a checkpoint folder is
 somebody else's input, and a name in it may be a FIFO (an open blocks forever), a link to ``/dev/zero``
-(a read never ends) or a huge sparse file (issue 26). What it is instead is checked before any byte is
+(a read never ends) or a huge sparse file. What it is instead is checked before any byte is
 read, and errors never quote the file's bytes.
 """
 

@@ -82,7 +82,7 @@ CHECKSUM_PREFIX = b"agentlightning-sha256:"
 CHECKSUM_SIZE = len(CHECKSUM_PREFIX) + 64
 _CHECKSUM_RE = re.compile(re.escape(CHECKSUM_PREFIX) + rb"[0-9a-f]{64}\Z")
 #: The largest input file the reader takes (and the writer writes): it holds a loader position, a buffered
-#: tail and in-flight rollouts, never model weights. Checked before a byte is read (issue 26: a 3 GiB
+#: tail and in-flight rollouts, never model weights. Checked before a byte is read (a 3 GiB
 #: sparse file cost 32 s and 3 GB before it was refused).
 MAX_INPUT_FILE_BYTES = 1 << 30
 _REFUSED_GLOBAL_RE = re.compile(r"GLOBAL ([\w.]+)")

@@ -47,7 +47,7 @@ ACTOR_EXIT_TIMEOUT = 30.0
 TEMP_PREFIX = "rc-ray-"  # kept short: Ray's socket paths under it must fit in 107 bytes (a short TMPDIR too)
 
 #: Ray as on one machine only: with it unset Ray resolves its node address to the machine's outward IP (even
-#: with --node-ip-address=127.0.0.1) and its GCS, raylet and agents listen on every interface (issue 26).
+#: with --node-ip-address=127.0.0.1) and its GCS, raylet and agents listen on every interface.
 ENV_LOCAL_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 #: Ends the head when the process that started it is gone (SIGKILLed pytest): reads its stdin, a pipe only
 #: that process writes to, until EOF; then SIGTERM and SIGKILL to the head's process group and removes its

@@ -271,7 +271,7 @@ def _new_group() -> Any:
 
 def _gated_writer(folder: Path, gate: threading.Event) -> Any:
     """DCP's file writer, whose writing waits for ``gate``: the async_unawaited bug's background write starts
-    only after the checkpoint was published, so the planted race always goes the same way (issue 26: under
+    only after the checkpoint was published, so the planted race always goes the same way (under
     load the write sometimes won, and the bug was missed)."""
     from torch.distributed.checkpoint import FileSystemWriter
 

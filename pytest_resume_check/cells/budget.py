@@ -1,5 +1,5 @@
 """``--resume-matrix-budget=RUNS``: the cells of a matrix ordered by how much each can reveal, and cut where
-their runs would pass the budget (issue 30). For trainers that pay tens of seconds a run, where the quick
+their runs would pass the budget. For trainers that pay tens of seconds a run, where the quick
 matrix's hundreds of runs are more than a day's CI can give.
 
 What a cell can reveal is the set of *features* its kills exercise, each for its target and case: every

@@ -117,7 +117,7 @@ def kill_points(steps: int, boundaries: Sequence[int], mode: str, rng: random.Ra
         points += [(RESUME_AUTO, kills) for kills in _double_kills(steps, mode)]
     if RESUME_PATH in resume_modes:
         # Epoch boundaries in both modes: that is where loaders go wrong, whichever way a resume finds
-        # its checkpoint (issue 19: a path-only target with a boundary bug passed every quick cell).
+        # its checkpoint (a path-only target with a boundary bug passed every quick cell).
         edges = {b for b in boundaries if 1 <= b <= steps}
         points += [(RESUME_PATH, (KillSpec(k),)) for k in sorted({1, max(1, steps // 2)} | edges) if k <= steps]
         after = list(range(1, steps - 1)) if mode == FULL else sorted(b for b in edges if b < steps - 1)
@@ -231,7 +231,7 @@ def cells(target: Target, mode: str, seed: int) -> list[Cell]:
 def _ask(target: Target, function: str, case: Mapping[str, Any], fn: Callable[[Any], Any], arg: Any) -> Any:
     """``fn(arg)``, one of the target's own functions (named ``function``, asked about ``case``); what it
     raises becomes a :class:`TargetError` naming the target, the function and the case, so one broken
-    target cannot abort the session (issue 13)."""
+    target cannot abort the session."""
     try:
         return fn(arg)
     except Exception as exc:

@@ -266,7 +266,7 @@ TERM_GRACE = 5.0
 
 
 def _forward_term(run: RunContext, proc: subprocess.Popen[bytes]) -> bool:
-    """Under torchrun the program stands for the worker torchrun started (issue 31): it is reported with its
+    """Under torchrun the program stands for the worker torchrun started: it is reported with its
     worker, so a lost node's programs die with it, and the SIGTERM torchrun's agent sends the worker when it
     stops the group (an in-job restart) is passed on to the program, which gets :data:`TERM_GRACE` seconds
     to end; then the worker ends by that signal, as the program would have. Else a stopped worker's program
@@ -402,7 +402,7 @@ def program_imports(spec: CommandSpec) -> list[tuple[str, str]]:
 def _run_in_process(run: RunContext, spec: CommandSpec, program: tuple[str, str], argv: list[str],
                     context: dict[str, Any]) -> tuple[int, int]:
     """Run a Python program in this process, forked from the fork server that already imported what it
-    imports (issue 30: a fresh interpreter importing torch cost 3.4 s a run), as a fresh interpreter would
+    imports (a fresh interpreter importing torch cost 3.4 s a run), as a fresh interpreter would
     run it (:mod:`pytest_resume_check.child.in_process`): its ``sys.argv``, ``__main__``, ``__file__``,
     ``sys.path[0]``, working folder and environment; its ``client.connect()`` returns a context whose calls go
     straight to this run's ``RunContext`` (the same answers the socket would carry); a zero-change program's
@@ -475,7 +475,7 @@ def _tail(log_path: str, lines: int = 15) -> str:
 
 
 #: Seconds between checks whether the program exited while its socket stays open (a process it forked holds
-#: the other end: the program is done when it exits, whatever its children hold; issue 26).
+#: the other end: the program is done when it exits, whatever its children hold).
 EXIT_POLL = 0.2
 #: The longest line the harness reads; a longer one is a protocol violation (state digests are short).
 MAX_LINE = 16 * 1024 * 1024
@@ -614,7 +614,7 @@ def _watched(run: RunContext, request: Mapping[str, Any]) -> None:
 #: path and digest as :func:`pytest_resume_check.records.state.leaf_digests` gives them, computed in the program
 #: where the values live (a torch optimizer's tensors cannot travel as JSON). The leaves keep their names, so the
 #: headline names the first differing one, ``optimizer differs (state.0.momentum_buffer)``, as for a Python
-#: target reporting the same state (issue 29); a component sent as one digest of the program's own has no leaf
+#: target reporting the same state; a component sent as one digest of the program's own has no leaf
 #: to name.
 FIELD_LEAVES = "leaves"
 ERR_LEAVES = ("{call} leaves must be a JSON object of components, each an object of leaf paths and their digests "

@@ -36,7 +36,7 @@ from pytest_resume_check.targets import load_target_fn
 #: Events that are held back and sent with the next step boundary (one pipe write per step).
 _BATCHED = frozenset({ev.CONSUMED, ev.TRAINED, ev.STATE, ev.LOG, ev.ENVIRON})
 #: Seconds after which batched reports are written without waiting for a boundary: a step longer than
-#: the hang limit that keeps reporting is alive (issue 26), and the supervisor hears it at least this often.
+#: the hang limit that keeps reporting is alive, and the supervisor hears it at least this often.
 LIFE_INTERVAL = 1.0
 
 
@@ -46,7 +46,7 @@ class ConnectionSink:
     the step did after its last boundary - work a kill undoes anyway.
 
     Safe from any thread (a trainer may publish its checkpoints from a background saver) and from signal
-    handlers (a SIGTERM handler that saves and publishes, issue 26): a report call only appends to a
+    handlers (a SIGTERM handler that saves and publishes): a report call only appends to a
     queue, and a boundary waits until this process's writer thread has written everything queued before
     it. Only the writer touches the channel, so a handler that interrupts a report call on the main
     thread never waits for a lock that call holds, and no two writes interleave. Each thread's events
@@ -175,7 +175,7 @@ def child_main(plan: RunPlan, conn: Any, control: Any = None) -> None:
 def _drop_fork_server_pipe() -> None:
     """Close the fork server's liveness pipe, which multiprocessing hands every child it forks: a run does
     not start processes through the server (see above), and a trainer that writes to every descriptor it
-    finds would otherwise make the server exit ("Not at EOF?") and fail every later run (issue 26)."""
+    finds would otherwise make the server exit ("Not at EOF?") and fail every later run."""
     import multiprocessing.forkserver
 
     server = multiprocessing.forkserver._forkserver
@@ -487,7 +487,7 @@ def _recorder(plan: RunPlan, sink: ConnectionSink) -> Any:
 
 
 #: The signal that makes a run's process write the Python stack of each of its threads into the run's log
-#: (the supervisor sends it to a hung run's processes before it kills them, issue 29). Its default action
+#: (the supervisor sends it to a hung run's processes before it kills them). Its default action
 #: stops the process, and the handler ends by restoring that action and raising the signal again, so the
 #: process stops once its stacks are written: that is how the supervisor knows they are complete. Nothing
 #: else sends SIGTTOU to a run: it is the signal for a background write to a terminal, and a run writes to

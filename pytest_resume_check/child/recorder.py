@@ -298,8 +298,8 @@ def _close_dropping_buffer(raw: Any) -> None:
 
     Leaving it open instead made the outcome of an injected error at ``close`` depend on the garbage
     collector: the buffered bytes reached the file whenever the abandoned object was collected before
-    the child exited, and not otherwise, so one cell passed or failed with what ran before it
-    (issue 18). The descriptor is pointed at ``/dev/null`` first, so the flush goes nowhere.
+    the child exited, and not otherwise, so one cell passed or failed with what ran before it.
+    The descriptor is pointed at ``/dev/null`` first, so the flush goes nowhere.
     """
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:

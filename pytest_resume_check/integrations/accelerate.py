@@ -42,8 +42,8 @@ them back):
   highest ``checkpoint_<n>`` folder: Accelerate 1.15 leaves it at 0 after a load, so the next
   ``save_state`` fails with "checkpoint_0 (0) already exists", or, with ``total_limit``, deletes an older
   checkpoint and writes the new one as ``checkpoint_0``, which the next ``load_state()`` passes over for
-  an older, higher-numbered one (huggingface/accelerate#1601, #3306;
-  docs/examples/findings/accelerate_checkpoint_naming.py).
+  an older, higher-numbered one (huggingface/accelerate#1601 and
+  huggingface/accelerate#3306; docs/examples/findings/accelerate_checkpoint_naming.py).
 - Leaving the ``with`` block normally (the end of training) reports the prepared models, unwrapped, as
   what the job delivers (``run.final``); ``report_final=False`` turns that off.
 

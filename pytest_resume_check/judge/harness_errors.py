@@ -1,5 +1,5 @@
 """What an error of the harness itself means for its user: one ``HARNESS`` line that names what happened
-and the fix (issue 26: a full disk, a session folder another session removed, a file name too long for
+and the fix (a full disk, a session folder another session removed, a file name too long for
 the file system and the harness's own bugs were 900-line tracebacks, and the cell vanished from the
 reports). The traceback is kept in the cell's folder for a bug report, not shown.
 

@@ -159,7 +159,7 @@ def resume_label(step: int | None, path: str | None, unit: str = "step") -> str:
 
 
 #: The story's label of a resumed run that ended before it reported what it restored (``run.resumed``): it
-#: is no restart from scratch, it was still loading (issue 29: ``run 2 (restart from scratch): raised
+#: is no restart from scratch, it was still loading (``run 2 (restart from scratch): raised
 #: EOFError`` of a run that died reading ``step_6.pt``).
 LABEL_UNREPORTED = "{how} before reporting what it resumed"
 #: ``how`` of :data:`LABEL_UNREPORTED`, by the run's outcome.
@@ -516,7 +516,7 @@ def compare(ref: Ledger, comp: Ledger, ordered: bool, kind: str = "consumed",
     epoch's leftovers do so than not. Everything else left over is LOST (reference entries) or
     DUPLICATED (composite entries beyond the reference's count: the later occurrences, so the resume
     named is the one that took them again). A resumed run that replays an epoch from another place
-    reads as inputs taken twice and inputs never taken, not as a wrong epoch counter (issue 19); one
+    reads as inputs taken twice and inputs never taken, not as a wrong epoch counter; one
     that trains on exactly the reference's inputs under another epoch number reads as EPOCH.
     """
     ref_keys, comp_keys = _keys(ref), _keys(comp)

@@ -21,7 +21,7 @@ def discover(config: pytest.Config, wanted: Sequence[str]) -> list[Any]:
     """The targets of this session: the project's own (declared in the conftest.py files pytest loaded),
     or, when named (``wanted``: ``--resume-matrix-target``, ini ``resume_matrix_targets``, the targets of
     the cells named), those names among the project's and the installed packages' (entry points). A
-    package's targets never join a project's matrix unasked (issue 14: an empty folder ran this package's
+    package's targets never join a project's matrix unasked (an empty folder ran this package's
     self-test cells). The ``pytest_resume_check_targets`` hook may change the list."""
     from pytest_resume_check.targets import TargetError, entry_point_targets
 

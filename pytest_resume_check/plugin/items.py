@@ -66,7 +66,7 @@ class ResumeMatrix(pytest.Collector):
 
     def _items_of(self, target: Any) -> list[pytest.Item]:
         """The cells of one target, or one failing item that says why they could not be built (the other
-        targets still run, issue 13)."""
+        targets still run)."""
         from pytest_resume_check.cells import matrix
         from pytest_resume_check.judge.harness_errors import server_died
         from pytest_resume_check.process.starter import ForkServerDied
@@ -127,7 +127,7 @@ class ResumeMatrix(pytest.Collector):
     def _named(self, name: str) -> dict[str, str]:
         """An item's name with its node id spelled out: pytest 9 builds a child's structured id with the
         ``[...]`` inside the name, while the ``--lf`` cache parses it as parameters, so cells never matched
-        the failures it recorded (issue 14)."""
+        the failures it recorded."""
         return {"name": name, "nodeid": f"{self.nodeid}::{name}"}
 
     def _checked(self, target: Any) -> Any:

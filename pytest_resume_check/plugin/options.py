@@ -33,7 +33,7 @@ from pytest_resume_check.records.names import (  # noqa: F401  (the option spell
 )
 from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT
 
-#: The options of GitHub's output (issue 29, item 9), spelled here: the other spellings live in
+#: The options of GitHub's output, spelled here: the other spellings live in
 #: ``records.names``, which messages below the plugin read; nothing below the plugin names these.
 OPT_REPRO = "--resume-matrix-repro"
 OPT_STEP_SUMMARY = "--resume-matrix-step-summary"

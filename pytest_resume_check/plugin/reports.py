@@ -62,7 +62,7 @@ def failed_unjudged(report: pytest.TestReport) -> bool:
 
 def unjudged(report: pytest.TestReport, name: str, rerun: str) -> dict[str, Any] | None:
     """The JSON of the matrix cell ``name`` that failed without a verdict, so the summary counts it as
-    pytest does (issue 26: a crashed xdist worker's cell was drawn as passed and missing from the JSON).
+    pytest does (a crashed xdist worker's cell was drawn as passed and missing from the JSON).
     None when ``name`` is no cell's (a target whose matrix cannot be built)."""
     from pytest_resume_check.judge import harness_errors
     from pytest_resume_check.report import text as rp

@@ -35,8 +35,8 @@ def case_group(nodeid: str) -> str:
 
 def case_and_mode_scheduler(config: pytest.Config, log: Any) -> Any:
     """With xdist's default distribution, the cells of one case and resume mode go to one worker: they
-    share a first run and a reference, which every worker that runs one of them would otherwise make again
-    (issue 14). A case's two modes may go to two workers (its reference is then made twice), which keeps a
+    share a first run and a reference, which every worker that runs one of them would otherwise make again.
+    A case's two modes may go to two workers (its reference is then made twice), which keeps a
     one-case target parallel. Other tests are spread one by one, as ``load`` does. None (xdist's own
     scheduler) for any other distribution."""
     if config.getoption("dist") != "load":

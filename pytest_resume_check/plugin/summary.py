@@ -38,7 +38,7 @@ STEP_SUMMARY_FULL = ("### {header}\n\nNo room for the grids and the failing cell
 LEFT_OUT_LINE = "resume matrix: {reason}; {count} left out: {names}"
 #: The summary grid is at most this wide.
 MAX_WIDTH = 100
-#: Said last when the runs spent most of their time before their first step (issue 29: a target declared
+#: Said last when the runs spent most of their time before their first step (a target declared
 #: without preload ran 7x slower, and nothing said where the time went).
 TIME_NOTE = ("resume-check: runs spent {share:.0%} of their time before their first step (median {median:.1f} s"
              "{where}); preload the modules your trainer imports, and a warm-up for what it builds on first use: "

@@ -31,7 +31,7 @@ from pytest_resume_check.targets import describe_error
 WARMUP_ENV = "PYTEST_RESUME_CHECK_WARMUP"
 #: Preloaded modules whose import raised in this server: module -> ``Type: message (at file:line)``.
 #: Multiprocessing's own preload lets any exception but ImportError kill the server, and then every
-#: child start fails with a bare EOFError (issue 13); imported here, one broken module costs only the
+#: child start fails with a bare EOFError; imported here, one broken module costs only the
 #: targets that name it.
 FAILED: dict[str, str] = {}
 #: Warm-ups (``module:function``) that raised or could not be found: spec -> ``Type: message``. They
@@ -39,10 +39,10 @@ FAILED: dict[str, str] = {}
 WARMUP_FAILED: dict[str, str] = {}
 #: Warm-ups after which more threads ran in the server than before: spec -> how many more. A process
 #: forked while other threads run inherits their locks but not the threads, and torch's thread pool
-#: then hangs every forked run (issue 14), so the targets naming such a warm-up are refused.
+#: then hangs every forked run, so the targets naming such a warm-up are refused.
 WARMUP_THREADS: dict[str, int] = {}
 #: Modules declaring a target (``auto_preload``) that this server could not import: module -> why. They
-#: cost nothing: each child imports its target's module itself, as it did before issue 29.
+#: cost nothing: each child imports its target's module itself, as it does with ``auto_preload=False``.
 AUTO_FAILED: dict[str, str] = {}
 #: Why what ``auto_preload`` did left this server unsafe to fork from (a declaring module started a
 #: thread or initialised CUDA when imported, torch's warm-up left a thread): the starter then starts the
@@ -195,7 +195,7 @@ def _import_declaring(modules: list[tuple[str, str]]) -> None:
 
 
 #: Modules whose global generator a fresh interpreter seeds at random when it imports them. A child that
-#: imported them itself (before issue 29) started with its own seed, so an unseeded trainer's two
+#: imported them itself (``auto_preload=False``) started with its own seed, so an unseeded trainer's two
 #: reference runs differed (NONDETERMINISTIC); forked from a server that imported them, every child would
 #: start from one seed. (Python's ``random`` reseeds itself in a forked child.)
 _SEEDED_AT_IMPORT = ("torch", "numpy.random")

@@ -9,7 +9,7 @@
 
 Every file and folder the harness deletes goes through :func:`remove_inside` (:meth:`Layout.fresh`,
 :meth:`Layout.remove`, the clean-up of old sessions), which refuses any path it cannot prove lies
-strictly inside the root it is given (issue 13: a target named ``..`` pointed the harness outside).
+strictly inside the root it is given (a target named ``..`` pointed the harness outside).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ MAX_NAME_BYTES = 120
 
 def safe_name(text: str) -> str:
     """A folder name for ``text``: letters, digits and ``-_.=+,`` kept, anything else ``_``; cut to
-    :data:`MAX_NAME_BYTES` bytes of UTF-8 at a character boundary (issue 26: a case id of 100 non-ASCII
+    :data:`MAX_NAME_BYTES` bytes of UTF-8 at a character boundary (a case id of 100 non-ASCII
     letters was cut to 120 characters, 300 bytes, and every file operation of its cells failed)."""
     name = "".join(c if c.isalnum() or c in "-_.=+," else "_" for c in text)
     raw = name.encode("utf-8")

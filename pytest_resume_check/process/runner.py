@@ -25,7 +25,7 @@ from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT, Outcome, R
 from pytest_resume_check.targets import Target, TargetError, run_resources
 
 #: The longest hang limit a run can wait for (about 23 days): ``poll()`` takes at most 2**31 - 1 ms, and a
-#: longer wait crashed every cell (issue 13). Longer limits, ``inf`` and 0 (both: no limit) become this.
+#: longer wait crashed every cell. Longer limits, ``inf`` and 0 (both: no limit) become this.
 MAX_HANG_TIMEOUT = 2_000_000.0
 
 

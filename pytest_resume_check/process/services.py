@@ -9,7 +9,7 @@ started on the first run of a target that names it and stopped, in reverse order
 after Ctrl-C too. A factory that raises is not retried: every cell of its targets fails with one line
 that names it.
 
-A start has a limit (issue 26: a service that hung while starting hung the whole session): the factory's
+A start has a limit (a service that hung while starting hung the whole session): the factory's
 own ``start_timeout`` attribute (seconds), else the target's hang limit. Each service lives in a thread of
 its own, which enters its context manager, waits, and exits it (so the limit can be kept, and a start and
 its stop share a thread; ``signal.signal`` cannot be called there); a start past its limit fails its

@@ -6,10 +6,10 @@ interpreter per run, for trainers that are not fork-safe.
 
 A preload module that fails to import costs only the targets that name it: :func:`check_preload`
 raises a :class:`~.targets.TargetError` naming the module and its exception for those, and the
-server goes on serving the others (issue 13). So does a warm-up that leaves threads running in the
+server goes on serving the others. So does a warm-up that leaves threads running in the
 server (forked runs would hang); a warm-up that raises costs only speed and is a warning, once.
 
-Without being asked (a target's ``auto_preload``, issue 29), the server also imports the modules that
+Without being asked (a target's ``auto_preload``), the server also imports the modules that
 declare the targets and, when torch is then imported, pays its first-use costs once. What it cannot do
 so costs no error: a module that fails is left to the children (as before), and a server made unsafe by
 it is started again without it; :func:`auto_preload_notes` says why.
@@ -255,7 +255,7 @@ FREEZE_TIMEOUT = 30.0
 def frozen(pgid: int) -> Iterator[None]:
     """Every process of group ``pgid`` stopped (SIGSTOP) while the block runs, then continued: what is on
     disk then is exactly what a SIGKILL at that moment would leave, whatever threads and ranks of the run
-    were still writing (issue 26)."""
+    were still writing."""
     from pytest_resume_check.process.sweep import group_not_stopped
 
     try:
@@ -453,7 +453,7 @@ def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER) -> Child:
     else:  # a spawned interpreter is exec'd with the token, so its forked descendants show it too
         # The resource tracker first, without the token: started inside, it would carry this run's token,
         # the sweep after the run would kill it, and every later spawn warned "resource_tracker: process died
-        # unexpectedly ... might leak" (issue 26).
+        # unexpectedly ... might leak".
         multiprocessing.resource_tracker.ensure_running()
         with environment(RUN_TOKEN_ENV, plan.token):
             process.start()

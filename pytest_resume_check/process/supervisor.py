@@ -203,7 +203,7 @@ def _on_kill_ready(watch: _Watch, event: ev.Event) -> bool:
         _preempt(child, record, kill.grace)
     elif kill is not None and (kill.node is not None or kill.rank is not None and record.plan.restarts_in_job):
         # torchrun restarts the workers within the run (without a lost node's): what they do next is the
-        # resume (issue 31), and the run's last word decides its outcome.
+        # resume, and the run's last word decides its outcome.
         record.outcome = Outcome.CRASHED
         pid = int(event.extra["pid"])
         pids = _with_programs(record, _node_pids(record, pid) if kill.node is not None else [pid])
@@ -300,7 +300,7 @@ STACKS_TIMEOUT = 2.0
 
 
 def dump_stacks(child: starter.Child, record: RunRecord, timeout: float = STACKS_TIMEOUT) -> None:
-    """Before a hung run is killed (issue 29): each process that runs its target writes the Python stack of
+    """Before a hung run is killed: each process that runs its target writes the Python stack of
     every thread into the run's log, under a line that names its rank and pid (``events.stacks_header``), so
     the report can say where it hung. Every process of the run is stopped first and each is continued only
     to write its stacks, so nothing else writes into the log meanwhile and no two dumps interleave; the
@@ -438,7 +438,7 @@ def _wait_for_peers(child: starter.Child, record: RunRecord, step: int, hang_tim
                     peers: Iterable[int] | None = None, attempt: int | None = None) -> bool:
     """Before killing every rank at once, or copying what a shared first run saved: wait until every other
     rank that reports steps has reported the end of ``step`` (the kill point's), so all their reports up
-    to the kill point are on the channel and their part of its checkpoint is written (issue 26: a fixed
+    to the kill point are on the channel and their part of its checkpoint is written (a fixed
     wait of 2 s lost rank 1's last step on a loaded machine). In a loop whose ranks run the same code
     they get there while rank 0 waits. True when they did; otherwise the run's outcome says what
     happened instead (it ended by itself, or a rank did not get there within the hang limit: ``HUNG``).

@@ -21,7 +21,7 @@ KILL_READY = "kill_ready"
 LOG = "log"
 #: How a ``run.log`` line starts in the run's log file (where it also goes, beside stdout and stderr).
 LOG_PREFIX = "[run.log] "
-#: The line the supervisor writes into a hung run's log before each process's stacks (issue 29); ``who`` is
+#: The line the supervisor writes into a hung run's log before each process's stacks; ``who`` is
 #: ``rank R, `` in a multi-rank run, empty otherwise. :data:`STACKS_HEADER_PATTERN` reads it back.
 STACKS_HEADER = "[resume-check] stacks of {who}pid {pid}, written when the run hung, before it was killed:"
 STACKS_HEADER_PATTERN = re.compile(r"^\[resume-check\] stacks of (?:rank (?P<rank>\d+), )?pid (?P<pid>\d+), "

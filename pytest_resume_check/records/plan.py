@@ -20,7 +20,7 @@ SIGNAL_KILL = "kill"
 SIGNAL_TERM = "term"
 
 #: Who starts the ranks of a run: the harness itself (a fork per rank), or torchrun (torch's elastic agent,
-#: run in the run's process, which forks its workers; issue 31).
+#: run in the run's process, which forks its workers).
 LAUNCHER_HARNESS = "harness"
 LAUNCHER_TORCHRUN = "torchrun"
 LAUNCHERS = (LAUNCHER_HARNESS, LAUNCHER_TORCHRUN)

@@ -268,7 +268,7 @@ class RunRecord:
 
 
 def attempts_of(events: list[ev.Event]) -> list[int]:
-    """The attempt each event belongs to (torchrun restarts the workers of a run within it, issue 31): the
+    """The attempt each event belongs to (torchrun restarts the workers of a run within it): the
     attempt its worker stamped, or, for an event of the launcher or the supervisor, that of the event before
     it (the workers of one attempt are all gone before the next attempt's start, so the channel never mixes
     them)."""

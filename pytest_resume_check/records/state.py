@@ -7,7 +7,7 @@ replaced by what those return, mappings and sequences are walked, and tensors, n
 plain values are leaves. A leaf's digest covers its type, shape, dtype and exact bytes; a component's
 digest covers its leaves' keys and digests. Two states are equal only if every byte agrees.
 
-Digests are XXH3-128 (the ``xxhash`` package, which verl brings and the torch extra installs: issue 30, a
+Digests are XXH3-128 (the ``xxhash`` package, which verl brings and the torch extra installs: a
 12 MB Adam state made a step 1.79x slower under SHA-256), or SHA-256 where ``xxhash`` is missing. The kind
 is part of the digest (``x3:`` before an XXH3 digest), so digests of two kinds never pass for a difference
 of state: :func:`digest_kind` names it and the judge refuses to compare across kinds.

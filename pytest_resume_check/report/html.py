@@ -63,7 +63,7 @@ RENDER_ALL_HASH = "#render-all"
 TITLE = "Resume matrix report"
 #: How a timeline names the runs whose inputs it draws (the ``run`` of a ledger row, from 0), and the rows of
 #: the reference's rest after a resumed run stopped early: they complete the job's ledger but are no run of
-#: the cell (issue 29: a two-run cell drew ``run 3``).
+#: the cell (a two-run cell drew ``run 3``).
 RUN_LABEL = "run {number}"
 REMAINDER_LABEL = "reference (after the early stop at step {step})"
 REMAINDER_LABEL_NO_STEP = "reference (after the early stop)"

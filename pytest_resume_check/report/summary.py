@@ -112,7 +112,7 @@ def grid(cells: Sequence[dict[str, Any]], width: int = 100) -> list[str]:
     cells). Every cell is shown exactly once: columns wrap into chunks that repeat the row labels, so no
     line is wider than ``width`` unless one row label and one column alone are (then each chunk holds one
     column), and a cell whose row and column another cell already holds gets a column of its own (its
-    full kill id) instead of replacing it (issue 29)."""
+    full kill id) instead of replacing it."""
     lines: list[str] = []
     for target in dict.fromkeys(c["target"] for c in cells):
         mine = [c for c in cells if c["target"] == target]

@@ -473,7 +473,7 @@ def rerun_command(cell_name: str, seed: int | None) -> str:
 
 
 #: Version of the JSON report's layout; raised when a key changes meaning or goes away (new keys may
-#: come without it). 1: the cells of issue 19 (``findings``, ``state_diverged``, ``runs[].log_tail``).
+#: come without it). 1: cells with ``findings``, ``state_diverged`` and ``runs[].log_tail``.
 #: 2: ``reference``, ``composite`` and ``marks`` are the ledger ``ledger`` names, the one the first finding
 #: about inputs is about (1: always the contract's first ledger); each finding names its ``ledger``.
 JSON_FORMAT = 2

@@ -34,6 +34,15 @@ DOWNSTREAM = EXAMPLES / "downstream"
 CHECKED_PAGES = ("index.md", "quickstart.md", "matrix.md", "reading-a-report.md", "ci.md",
                  "crash-consistency.md", "distributed.md", "design.md", "findings.md", "recipes/index.md", "github.md",
                  "recipes/command.md", "recipes/lightning.md", "recipes/accelerate.md", "recipes/hf-trainer.md")
+#: The other pages of the site, each with what checks it instead (tests/docs/test_site_map.py keeps both lists
+#: and mkdocs.yml's nav the same pages).
+CHECKED_ELSEWHERE = {
+    "writing-a-target.md": "test_downstream_example.py and test_docs_snippets.py run its example project and blocks",
+    "trainer-configuration.md": "test_docs_snippets.py runs its blocks",
+    "guarantees.md": "test_every_test_the_guarantees_name_exists: each promise names the test that holds it",
+    "cluster.md": "its commands need a Ray cluster: tests/plugin/test_ray_cluster.py runs what it describes",
+    "reference.md": "generated from the docstrings by the strict build (test_mkdocs_build_is_strict_clean)",
+}
 #: Languages that are code and must be included from a tested file, never written inline.
 INCLUDED_LANGUAGES = {"python", "yaml", "ini", "toml", "shell"}
 COMMAND_TESTS = "engine/test_command_targets.py"
@@ -93,15 +102,9 @@ TESTED_EXAMPLES = {
 INSTALL = re.compile(r"^(python3 -m venv \S+|(\.venv/bin/)?pip install .+)$")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 INCLUDE = re.compile(r'^--8<-- "([^"]+)"$')
-HTML_OPTION = "--resume-matrix-html"
-NO_HTML_OPTION = "the plugin has no --resume-matrix-html option yet"
 
 needs_torch = requires("torch", "torchdata")
 needs_verl = requires("torch", "torchdata", "verl")
-
-
-def html_option_wired() -> bool:
-    return HTML_OPTION in vars(plugin_options).values()
 
 
 def blocks(page: str) -> list[tuple[str, str]]:
@@ -154,13 +157,19 @@ def text_block_after(page: str, marker: str) -> list[str]:
 
 # -- the site and the shape of the pages -------------------------------------------------------------------
 
-@requires("mkdocs", "material")
+@requires("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers")
 def test_mkdocs_build_is_strict_clean(tmp_path):
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
                            "-d", str(tmp_path / "startup")], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "startup" / "img" / "html-report.png").is_file()
+    # The API reference is read from the sources (no import): the declared names and the trainer are on it.
+    reference = (tmp_path / "startup" / "reference" / "index.html").read_text()
+    for name in ("pytest_resume_check.targets.resume_target", "pytest_resume_check.run.RunContext",
+                 "pytest_resume_check.engine.Engine", "pytest_resume_check.integrations.lightning",
+                 "agentlightning.verl.trainer.AgentLightningRayPPOTrainer"):
+        assert f'id="{name}"' in reference, name
 
 
 def test_code_on_the_pages_is_included_from_tested_files():
@@ -199,8 +208,6 @@ def test_matrix_page_lists_every_option_and_no_other():
     for option in options:
         assert f"`{option}" in page, f"docs/matrix.md does not list {option}"
     shown = set(re.findall(r"`(--resume-matrix[a-z-]*)", page))
-    if not html_option_wired():
-        shown.discard(HTML_OPTION)
     assert shown <= options, f"docs/matrix.md lists options the plugin does not have: {shown - options}"
     inis = set(re.findall(r'addini\(\s*"(resume_matrix\w*)"', Path(plugin_options.__file__).read_text()))
     for ini in inis:
@@ -216,8 +223,6 @@ def test_every_pytest_command_on_the_pages_collects(page, cwd, line, tmp_path):
     below (and to the matrix's own tests). Commands for the project root run in this repository's root,
     whose tests/conftest.py declares the bundled targets (elsewhere they run only when named)."""
     args = shlex.split(line)[1:]
-    if HTML_OPTION in line and not html_option_wired():
-        pytest.skip(NO_HTML_OPTION)
     args = [a for i, a in enumerate(args) if a != "-n" and (i == 0 or args[i - 1] != "-n")]  # xdist only spreads
     folder = ROOT / cwd
     # Reports a command writes go to tmp_path, never into the repository.
@@ -278,8 +283,6 @@ def test_ini_example_configures_the_matrix(pytester):
 def test_ci_workflow_runs_its_matrix_command_on_the_example_project(pytester):
     import yaml
 
-    if not html_option_wired():
-        pytest.skip(NO_HTML_OPTION)
     workflow = yaml.safe_load((EXAMPLES / "ci" / "resume-matrix.yml").read_text())
     steps = workflow["jobs"]["resume-matrix"]["steps"]
     matrix = next(s for s in steps if s.get("name") == "Resume matrix")
@@ -373,7 +376,7 @@ def test_torchdata_finding_script_shows_two_orders():
 
 @needs_torch
 def test_the_declared_known_bug_fails_exactly_where_declared(tmp_path):
-    """writing-a-target.md's expected_failures example (issue 19: the old one, torchdata #1437, passes on
+    """writing-a-target.md's expected_failures example (the old one, meta-pytorch/data#1437, passes on
     torchdata 0.11 and so failed as XPASS when copied). Its cells fail as declared, the rest pass."""
     report = tmp_path / "known.json"
     done = run_pytest(("--resume-matrix", "--resume-matrix-mode=full", "-m", "resume_matrix",
@@ -442,9 +445,9 @@ def test_verl_finding_reproduces_with_its_documented_command(pytester):
 
 @needs_verl
 def test_quickstart_figures_come_from_the_command_it_shows(tmp_path):
-    """docs/quickstart.md's one-target command prints the summary the page shows (issue 14: the page said
+    """docs/quickstart.md's one-target command prints the summary the page shows (the page said
     197 cells while the same command ran 426). Its timings are not checked: they depend on the machine.
-    The whole main job is not run here (issue 26: inside the suite it hit its time limit on a loaded
+    The whole main job is not run here (inside the suite it hit its time limit on a loaded
     machine); its counts are checked from its matrix below."""
     command = ("pytest --resume-matrix -m resume_matrix --resume-matrix-target=verl_stock_sync -n auto "
                "--resume-matrix-seed=1234")

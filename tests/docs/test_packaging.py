@@ -1,4 +1,4 @@
-"""What we publish (issue 14, "installs like a plugin"): the wheel holds the two packages with their
+"""What we publish ("installs like a plugin"): the wheel holds the two packages with their
 ``py.typed`` markers and the licence, and its metadata says MIT (an SPDX expression), POSIX/Linux and
 pytest; the sdist holds what its own tests need (tests/, docs/ with the examples); building warns
 about nothing in our license metadata. And ``import agentlightning`` refuses to share its import name
@@ -8,7 +8,7 @@ The builds run without network and without build isolation, from a copy of the w
 temporary folder, so the checkout gets no build/ or egg-info. They need setuptools>=77 (the first
 that reads ``license = "MIT"``) in this environment and skip without it. Nothing here imports torch.
 
-The wheel alone is enough (issue 29: nobody outside a clone could install the plugin): installed into a
+The wheel alone is enough (nobody outside a clone could install the plugin): installed into a
 new virtual environment beside pytest, it runs a matrix in a project folder outside the checkout. That
 test takes pytest (the version running it) from the package index pip is set up with, and skips when
 there is none; the wheel itself installs from disk. The pages that say how to install name the wheel
@@ -154,7 +154,7 @@ def test_sdist_carries_its_tests_and_the_docs_they_check(sdist, tree):
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 
 
-# -- the wheel alone, in a project of its own (issue 29) ----------------------------------------------------
+# -- the wheel alone, in a project of its own ----------------------------------------------------
 
 #: The project's own target (tests/support/project_trainer.py, torch-free) and one cell of a target the wheel
 #: registers through its entry point: the training script, run as a program of the new environment.
@@ -233,7 +233,7 @@ def test_the_wheel_alone_runs_a_matrix_in_a_project_outside_the_checkout(wheel, 
     assert torch_spec == "None"
 
 
-# -- the install commands the pages give (issue 29) ----------------------------------------------------------
+# -- the install commands the pages give ----------------------------------------------------------
 
 #: The pages that tell a user how to install the plugin.
 INSTALL_PAGES = ("README.md", "docs/quickstart.md", "docs/ci.md")

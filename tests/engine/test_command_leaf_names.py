@@ -1,4 +1,4 @@
-"""A command target's state keeps its leaf names (issue 29, item 10c).
+"""A command target's state keeps its leaf names.
 
 One small torch trainer (a linear model, SGD with momentum, ``torch.save`` checkpoints) runs twice: as a Python
 target, reporting through its ``RunContext``, and as a program speaking the line protocol, digesting its state

@@ -253,7 +253,7 @@ FACTS = Path(__file__).resolve().parents[1] / "support" / "interpreter_facts.py"
 
 @pytest.mark.parametrize("code", [0, 3])
 def test_a_script_run_in_the_runs_process_sees_what_a_fresh_interpreter_gives_it(engine, tmp_path, code):
-    """issue 30: ``{python} script.py`` of a client program runs in the run's process, forked from the preloaded
+    """``{python} script.py`` of a client program runs in the run's process, forked from the preloaded
     server; its arguments, __main__, __file__, working folder, sys.path[0], environment, exit functions and exit
     code are those of the same script started as a process of its own (fresh_interpreter=True)."""
     from pytest_resume_check.child.command import python_program

@@ -1,4 +1,4 @@
-"""Crash smoke cells by default (issue 29, item 6: crash consistency was opt-in, so the default matrix passed
+"""Crash smoke cells by default (crash consistency was opt-in, so the default matrix passed
 a non-atomic torch.save). A target that declares nothing gets a few crash cells on the save of step 2:
 the built-in loop's planted non-atomic save fails them, its atomic save passes them. Real child
 processes, SIGKILL and files on disk."""

@@ -1,4 +1,4 @@
-"""Multi-rank targets (issue 16): the harness launches the ranks, kills all of them, one of them, or
+"""Multi-rank targets: the harness launches the ranks, kills all of them, one of them, or
 preempts them with SIGTERM and a grace period, resumes at another world size, and judges the global
 ledger and each rank's. The bundled two-rank DDP loop (gloo, StatefulDistributedSampler, DCP) passes;
 each planted bug fails with its category and names the rank.

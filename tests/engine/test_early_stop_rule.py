@@ -1,4 +1,4 @@
-"""Issue 28: the default early-stop rule (``early_stop="epoch"``: a resumed run whose reported state equals
+"""The default early-stop rule (``early_stop="epoch"``: a resumed run whose reported state equals
 the reference's stops only at a step that ends an epoch) changes no verdict, even for a trainer whose
 report misses state it cannot see (its loader workers' generators); stopping at the first equal step
 (``early_stop="any"``) does change verdicts there.

@@ -1,5 +1,5 @@
 """Every error the harness meets is a failing cell with one line that names what happened and the fix, is
-in the JSON and the grid, and leaves the session running (issue 26): a full disk while it snapshots a
+in the JSON and the grid, and leaves the session running: a full disk while it snapshots a
 folder, a session folder removed under it, bytes on its event channel that are no event, names too long
 for the file system, a crashed pytest-xdist worker. Torch-free: these run in the bare environment too.
 """

@@ -1,4 +1,4 @@
-"""Where a hung run hung (issue 29): before the harness kills a hung run, each process that runs the target
+"""Where a hung run hung: before the harness kills a hung run, each process that runs the target
 writes every thread's Python stack into the run's log, and the cell's report quotes the innermost frames.
 
 Each hang is planted (a trainer that blocks forever in ``wait_forever_in_my_loop``) with a small hang limit;

@@ -1,4 +1,4 @@
-"""Issue 28 for one-process trainers: every piece of state a checkpoint can lose fails exactly the cells
+"""The state verdicts for one-process trainers: every piece of state a checkpoint can lose fails exactly the cells
 of the target's full matrix where it can bite, as ``STATE_DIVERGED`` naming that piece first, and the
 correct trainer passes every cell; quick mode (shared first runs, early stop) and exhaustive mode
 (``share=False``) give the same verdict, word for word, in every cell.

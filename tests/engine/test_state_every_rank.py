@@ -1,4 +1,4 @@
-"""Issue 28 on two ranks: each rank's reported state is compared with the same rank of the uninterrupted
+"""The state verdicts on two ranks: each rank's reported state is compared with the same rank of the uninterrupted
 run, so a checkpoint that restores one rank's RNG on every rank fails as ``STATE_DIVERGED`` naming
 rank 1 (never rank 0), and the correct trainer passes every cell of its full matrix; quick mode (shared
 first runs) and exhaustive mode (``share=False``) give the same verdict, word for word, in every cell.

@@ -1,4 +1,4 @@
-"""``run.state(step, state_of(trainer))`` in real runs (issue 28): the walk finds an EMA model nobody
+"""``run.state(step, state_of(trainer))`` in real runs: the walk finds an EMA model nobody
 listed, so a checkpoint that forgets it fails at the restored step naming ``ema_model``, while the
 correct trainer, whose object also holds a lock, a logger, the run context and its own output folder
 (skipped), passes every cell of its full matrix. The trainer is ``walked_trainer``."""

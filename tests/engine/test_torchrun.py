@@ -1,4 +1,4 @@
-"""Targets launched by torchrun (issue 31): each run is torch's own ``torchrun`` entry point (its elastic agent
+"""Targets launched by torchrun: each run is torch's own ``torchrun`` entry point (its elastic agent
 in the run's process, c10d rendezvous on loopback, its monitoring, restarts and teardown), whose workers run
 the target. A worker killed alone is followed by torchrun restarting the group within the run, and that
 restart is judged as a resume; a restart that does not reload fails, and only the real launcher shows it.

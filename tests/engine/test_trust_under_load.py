@@ -1,4 +1,4 @@
-"""A verdict to trust on a loaded machine (issue 26): correct trainers that do ordinary things - save in a
+"""A verdict to trust on a loaded machine: correct trainers that do ordinary things - save in a
 SIGTERM handler, run two ranks, write in a background thread, take long steps that keep reporting - pass
 whatever the timing; races of the harness itself are made impossible, not unlikely.
 
@@ -145,8 +145,9 @@ def test_a_rank_that_cannot_reach_the_kill_point_is_named_after_the_hang_limit(t
 
 
 def test_two_rank_verdicts_are_the_same_idle_and_beside_cpu_burners(tmp_path):
-    """benchmarks/load_verdicts.py, once: the bundled DDP loop and the loop of issue 26, each matrix idle and
-    beside two CPU burners, every cell's JSON compared (status, categories, headline, composite ledger)."""
+    """benchmarks/load_verdicts.py, once: the bundled DDP loop and the two-rank loop that once failed under load,
+    each matrix idle and beside two CPU burners, every cell's JSON compared (status, categories, headline,
+    composite ledger)."""
     pytest.importorskip("torch")
     pytest.importorskip("torchdata")
     pytest.importorskip("xdist")
@@ -173,7 +174,7 @@ def test_a_rank_that_resumed_elsewhere_is_not_waited_for():
 
 
 def test_every_event_kind_that_ends_or_stops_a_run_has_a_handler_of_its_own():
-    """Issue 27: the supervisor's event loop dispatches by kind; the kinds that end the reading (done, an
+    """The supervisor's event loop dispatches by kind; the kinds that end the reading (done, an
     error, converged, the kill point) or make the harness act (a pause for a snapshot) have their own."""
     from pytest_resume_check.process import supervisor
     from pytest_resume_check.records import events as ev

@@ -1,4 +1,4 @@
-"""Zero-change command targets (issue 29, item 8): a program with no client calls, declared with where its
+"""Zero-change command targets: a program with no client calls, declared with where its
 checkpoints appear and what it delivers, is killed at its checkpoint publications, and judged on the checkpoint
 each resume opened, crash consistency and its final outputs.
 

@@ -1,4 +1,4 @@
-"""The composite action (action.yml at the repository's root, issue 29 item 9), run as GitHub would run
+"""The composite action (action.yml at the repository's root), run as GitHub would run
 its steps: each ``run:`` script with bash ``-eo pipefail``, its ``env:`` and ``working-directory``, the
 expressions it uses replaced by what GitHub gives them (``inputs.*``, ``github.action_path``,
 ``runner.temp``, ``steps.matrix.outputs.*``), and GITHUB_OUTPUT / GITHUB_STEP_SUMMARY files.

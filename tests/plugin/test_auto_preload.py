@@ -1,4 +1,4 @@
-"""Fast without tuning (issue 29, item 2): the fork server imports the module that declares a target and
+"""Fast without tuning: the fork server imports the module that declares a target and
 pays torch's first-use costs when torch is in use, so a target declared with no ``preload`` starts its
 runs as a tuned one does; what it cannot preload costs nothing but the speed; and when runs still spend
 most of their time starting, the session's last line says so.
@@ -152,7 +152,7 @@ def test_a_torch_free_target_gets_no_torch_imported(project):
 ], ids=["raises", "starts-a-thread"])
 def test_a_module_the_server_cannot_preload_costs_nothing_but_the_speed(project, action):
     # A thread in the server would be inherited by no run but its locks would: the server starts again
-    # without the module. Either way each run imports it itself, as before issue 29, and no error is new.
+    # without the module. Either way each run imports it itself, as with ``auto_preload=False``, and no error is new.
     project.makeconftest(conftest(ONLY_IN_SERVER.format(action=action), LOOP))
     result = run_matrix(project)
     result.assert_outcomes(passed=3)
@@ -209,7 +209,7 @@ def costs(starts, seconds, auto=True, notes=()):
 
 
 @pytest.mark.parametrize(("starts", "seconds"), [
-    ([2.0] * 10, 21.0),  # the untuned loop before issue 29: most of its time, a per-run import
+    ([2.0] * 10, 21.0),  # the untuned loop without auto_preload: most of its time, a per-run import
 ])
 def test_the_note_shows_when_start_up_is_most_of_the_time_and_slow(starts, seconds):
     note = summary.time_note(costs(starts, seconds))

@@ -1,4 +1,4 @@
-"""``--resume-matrix-budget=RUNS`` in a user's session (issue 30): the cells that reveal most run within the
+"""``--resume-matrix-budget=RUNS`` in a user's session: the cells that reveal most run within the
 budget, the rest are skipped and listed in one line; the same cells with xdist; a bad value is one usage
 error; a cell named to rerun runs whatever the budget. A project of its own in a temporary folder with the
 torch-free trainer of ``tests/support/project_trainer.py`` (case ``bug``: a resume loses its first input)."""

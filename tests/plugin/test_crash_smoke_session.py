@@ -1,4 +1,4 @@
-"""Crash smoke cells in a user's session (issue 29, item 6): a project whose target declares nothing about
+"""Crash smoke cells in a user's session: a project whose target declares nothing about
 crash consistency and saves in place, without fsync, fails a few crash cells of its default matrix;
 ``crash_save=False`` leaves them out. A project of its own in a temporary folder, ``pytest`` run in a
 subprocess; the trainer is the torch-free one of ``tests/support/project_trainer.py``, whose checkpoint
@@ -57,7 +57,7 @@ def test_a_save_written_in_place_fails_the_default_smoke_cells_and_nothing_else(
 
 def test_cells_killed_after_a_checkpoint_still_share_their_first_run_beside_smoke_cells(tmp_path):
     """Recording the save for the smoke cells made the engine while collecting, and it kept the empty cell
-    list of that moment: every cell then ran a first run of its own (issue 30, found by the disk
+    list of that moment: every cell then ran a first run of its own (found by the disk
     benchmark). Each run leaves a file when it starts; a group's cells killed right after a checkpoint
     (``ckptN``) must have started one first run between them."""
     report, flags = tmp_path / "cells.json", tmp_path / "flags"

@@ -1,4 +1,4 @@
-"""GitHub's output (issue 29, item 9): the step summary a session appends to ``$GITHUB_STEP_SUMMARY``
+"""GitHub's output: the step summary a session appends to ``$GITHUB_STEP_SUMMARY``
 (once, by the xdist controller), and ``--resume-matrix-repro``'s folders, each of which reproduces its
 failing cell alone: its README's command, run in the folder after the project is gone, fails with the
 same headline. Output that cannot be written is a warning naming the path, and the session's exit status

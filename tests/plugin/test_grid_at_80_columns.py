@@ -1,4 +1,4 @@
-"""A real session at 80 columns (issue 29: the width of a CI log or a redirected file) shows every cell of
+"""A real session at 80 columns (the width of a CI log or a redirected file) shows every cell of
 its grid, each with its mark: the summary is parsed back and compared with the JSON report's cells.
 A torch-free project; pytest in a subprocess with ``COLUMNS=80`` and no terminal.
 """

@@ -1,4 +1,4 @@
-"""Hostile input (issue 13): a bad option value or a broken target gets one clear error, and the rest of
+"""Hostile input: a bad option value or a broken target gets one clear error, and the rest of
 the session still runs.
 
 Each process test runs a tiny torch-free target, ``good``, beside the broken one and checks that its
@@ -221,7 +221,7 @@ def test_a_hang_limit_below_zero_or_nan_is_refused_by_the_engine_too(seconds):
 def test_the_longest_hang_limit_is_one_a_wait_for_events_accepts():
     reader, writer = Pipe(duplex=False)
     writer.send_bytes(b"event")
-    assert wait([reader], timeout=MAX_HANG_TIMEOUT)  # before issue 13, 1e7 s raised OverflowError here
+    assert wait([reader], timeout=MAX_HANG_TIMEOUT)  # unclamped, 1e7 s raised OverflowError here
 
 
 # -- declarations -------------------------------------------------------------------------------------

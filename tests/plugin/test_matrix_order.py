@@ -1,4 +1,4 @@
-"""A cell's verdict does not depend on what ran before it (issue 18).
+"""A cell's verdict does not depend on what ran before it.
 
 The same matrix runs twice, in collection order and reversed, on two workers; the verdicts must agree
 cell by cell. The targets are the bundled ones whose fork servers differ (the plain PyTorch loop, and

@@ -1,4 +1,4 @@
-"""The habits pytest users already have work on matrix cells (issue 14), checked as a user would: a
+"""The habits pytest users already have work on matrix cells, checked as a user would: a
 project of its own in a temporary folder, ``pytest`` run in a subprocess. The trainer is the torch-free
 one of ``project_trainer.py``, so these run in every environment.
 """

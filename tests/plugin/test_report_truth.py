@@ -1,4 +1,4 @@
-"""Reports that tell the whole truth (issue 19), through the public API: a project of its own with
+"""Reports that tell the whole truth, through the public API: a project of its own with
 planted targets, run by ``pytest --resume-matrix`` in a subprocess. Each test checks the words a user
 reads (headline, kept log, counts, warnings), not only pass or fail.
 """
@@ -152,7 +152,7 @@ def test_a_warm_up_the_fork_server_cannot_import_is_named_with_the_fix(project):
 
 
 def test_a_warm_up_that_trains_a_torch_step_leaves_forked_runs_working(project):
-    """Issue 14, item 11: a warm-up running one training step started torch's thread pool in the fork
+    """A warm-up running one training step started torch's thread pool in the fork
     server and every forked run hung. The server runs warm-ups with one intra-op thread."""
     code, out = matrix(project, "threaded_torch", "-k", "ckpt1] or ckpt2]", "--resume-matrix-hang-timeout=30")
     assert code == 0, out[-3000:]

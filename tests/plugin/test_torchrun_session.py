@@ -1,4 +1,4 @@
-"""A user's two-worker DDP job declared with ``launcher="torchrun"`` (issue 31), run through pytest as a user runs
+"""A user's two-worker DDP job declared with ``launcher="torchrun"``, run through pytest as a user runs
 it: its matrix passes, each cell that kills one worker is an in-job restart whose JSON shows the restart and
 the checkpoint each worker of it restored, and a job whose restart does not reload fails with a rerun line
 that reproduces it."""

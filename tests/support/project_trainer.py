@@ -61,7 +61,7 @@ def train(run):
 def _detach_daemon():
     """Double fork into a new session, as a daemonising helper (a metrics agent) does. The run goes on once
     the daemon exists (the middle process has forked it and exited), so it is there when the run ends
-    however loaded the machine is (issue 26: a fast run ended before its daemon was forked)."""
+    however loaded the machine is (a fast run ended before its daemon was forked)."""
     middle = os.fork()
     if middle == 0:
         os.setsid()

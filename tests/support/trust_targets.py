@@ -1,4 +1,4 @@
-"""Trainers that are correct but do ordinary things a loaded machine turns into races (issue 26): each must
+"""Trainers that are correct but do ordinary things a loaded machine turns into races: each must
 pass. Module-level functions, so a child process imports them by name; torch-free except
 :func:`two_rank_loop`, which imports torch inside.
 

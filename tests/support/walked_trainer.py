@@ -1,5 +1,5 @@
 """A torch trainer kept in one object whose state is reported with ``state_of(trainer)``: nobody lists
-its components, so an EMA model it forgets to save is found all the same (issue 28).
+its components, so an EMA model it forgets to save is found all the same.
 
 ``Trainer`` holds a small model, an EMA copy of it (updated after every step, never fed back into
 training), SGD with momentum, a ``StepLR`` schedule, a data position and the step; and things that are

@@ -1,4 +1,4 @@
-"""``--resume-matrix-budget`` (issue 30): the order of the cells by what they reveal and the cut at a
+"""``--resume-matrix-budget``: the order of the cells by what they reveal and the cut at a
 number of runs (no processes, no torch)."""
 
 from __future__ import annotations

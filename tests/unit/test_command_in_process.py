@@ -1,5 +1,5 @@
 """Which command targets run their Python program in the run's own process, and what the fork server preloads
-for them (issue 30): decided from the command and the program's source, nothing imported or started here."""
+for them: decided from the command and the program's source, nothing imported or started here."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A command's ``state`` and ``final`` lines may carry leaves the program digested itself (issue 29, item 10c):
+"""A command's ``state`` and ``final`` lines may carry leaves the program digested itself:
 the child then reports exactly the event a Python target's ``RunContext`` makes for the same values, so the
 headline names the same first differing leaf; a malformed ``leaves`` field is refused, naming the format.
 No processes: the calls are answered by a ``RunContext`` whose events are collected."""

@@ -1,4 +1,4 @@
-"""Crash smoke cells (issue 29, item 6): which targets get them by default, which save and which faults,
+"""Crash smoke cells: which targets get them by default, which save and which faults,
 and how a declaration turns them off or asks for the whole crash axis (no processes, no torch)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The step summary in Markdown (issue 29, item 9) and the reproduction folder's texts, from cells' JSON:
+"""The step summary in Markdown and the reproduction folder's texts, from cells' JSON:
 the counts line, each target's grid, the failing cells with their rerun commands in code blocks (the
 smallest failing kill point of each case first), marks and labels from the one table, markup in a
 headline escaped, and never more bytes than it is given (what is left out is counted)."""

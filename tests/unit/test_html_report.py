@@ -306,6 +306,7 @@ def test_failing_cells_fold_per_target_with_the_first_one_open():
     assert "2 more failing cells of a</summary>" in page
 
 
+@pytest.mark.slow
 def test_html_module_needs_only_the_standard_library():
     code = ("import sys; before = set(sys.modules); import pytest_resume_check.report.html; "
             "print(sorted({m.split('.')[0] for m in set(sys.modules) - before}))")
@@ -521,6 +522,7 @@ def planted_cells(tmp_path_factory):
     return cells
 
 
+@pytest.mark.slow
 def test_planted_failures_show_lost_and_duplicated_inputs(planted_cells):
     drop, reread, reread_twice, correct = planted_cells
     assert correct["passed"] and not drop["passed"] and not reread["passed"]
@@ -563,6 +565,7 @@ NO_CHROMIUM = "chromium is not installed (Debian: apt-get install chromium)"
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_chromium_draws_every_timeline_without_a_script_error(tmp_path, planted_cells):
     cells = [*planted_cells, lost_cell(target=f"t{PAYLOAD}", headline=f"LOST {PAYLOAD}")]
@@ -582,6 +585,7 @@ def test_chromium_draws_every_timeline_without_a_script_error(tmp_path, planted_
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_chromium_renders_a_page_with_every_category_and_crash_cells(tmp_path):
     cells = every_status_cells() + [{**c, "target": "crashy"} for c in crash_matrix()]
@@ -600,6 +604,7 @@ def test_chromium_renders_a_page_with_every_category_and_crash_cells(tmp_path):
     assert dom.count('<g class="state">') == 1 and STATE_HEADLINE in dom
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_chromium_renders_the_1200_cell_report(tmp_path):
     path = html.write_report(synthetic_matrix(), tmp_path / "big.html", seed=1)
@@ -608,6 +613,7 @@ def test_chromium_renders_the_1200_cell_report(tmp_path):
     assert len(re.findall(r'<svg [^>]*class="timeline"', dom)) == html.MAX_TIMELINES
 
 
+@pytest.mark.slow
 def test_the_page_reports_a_script_error_on_its_body(tmp_path):
     """The marker the browser tests read is not vacuous: a broken timeline turns it into an error."""
     if CHROMIUM is None:
@@ -643,6 +649,7 @@ def test_a_multi_rank_timeline_has_a_lane_per_rank_of_each_ledger():
     assert [lane[0] for lane in html.timeline(lost_cell())["lanes"]] == ["reference", "resumed"]
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_chromium_draws_the_rank_lanes(tmp_path):
     path = html.write_report([two_rank_cell()], tmp_path / "ranks.html", seed=1)

@@ -1,4 +1,4 @@
-"""How a hung run's report reads the stacks its processes wrote into its log (issue 29), from log files
+"""How a hung run's report reads the stacks its processes wrote into its log, from log files
 written here: which processes and threads it quotes, how many frames, where the run's own output ends.
 No processes."""
 

@@ -46,6 +46,7 @@ def test_ids_from_a_collated_tensor_batch():
     assert ids_of(batch) == [0, 1, 2]
 
 
+@pytest.mark.slow
 @requires("torch", "numpy", "verl")
 def test_ids_from_a_verl_dataproto_in_either_place():
     import numpy as np

@@ -27,6 +27,9 @@ import agentlightning
 import pytest_resume_check
 from pytest_resume_check.process._server_setup import WARMUP_ENV
 
+#: Every test here starts interpreters (a probe per module, or a zygote that forks one): not the fast loop.
+pytestmark = pytest.mark.slow
+
 PACKAGES = (pytest_resume_check, agentlightning)
 OURS = {package.__name__ for package in PACKAGES}
 

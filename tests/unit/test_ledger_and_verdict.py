@@ -163,7 +163,7 @@ def test_entry_marks_mark_each_entry_as_the_verdict_counts_it(composite, ref_mar
 
 
 def test_an_epoch_replayed_from_its_start_reads_as_lost_and_duplicated_not_as_labels():
-    """Issue 19: resumed one step into epoch 1, the run replays epoch 0 from its start under label 0 and so
+    """Resumed one step into epoch 1, the run replays epoch 0 from its start under label 0 and so
     never reaches the end of epoch 1. Matching ids alone called it 'EPOCH labels differ'; the inputs
     themselves differ (other ids stand in those places), and the headline says so."""
     reference = [*[(s, 0, *range(4 * s - 4, 4 * s)) for s in (1, 2, 3)],
@@ -187,7 +187,7 @@ def test_a_shuffled_replay_that_puts_an_id_back_in_its_place_is_not_an_epoch_lab
 
 
 def test_a_double_kill_names_the_resume_that_took_inputs_again():
-    """Issue 19: the second resume re-takes id 4, which the first resumed run took (correctly) at step 4.
+    """The second resume re-takes id 4, which the first resumed run took (correctly) at step 4.
     The headline names the second resume, whose run diverges, not the first."""
     first = stream([(1, 0, 1), (2, 0, 2)])
     second = [resumed(1, "/ckpt/step_1"), *stream([(2, 0, 2), (3, 0, 3), (4, 0, 4), (5, 0, 5)])]
@@ -201,7 +201,7 @@ def test_a_double_kill_names_the_resume_that_took_inputs_again():
 
 
 def test_a_run_outcome_reads_as_its_value_in_text_json_and_comparisons():
-    """Issue 27: outcomes are one enum, and everything that reads them (JSON, headlines, strings read
+    """Outcomes are one enum, and everything that reads them (JSON, headlines, strings read
     back from JSON) still sees ``"killed"``."""
     killed = Outcome.KILLED
     assert (str(killed), f"{killed}", json.dumps({"outcome": killed})) == ("killed", "killed", '{"outcome": "killed"}')

@@ -105,6 +105,7 @@ def test_the_entry_points_name_the_plugin_and_the_bundled_targets():
     assert targets.get("builtin") == "pytest_resume_check.builtin.targets:TARGETS"
 
 
+@pytest.mark.slow
 def test_every_option_and_ini_key_the_docs_name_is_offered():
     shown = subprocess.run([sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"],
                            capture_output=True, text=True, timeout=300, check=True).stdout

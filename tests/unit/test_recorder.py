@@ -53,7 +53,7 @@ def test_uninstall_puts_the_real_functions_back(tmp_path):
 
 @pytest.mark.parametrize("collect", [False, True], ids=["gc-off", "gc-on"])
 def test_an_error_at_close_loses_the_buffered_bytes_whatever_the_garbage_collector_does(tmp_path, collect):
-    # Issue 18: the abandoned file object flushed its buffer only if it was collected in time.
+    # Once, the abandoned file object flushed its buffer only if it was collected in time.
     (tmp_path / "tracker.txt").write_text("1")
     gc.disable()
     try:

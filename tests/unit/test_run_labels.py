@@ -1,4 +1,4 @@
-"""How a report names the runs of a cell (issue 29, items 10a and 10d): a resumed run that ended before it said
+"""How a report names the runs of a cell: a resumed run that ended before it said
 what it restored is no restart from scratch; a timeline names the reference's rest after an early stop as the
 reference's, not as one more run; a rerun line is never broken inside an argument."""
 
@@ -110,7 +110,7 @@ def test_a_rerun_line_and_a_cell_name_never_break_inside():
            "&#x27;</code>" in page
 
 
-# -- a checkpoint's name and the step it holds (item 10b) ---------------------------------------------------
+# -- a checkpoint's name and the step it holds ---------------------------------------------------
 
 @pytest.mark.parametrize("step, path, label", [
     (6, "/ckpt/global_step_6", "resume from global_step_6"),

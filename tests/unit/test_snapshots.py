@@ -1,4 +1,4 @@
-"""The shared first run's snapshots of its checkpoint folder (issue 30): a file that did not change since
+"""The shared first run's snapshots of its checkpoint folder: a file that did not change since
 the previous snapshot is linked to that snapshot's copy, so a group's snapshots hold each checkpoint's
 bytes once; a cell that takes a snapshot over owns every file before its runs may write in place."""
 

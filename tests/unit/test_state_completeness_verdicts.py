@@ -1,4 +1,4 @@
-"""Pure tests of what issue 28 added to the state verdicts (no processes, no torch): the restored step
+"""Pure tests of the state verdicts at the restored step (no processes, no torch): the restored step
 is compared, the cause comes first, every rank is judged, a captured generator counts only while the
 reference draws from it, the final outputs are compared, and the early stop waits for an epoch's end."""
 

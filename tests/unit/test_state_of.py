@@ -194,6 +194,7 @@ def test_slots_and_callable_objects_of_your_own_are_walked():
     assert list(state_of(holder)) == ["_private", "augment.rng", "lr", "slotted.count"]
 
 
+@pytest.mark.slow
 def test_importing_the_walker_imports_neither_torch_nor_numpy():
     code = ("import sys, pytest_resume_check.records.state_walk; "
             "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, sorted(sys.modules)")

@@ -270,7 +270,7 @@ def test_a_checkpoint_complete_on_disk_but_not_yet_published_at_the_kill_may_be_
     assert vd.judge(REFERENCE, [killed, resumed_run(4)], Contract()).passed
 
 
-# -- digest kinds (issue 30) -----------------------------------------------------------------------
+# -- digest kinds -----------------------------------------------------------------------
 
 @pytest.fixture
 def without_xxhash(monkeypatch):

@@ -1,4 +1,4 @@
-"""The summary grid shows every cell exactly once, whatever the width (issue 29: at 80 columns, the width
+"""The summary grid shows every cell exactly once, whatever the width (at 80 columns, the width
 of a CI log or a redirected file, cells were reported missing).
 
 Each grid is parsed back (for each chunk of columns: its header's column labels, and each row's marks

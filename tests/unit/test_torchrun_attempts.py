@@ -1,4 +1,4 @@
-"""A run that torchrun restarted within itself, split into the runs of an interrupted job (issue 31): each
+"""A run that torchrun restarted within itself, split into the runs of an interrupted job: each
 attempt's events by the stamp of its workers, the launcher's and the supervisor's by the event before them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Declaring a zero-change command target (issue 29, item 8): what is refused at declaration, with the fix, and
+"""Declaring a zero-change command target: what is refused at declaration, with the fix, and
 what a declaration implies (no process starts here)."""
 
 from __future__ import annotations

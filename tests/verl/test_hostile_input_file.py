@@ -375,7 +375,7 @@ def test_a_value_the_reader_would_refuse_is_refused_at_save_and_no_file_is_writt
 
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero", "folder"])
 def test_anything_but_a_regular_file_is_refused_before_it_is_read(tmp_path, kind):
-    """A FIFO blocked the read forever and a link to /dev/zero grew memory without end (issue 26)."""
+    """A FIFO blocked the read forever and a link to /dev/zero grew memory without end."""
     path = Path(layout.input_state_path(str(tmp_path)))
     {"fifo": lambda: os.mkfifo(path), "dev_zero": lambda: path.symlink_to("/dev/zero"),
      "folder": lambda: path.mkdir()}[kind]()

@@ -142,7 +142,7 @@ def test_a_restored_stream_continues_exactly_where_the_saved_one_stopped(shuffle
 
 
 def test_a_state_saved_right_after_an_epochs_last_batch_restores_into_the_next_epoch():
-    # torchdata yields one empty pass after restoring such a state (cf. meta-pytorch/data #1437);
+    # torchdata yields one empty pass after restoring such a state (cf. meta-pytorch/data#1437);
     # the stream must count it as the end of the saved epoch, not as a whole epoch.
     saved = BufferedInputStream(make_loader(size=8, batch_size=4, shuffle=True), total_epochs=2)
     saved.take(8)
