@@ -81,7 +81,7 @@ def write_summary(tr: Any, results: Sequence[dict[str, Any]], broken: Sequence[s
     some_broken = BROKEN.format(count=len(broken), s="s" if len(broken) > 1 else "") if broken else ""
     tr.write_sep("=", SUMMARY_HEADER.format(cells=len(results), failing=len(failed), expected=len(expected),
                                             broken=some_broken, seed=settings.seed))
-    width = min(MAX_WIDTH, tr._tw.fullwidth)
+    width = min(MAX_WIDTH, tr.config.get_terminal_writer().fullwidth)  # pytest's public way to the width
     for line in summary.session_lines(results, width=width, more_hint=OPT_JSON):
         tr.write_line(visible(line))  # headlines quote the trainer's exceptions and log lines
     if settings.repro_dir:
