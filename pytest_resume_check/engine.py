@@ -30,9 +30,9 @@ from pytest_resume_check.process.runner import Runner
 from pytest_resume_check.process.starter import ForkServerDied
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.faults import MODE_RECORD, FaultPlan, FileOp
-from pytest_resume_check.records.names import case_id
+from pytest_resume_check.records.names import DEFAULT_HANG_TIMEOUT, case_id
 from pytest_resume_check.records.plan import KillSpec, RunPlan
-from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT, CellResult, Outcome, RunRecord, Verdict
+from pytest_resume_check.records.results import CellResult, Outcome, RunRecord, Verdict
 from pytest_resume_check.targets import Target, TargetError
 
 #: Added to the error of a save that could not be recorded for the default smoke cells: the target asked

@@ -18,13 +18,9 @@ from typing import Any
 
 from pytest_resume_check.records import faults
 from pytest_resume_check.records.kill_ids import cell_id, cell_name, kill_id
-from pytest_resume_check.records.names import case_id
+from pytest_resume_check.records.names import FULL, MODES, QUICK, case_id
 from pytest_resume_check.records.plan import LAUNCHER_TORCHRUN, RESUME_AUTO, RESUME_PATH, SIGNAL_TERM, KillSpec
 from pytest_resume_check.targets import ERR_RAISED, ERR_STEPS_RETURNED, Target, TargetError, describe_error
-
-QUICK = "quick"
-FULL = "full"
-MODES = (QUICK, FULL)
 
 #: In quick mode, how many further kill steps are drawn at random besides the boundary ones.
 QUICK_RANDOM_SAMPLE = 3

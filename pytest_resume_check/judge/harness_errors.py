@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pytest_resume_check.categories import HARNESS
 from pytest_resume_check.process.starter import ForkServerDied, ServerEnd
+from pytest_resume_check.records.names import OPT_ISOLATION
 from pytest_resume_check.records.results import Finding
 
 #: The traceback of a harness error, in the cell's folder.
@@ -43,7 +44,7 @@ HOW_UNKNOWN = "ended"
 FIX_SERVER_MEMORY = ("If memory ran out (dmesg, or the cgroup's memory.events oom_kill count, says so), run fewer "
                      "pytest-xdist workers (-n) or preload less; then rerun the cell with its rerun line")
 FIX_SERVER = ("Rerun the cell with its rerun line; if the server dies again, run with "
-              "--resume-matrix-isolation=spawn, which needs no fork server")
+              f"{OPT_ISOLATION}=spawn, which needs no fork server")
 
 
 def server_died(end: ServerEnd) -> str:

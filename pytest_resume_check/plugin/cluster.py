@@ -15,9 +15,10 @@ import pytest
 
 from pytest_resume_check.cluster import wire
 from pytest_resume_check.plugin import environment
-from pytest_resume_check.plugin.options import OPT_RAY, OPT_RAY_COPY, OPT_RAY_RETRIES, Settings, group_command
+from pytest_resume_check.plugin.commands import group_command
+from pytest_resume_check.plugin.settings import Settings
 from pytest_resume_check.records.environ import digests
-from pytest_resume_check.records.names import REFERENCE
+from pytest_resume_check.records.names import OPT_RAY, OPT_RAY_COPY, OPT_RAY_RETRIES, REFERENCE
 
 
 def connect(settings: Settings, root: Path) -> Any:

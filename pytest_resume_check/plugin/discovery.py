@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pytest_resume_check.plugin.options import OPT_MATRIX, OPT_TARGET
+from pytest_resume_check.records.names import OPT_MATRIX, OPT_TARGET
 
 ERR_NO_PROJECT_TARGETS = ("{opt}: this project declares no resume-check target (resume_target(...) in a "
                           "conftest.py); targets shipped by installed packages run only when named: {known}. "

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from pytest_resume_check.plugin.options import OPT_ENV, Settings
+from pytest_resume_check.plugin.settings import Settings
 from pytest_resume_check.records.environ import forwarded
+from pytest_resume_check.records.names import OPT_ENV
 
 #: The warning of a cell whose runs on a Ray node read variables this machine has otherwise. The same text
 #: for every cell with the same names, so pytest's warnings summary shows it once, above those cells.

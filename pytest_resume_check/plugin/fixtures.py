@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from pytest_resume_check.plugin.options import OPT_SEED, SETTINGS_KEY
+from pytest_resume_check.plugin.settings import SETTINGS_KEY
+from pytest_resume_check.records.names import OPT_SEED
 
 
 class ResumeCheck:

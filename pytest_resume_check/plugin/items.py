@@ -13,9 +13,8 @@ from typing import Any, Protocol
 import pytest
 
 from pytest_resume_check.plugin import environment
-from pytest_resume_check.plugin.options import NODE_PREFIX, Settings
-
-MARKER = "resume_matrix"
+from pytest_resume_check.plugin.options import MARKER
+from pytest_resume_check.plugin.settings import NODE_PREFIX, Settings
 
 ERR_CASES_HOOK = ("target {name!r}: the pytest_resume_check_cases hook raised {error}; fix the conftest or plugin "
                   "that implements it")

@@ -1,26 +1,25 @@
-"""The plugin's options: their spellings, help texts and errors, reading and checking them into
-:class:`Settings`, and the command line that reruns one cell with them.
+"""What the plugin adds to pytest's command line and ini file, and what it says about them: every option
+and ini key with its help text, the defaults and accepted ranges those texts name, the error of each bad
+value, and the marker of the matrix's cells.
 
-Read whether or not the matrix is on: the ``resume_check`` fixture runs with the session's seed and
-hang limit too.
+Loaded with the plugin in every pytest session, matrix or not, so it imports nothing of the engine. The
+options' spellings are :mod:`pytest_resume_check.records.names`'s; reading and checking the values is
+:mod:`.settings`'s; the commands that rerun a cell with them are :mod:`.commands`'s.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import os
-import shlex
-from dataclasses import dataclass
-from random import Random
-from typing import Any
 
 import pytest
 
-from pytest_resume_check.cells.matrix import MODES, QUICK
-from pytest_resume_check.records.names import (  # noqa: F401  (the option spellings, re-exported here)
+from pytest_resume_check.records.names import (
+    DEFAULT_HANG_TIMEOUT,
     ISOLATIONS,
+    MODES,
+    OPT_BUDGET,
     OPT_CELL,
+    OPT_ENV,
     OPT_EXHAUSTIVE,
     OPT_HANG,
     OPT_HTML,
@@ -28,22 +27,20 @@ from pytest_resume_check.records.names import (  # noqa: F401  (the option spell
     OPT_JSON,
     OPT_MATRIX,
     OPT_MODE,
+    OPT_RAY,
+    OPT_RAY_COPY,
+    OPT_RAY_RETRIES,
+    OPT_REPRO,
     OPT_SEED,
+    OPT_STEP_SUMMARY,
     OPT_TARGET,
+    QUICK,
 )
-from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT
 
-#: The options of GitHub's output, spelled here: the other spellings live in
-#: ``records.names``, which messages below the plugin read; nothing below the plugin names these.
-OPT_REPRO = "--resume-matrix-repro"
-OPT_STEP_SUMMARY = "--resume-matrix-step-summary"
-OPT_BUDGET = "--resume-matrix-budget"
-#: Running the matrix on a Ray cluster (docs/cluster.md).
-OPT_RAY = "--resume-matrix-ray"
-OPT_RAY_RETRIES = "--resume-matrix-ray-retries"
-OPT_RAY_COPY = "--resume-matrix-ray-copy"
-#: The variables the runs take from the environment pytest is started in (docs/cluster.md).
-OPT_ENV = "--resume-matrix-env"
+#: The marker every cell of the matrix carries (``-m resume_matrix`` selects them).
+MARKER = "resume_matrix"
+HELP_MARKER = f"{MARKER}: a cell of the resume matrix (pytest-resume-check)"
+
 #: Megabytes of a failing cell's kept folders copied back from a node by default.
 DEFAULT_RAY_COPY_MB = 256.0
 #: The file GitHub Actions gives each step for its summary (Markdown, appended to); the default of
@@ -88,15 +85,6 @@ MAX_BUDGET = 10**9
 MAX_RAY_RETRIES = 100
 MAX_RAY_COPY_MB = 2**20
 
-#: Where ``--resume-matrix-seed=last`` finds the previous seed in pytest's cache.
-CACHE_SEED = "resume_check/seed"
-#: The node of the matrix, and how its cells' node ids start (``resume-matrix::t[case-auto-ckpt1]``).
-MATRIX_NODE = "resume-matrix"
-NODE_PREFIX = f"{MATRIX_NODE}::"
-#: Keys of ``config.workerinput``: what an xdist controller hands every worker.
-WORKER_SEED = "resume_matrix_seed"
-WORKER_NODE_IDS = "resume_matrix_node_ids"
-
 ERR_MODE = ("{opt}={value!r} is not a matrix mode; use one of: " + ", ".join(MODES)
             + " (e.g. {opt}=" + QUICK + ")")
 ERR_SEED = ("{opt}={value!r} is not a seed; give a whole number from 0 to " + f"{MAX_SEED:,}" + " (e.g. {opt}=1234), "
@@ -124,85 +112,6 @@ ERR_ISOLATION = "{opt}={value!r} is not an isolation; use " + " or ".join(map(re
 #: folder is missing, a read-only disk): one usage error, not pytest's INTERNALERROR traceback.
 ERR_SESSION_FOLDER = ("the resume matrix cannot make its session folder in {where} ({error}); create {parent} "
                       "or give a --basetemp in a folder that exists and is writable")
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Validated plugin settings (command line wins over the ini file)."""
-
-    mode: str | None
-    seed: int
-    targets: tuple[str, ...]
-    #: The cells named by ``--resume-matrix-cell`` (each time it was given), in the order given.
-    cells: tuple[str, ...]
-    hang_timeout: float
-    json_path: str | None
-    isolation: str | None
-    html_path: str | None = None
-    exhaustive: bool = False
-    #: The hang limit was given on the command line: it wins over a target's own.
-    hang_forced: bool = False
-    #: Cell node ids given as arguments (pasted from a ``FAILED`` line).
-    node_ids: tuple[str, ...] = ()
-    #: Where each failing cell's standalone reproduction goes (``DIR/<cell>``); None: nowhere.
-    repro_dir: str | None = None
-    #: The Markdown file the summary is appended to (GitHub's step summary); None: none.
-    step_summary: str | None = None
-    #: At most this many trainer runs (``--resume-matrix-budget``); None: the whole matrix.
-    budget: int | None = None
-    #: The Ray cluster that runs the cells (``auto`` or the head's address); None: this machine.
-    ray: str | None = None
-    #: How many times a lost node's unfinished cells run again elsewhere.
-    ray_retries: int = 0
-    #: Bytes of a failing cell's kept folders copied back from its node.
-    ray_copy_bytes: int = int(DEFAULT_RAY_COPY_MB * 2**20)
-    #: Variables every target's runs take from this environment (``--resume-matrix-env``).
-    env: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class NumericOption:
-    """A numeric option: where it is read, whether it takes whole numbers, the range it accepts (both ends
-    included) and its error, which names the option, the value given and that range."""
-
-    dest: str
-    ini: str
-    opt: str
-    whole: bool
-    low: float
-    high: float
-    error: str
-
-
-#: Every numeric option of the plugin, checked by :func:`check_number` (nan, inf outside the range, a
-#: negative count, a number too large to be meant: one usage error each, never an overflow further on).
-SEED = NumericOption("resume_matrix_seed", "resume_matrix_seed", OPT_SEED, True, 0, MAX_SEED, ERR_SEED)
-HANG = NumericOption("resume_matrix_hang_timeout", "resume_matrix_hang_timeout", OPT_HANG, False, 0, math.inf,
-                     ERR_HANG)
-BUDGET = NumericOption("resume_matrix_budget", "resume_matrix_budget", OPT_BUDGET, True, 1, MAX_BUDGET, ERR_BUDGET)
-RAY_RETRIES = NumericOption("resume_matrix_ray_retries", "resume_matrix_ray_retries", OPT_RAY_RETRIES, True, 0,
-                            MAX_RAY_RETRIES, ERR_RAY_RETRIES)
-RAY_COPY = NumericOption("resume_matrix_ray_copy", "resume_matrix_ray_copy", OPT_RAY_COPY, False, 0, MAX_RAY_COPY_MB,
-                         ERR_RAY_COPY)
-NUMERIC_OPTIONS = (SEED, HANG, BUDGET, RAY_RETRIES, RAY_COPY)
-
-
-def check_number(option: NumericOption, value: object, where: str) -> float:
-    """``value`` (as given: text from the command line or the ini file) as a number in ``option``'s range,
-    an ``int`` for a whole-number option; else ``pytest.UsageError`` with its error, naming ``where`` (the
-    option, or the ini key) and the value."""
-    text = str(value).strip()
-    try:
-        number: float = int(text) if option.whole else float(text)
-    except ValueError:
-        number = math.nan
-    if not option.low <= number <= option.high:  # nan fails both comparisons
-        raise pytest.UsageError(option.error.format(opt=where, value=value))
-    return number
-
-
-#: The session's settings, set in ``pytest_configure`` whether or not the matrix is on.
-SETTINGS_KEY = pytest.StashKey[Settings]()
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -247,205 +156,3 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("resume_matrix_ray_retries", HELP_RAY_RETRIES)
     parser.addini("resume_matrix_ray_copy", HELP_RAY_COPY)
     parser.addini("resume_matrix_env", HELP_ENV)
-
-
-def read_settings(config: pytest.Config) -> Settings:
-    """The checked settings of this session (``pytest.UsageError`` naming the fix for a bad value). Cell
-    node ids are taken out of ``config.args`` first: they turn the matrix on."""
-    node_ids = _take_node_ids(config)
-    mode = _mode(config, bool(node_ids))  # checked in this order: the first bad value is the one named
-    hang = _hang_timeout(config)
-    isolation = _isolation(config)
-    budget = _budget(config)
-    return Settings(
-        mode=mode,
-        seed=_seed(config),
-        targets=tuple(_setting(config, "resume_matrix_target") or ()),
-        cells=tuple(config.getoption("resume_matrix_cell") or ()),
-        hang_timeout=hang,
-        json_path=_setting(config, "resume_matrix_json"),
-        html_path=_setting(config, "resume_matrix_html"),
-        isolation=isolation,
-        exhaustive=bool(config.getoption("resume_matrix_exhaustive") or config.getini("resume_matrix_exhaustive")),
-        hang_forced=config.getoption("resume_matrix_hang_timeout") is not None,
-        node_ids=node_ids,
-        repro_dir=_setting(config, "resume_matrix_repro"),
-        step_summary=_setting(config, "resume_matrix_step_summary") or os.environ.get(GITHUB_STEP_SUMMARY) or None,
-        budget=budget,
-        env=_env(config),
-        **_ray(config),
-    )
-
-
-def warn_of_old_mode(config: pytest.Config) -> None:
-    """The deprecation note for ``--resume-matrix=MODE`` (said once, by the controller)."""
-    old = config.getoption("resume_matrix_old_mode")
-    if old and not hasattr(config, "workerinput"):
-        config.issue_config_time_warning(pytest.PytestDeprecationWarning(DEPRECATED_MODE.format(
-            old=f"{OPT_MATRIX}={old}", new=f"{OPT_MATRIX} {OPT_MODE}={old}", opt=OPT_MATRIX)), stacklevel=3)
-
-
-def rerun_command(config: pytest.Config, name: str) -> str:
-    """The command that reruns exactly the cell ``name`` with the same seed (run from the same
-    directory): the session's paths, then ``--resume-matrix [--resume-matrix-mode=full]
-    --resume-matrix-seed=SEED --resume-matrix-cell=NAME`` and the options that change a cell's result
-    (``quick``, the default mode, unsaid)."""
-    words = list(config.args) if config.args_source == pytest.Config.ArgsSource.ARGS else []
-    return shlex.join(["pytest", *words, *_cell_words(config.stash[SETTINGS_KEY], name)])
-
-
-def repro_command(config: pytest.Config, name: str, target: str) -> str:
-    """The command that reruns the cell ``name`` in its reproduction folder (``--resume-matrix-repro``):
-    as :func:`rerun_command`, without the session's paths, and naming the target (``NAME``), so a target
-    an installed package ships is found there too."""
-    return shlex.join(["pytest", *_cell_words(config.stash[SETTINGS_KEY], name), f"{OPT_TARGET}={target}"])
-
-
-def group_command(config: pytest.Config, names: list[str]) -> list[str]:
-    """The arguments of a pytest that runs exactly the cells ``names`` as this session would (a group's
-    pytest on a cluster node): as :func:`rerun_command` for them all, with the outputs this session
-    writes itself turned off there (JSON, HTML, reproductions, step summary), no budget, no cache and no
-    pytest-xdist."""
-    words = list(config.args) if config.args_source == pytest.Config.ArgsSource.ARGS else []
-    words += ["-p", "no:cacheprovider", *_cell_words(config.stash[SETTINGS_KEY], *names)]
-    for key in ("resume_matrix_json", "resume_matrix_html", "resume_matrix_repro", "resume_matrix_budget",
-                "resume_matrix_step_summary", "resume_matrix_ray"):
-        words += ["-o", f"{key}="]
-    if config.pluginmanager.hasplugin("xdist"):
-        words += ["-n", "0"]
-    return words
-
-
-def _cell_words(settings: Settings, *names: str) -> list[str]:
-    """The options that select the cells ``names`` and give each the result it had in this session."""
-    words = [OPT_MATRIX]
-    if settings.mode and settings.mode != QUICK:
-        words.append(f"{OPT_MODE}={settings.mode}")
-    words += [f"{OPT_SEED}={settings.seed}", *(f"{OPT_CELL}={name}" for name in names)]
-    if settings.isolation:
-        words.append(f"{OPT_ISOLATION}={settings.isolation}")
-    if settings.exhaustive:
-        words.append(OPT_EXHAUSTIVE)
-    if settings.hang_forced:  # else the ini (or a target) is read again
-        words.append(f"{OPT_HANG}={settings.hang_timeout:g}")
-    return words
-
-
-def _take_node_ids(config: pytest.Config) -> tuple[str, ...]:
-    """Move cell node ids out of ``config.args`` (pytest would look for a file named ``resume-matrix``).
-    With only such ids given, nothing else is collected."""
-    ids = tuple(a for a in config.args if a.startswith(NODE_PREFIX))
-    worker_input = getattr(config, "workerinput", None)
-    if worker_input is not None:  # an xdist worker: the controller took them out and passes them on
-        ids = tuple(worker_input.get(WORKER_NODE_IDS, ())) or ids
-    if ids:
-        config.args[:] = [a for a in config.args if not a.startswith(NODE_PREFIX)]
-    return ids
-
-
-def _setting(config: pytest.Config, name: str) -> Any:
-    value = config.getoption(name)
-    if value in (None, [], ""):
-        value = config.getini(name if name != "resume_matrix_target" else "resume_matrix_targets")
-    return value or None
-
-
-def _mode(config: pytest.Config, node_ids_given: bool) -> str | None:
-    """The matrix mode, or None when the matrix is off. On: ``--resume-matrix``, ``--resume-matrix-mode``,
-    the old ``--resume-matrix=MODE``, a pasted cell node id, or the ``resume_matrix`` ini value."""
-    mode = config.getoption("resume_matrix_mode") or config.getoption("resume_matrix_old_mode")
-    on = bool(mode or config.getoption("resume_matrix") or node_ids_given)
-    ini = config.getini("resume_matrix") or None
-    if ini is not None and ini not in MODES:
-        raise pytest.UsageError(ERR_MODE.format(opt="ini resume_matrix", value=ini))
-    if mode is not None and mode not in MODES:
-        raise pytest.UsageError(ERR_MODE.format(opt=OPT_MODE, value=mode))
-    if mode is None and (on or ini):
-        mode = ini or QUICK
-    return mode
-
-
-def _hang_timeout(config: pytest.Config) -> float:
-    given = _numeric(config, HANG)
-    return DEFAULT_HANG_TIMEOUT if given is None else float(check_number(HANG, *given))
-
-
-def _numeric(config: pytest.Config, option: NumericOption) -> tuple[object, str] | None:
-    """The value given for ``option`` and where (the option, else the ini key), or None when not given."""
-    value = config.getoption(option.dest)
-    if value not in (None, ""):
-        return value, option.opt
-    value = config.getini(option.ini)
-    return (value, f"ini {option.ini}") if value not in (None, "") else None
-
-
-def _budget(config: pytest.Config) -> int | None:
-    given = _numeric(config, BUDGET)
-    return None if given is None else int(check_number(BUDGET, *given))
-
-
-def _ray(config: pytest.Config) -> dict[str, Any]:
-    """The cluster options, checked; none in a group's pytest on a node (its task must not submit more)."""
-    from pytest_resume_check.cluster import wire
-
-    address = _setting(config, "resume_matrix_ray")
-    out: dict[str, Any] = {}
-    retries, copy = _numeric(config, RAY_RETRIES), _numeric(config, RAY_COPY)
-    if retries is not None:
-        out["ray_retries"] = int(check_number(RAY_RETRIES, *retries))
-    if copy is not None:
-        out["ray_copy_bytes"] = int(check_number(RAY_COPY, *copy) * 2**20)
-    if address is not None and not wire.in_group():
-        workers = config.getoption("numprocesses", None)
-        if workers not in (None, 0, "0"):
-            raise pytest.UsageError(ERR_RAY_XDIST.format(opt=OPT_RAY, n=workers))
-        out["ray"] = str(address)
-    return out
-
-
-def _env(config: pytest.Config) -> tuple[str, ...]:
-    """``--resume-matrix-env`` (each time it was given), else the ini's names."""
-    from pytest_resume_check.records.environ import parse_names
-
-    given = config.getoption("resume_matrix_env") or []
-    opt, value = (OPT_ENV, given) if given else ("ini resume_matrix_env", config.getini("resume_matrix_env") or "")
-    try:
-        return parse_names(value)
-    except ValueError as exc:
-        shown = ",".join(value) if isinstance(value, list) else value
-        raise pytest.UsageError(ERR_ENV.format(opt=opt, value=shown, bad=str(exc))) from None
-
-
-def _isolation(config: pytest.Config) -> str | None:
-    isolation = _setting(config, "resume_matrix_isolation")
-    if isolation is not None and isolation not in ISOLATIONS:
-        raise pytest.UsageError(ERR_ISOLATION.format(opt=OPT_ISOLATION, value=isolation))
-    return isolation
-
-
-def _seed(config: pytest.Config) -> int:
-    """The controller's seed on an xdist worker; else the option, the cached one for ``last`` (and for
-    ``--lf``/``--ff`` without one), or a new random one."""
-    worker_input = getattr(config, "workerinput", None)
-    if worker_input is not None and WORKER_SEED in worker_input:
-        return int(worker_input[WORKER_SEED])
-    raw = _setting(config, "resume_matrix_seed")
-    cache = getattr(config, "cache", None)
-    if raw == "last":
-        if cache is None:
-            raise pytest.UsageError(ERR_SEED_NO_CACHE.format(opt=OPT_SEED))
-        seed = cache.get(CACHE_SEED, None)
-        if seed is None:
-            raise pytest.UsageError(ERR_SEED_LAST.format(opt=OPT_SEED))
-        return int(seed)
-    if raw is None and cache is not None and _rerunning_failures(config):
-        seed = cache.get(CACHE_SEED, None)  # --lf / --ff: the cells that failed exist only with their seed
-        if seed is not None:
-            return int(seed)
-    if raw is None:
-        return Random().randrange(10**6)
-    return int(check_number(SEED, raw, OPT_SEED if config.getoption(SEED.dest) is not None else f"ini {SEED.ini}"))
-
-
-def _rerunning_failures(config: pytest.Config) -> bool:
-    return any(config.getoption(name, False) for name in ("lf", "failedfirst"))

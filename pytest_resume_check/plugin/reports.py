@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pytest_resume_check.plugin.options import MATRIX_NODE, NODE_PREFIX
+from pytest_resume_check.plugin.settings import MATRIX_NODE, NODE_PREFIX
 from pytest_resume_check.records import kill_ids
 
 #: The attribute of a ``TestReport`` that carries the cell's JSON.

@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from pytest_resume_check.plugin.options import NODE_PREFIX, SETTINGS_KEY, WORKER_NODE_IDS, WORKER_SEED
-from pytest_resume_check.records.kill_ids import split_cell_name
+from pytest_resume_check.plugin.settings import NODE_PREFIX, SETTINGS_KEY, WORKER_NODE_IDS, WORKER_SEED
 
 
 class WorkerHandoff:
@@ -26,6 +25,9 @@ class WorkerHandoff:
 
 def case_group(nodeid: str) -> str:
     """The xdist work unit of a test: a matrix cell's (target, case, resume mode), any other test alone."""
+    # Imported here: the handoff above is loaded in every session with xdist, the matrix on or not.
+    from pytest_resume_check.records.kill_ids import split_cell_name
+
     parts = split_cell_name(nodeid[len(NODE_PREFIX):]) if nodeid.startswith(NODE_PREFIX) else None
     if parts is None:
         return nodeid

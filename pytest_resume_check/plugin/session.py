@@ -13,20 +13,13 @@ from typing import Any
 import pytest
 
 from pytest_resume_check.plugin import cluster, reports, repro, scheduler, summary
+from pytest_resume_check.plugin.commands import rerun_command
 from pytest_resume_check.plugin.discovery import discover
 from pytest_resume_check.plugin.items import ResumeCell, ResumeMatrix
-from pytest_resume_check.plugin.options import (
-    CACHE_SEED,
-    ERR_SESSION_FOLDER,
-    MATRIX_NODE,
-    NODE_PREFIX,
-    OPT_BUDGET,
-    OPT_CELL,
-    OPT_SEED,
-    Settings,
-    rerun_command,
-)
+from pytest_resume_check.plugin.options import ERR_SESSION_FOLDER
+from pytest_resume_check.plugin.settings import CACHE_SEED, MATRIX_NODE, NODE_PREFIX, Settings
 from pytest_resume_check.records.kill_ids import target_of
+from pytest_resume_check.records.names import OPT_BUDGET, OPT_CELL, OPT_SEED
 
 #: The name the session is registered under.
 PLUGIN_NAME = "resume_check_matrix"

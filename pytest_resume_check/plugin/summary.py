@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from pytest_resume_check.plugin.options import GITHUB_STEP_SUMMARY, OPT_HTML, OPT_JSON, OPT_STEP_SUMMARY, Settings
+from pytest_resume_check.plugin.options import GITHUB_STEP_SUMMARY
+from pytest_resume_check.plugin.settings import Settings
+from pytest_resume_check.records.names import OPT_HTML, OPT_JSON, OPT_STEP_SUMMARY
 from pytest_resume_check.records.regular_files import NotRegular, open_for_append
 
 ERR_REPORT_WRITE = ("resume matrix: cannot write the {kind} report to {path}: {reason}; choose a writable path "
@@ -79,7 +81,8 @@ def write_summary(tr: Any, results: Sequence[dict[str, Any]], broken: Sequence[s
     some_broken = BROKEN.format(count=len(broken), s="s" if len(broken) > 1 else "") if broken else ""
     tr.write_sep("=", SUMMARY_HEADER.format(cells=len(results), failing=len(failed), expected=len(expected),
                                             broken=some_broken, seed=settings.seed))
-    for line in summary.session_lines(results, width=min(MAX_WIDTH, tr._tw.fullwidth), more_hint=OPT_JSON):
+    width = min(MAX_WIDTH, tr.config.get_terminal_writer().fullwidth)  # pytest's public way to the width
+    for line in summary.session_lines(results, width=width, more_hint=OPT_JSON):
         tr.write_line(visible(line))  # headlines quote the trainer's exceptions and log lines
     if settings.repro_dir:
         _say_repros(tr, results, settings.repro_dir)

@@ -15,6 +15,8 @@ import math
 import os
 from collections.abc import Mapping
 
+from pytest_resume_check.records.names import OPT_RAY
+
 #: The variable CUDA reads to choose the devices a process sees.
 CUDA_DEVICES = "CUDA_VISIBLE_DEVICES"
 #: One folder per GPU the NVIDIA driver found (Linux).
@@ -23,7 +25,7 @@ NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
 XDIST_WORKER, XDIST_WORKERS = "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"
 
 ERR_NO_GPU = ("target {name!r} needs {gpus:g} GPU{s} a run (resources=), and this machine shows too few ({why}); "
-              "run it where there are (a Ray cluster with GPUs: --resume-matrix-ray), or declare no GPU")
+              "run it where there are (a Ray cluster with GPUs: " + OPT_RAY + "), or declare no GPU")
 ERR_TOO_FEW = ("target {name!r} needs {gpus:g} GPU{s} a run (resources=), and {worker} (of {workers} pytest-xdist "
                "workers) has none of this machine's {count} devices ({devices}) left to itself; run with -n {most} "
                "or fewer, so GPU runs never share a device")

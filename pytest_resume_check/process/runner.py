@@ -19,9 +19,9 @@ from pytest_resume_check.process.layout import Layout
 from pytest_resume_check.process.services import Services
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.faults import FaultPlan
-from pytest_resume_check.records.names import case_id
+from pytest_resume_check.records.names import DEFAULT_HANG_TIMEOUT, case_id
 from pytest_resume_check.records.plan import LAUNCHER_HARNESS, LAUNCHER_TORCHRUN, RESUME_AUTO, KillSpec, RunPlan
-from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT, Outcome, RunRecord
+from pytest_resume_check.records.results import Outcome, RunRecord
 from pytest_resume_check.targets import Target, TargetError, run_resources
 
 #: The longest hang limit a run can wait for (about 23 days): ``poll()`` takes at most 2**31 - 1 ms, and a

@@ -24,9 +24,9 @@ from pytest_resume_check.child.main import REJOIN_SIGNAL, STACKS_SIGNAL
 from pytest_resume_check.process import starter
 from pytest_resume_check.process.sweep import PROC, group_not_stopped, sweep
 from pytest_resume_check.records import events as ev
-from pytest_resume_check.records.names import OPT_HANG
+from pytest_resume_check.records.names import DEFAULT_HANG_TIMEOUT, OPT_HANG
 from pytest_resume_check.records.plan import LAUNCHER_TORCHRUN, SIGNAL_TERM, RunPlan
-from pytest_resume_check.records.results import DEFAULT_HANG_TIMEOUT, Outcome, RunRecord, last_attempt
+from pytest_resume_check.records.results import Outcome, RunRecord, last_attempt
 
 
 def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HANG_TIMEOUT,

@@ -1,8 +1,11 @@
 """How things are named: a case's id, the isolations, the variable that carries a run's token, the
-reference runs' folder.
+reference runs' folder, and every command-line option of the plugin with the choices and the default its
+help names.
 
 Plain data shared by the declaration side (:mod:`pytest_resume_check.targets`), the child, the
-processes and the cells, so none of them imports another for a name.
+processes, the cells, the reports and the plugin, so none of them imports another for a name. The
+option spellings live here, not in the plugin, because messages below the plugin name options too; the
+plugin reads them from here when it declares the options, so loading it imports no engine module.
 """
 
 from __future__ import annotations
@@ -35,6 +38,24 @@ OPT_JSON = "--resume-matrix-json"
 OPT_ISOLATION = "--resume-matrix-isolation"
 OPT_EXHAUSTIVE = "--resume-matrix-exhaustive"
 OPT_HTML = "--resume-matrix-html"
+#: GitHub's output: a reproduction folder per failing cell, the step summary, a budget of runs.
+OPT_REPRO = "--resume-matrix-repro"
+OPT_STEP_SUMMARY = "--resume-matrix-step-summary"
+OPT_BUDGET = "--resume-matrix-budget"
+#: Running the matrix on a Ray cluster (docs/cluster.md).
+OPT_RAY = "--resume-matrix-ray"
+OPT_RAY_RETRIES = "--resume-matrix-ray-retries"
+OPT_RAY_COPY = "--resume-matrix-ray-copy"
+#: The variables the runs take from the environment pytest is started in (docs/cluster.md).
+OPT_ENV = "--resume-matrix-env"
+
+#: The matrix modes (``--resume-matrix-mode``): a boundary-aware sample of kill points, or every step.
+QUICK = "quick"
+FULL = "full"
+MODES = (QUICK, FULL)
+
+#: Seconds without an event before a run counts as HUNG (``--resume-matrix-hang-timeout``'s default).
+DEFAULT_HANG_TIMEOUT = 60.0
 
 #: The folder of a case's uninterrupted reference runs, beside its cells' folders (named in reports).
 REFERENCE = "reference"

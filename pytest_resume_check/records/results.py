@@ -48,8 +48,6 @@ FINISHED = frozenset({Outcome.DONE, Outcome.CONVERGED})
 #: Outcomes of a run that ended as the cell planned: finished, or killed at its kill point.
 AS_PLANNED = FINISHED | {Outcome.KILLED}
 
-DEFAULT_HANG_TIMEOUT = 60.0
-
 
 @dataclass
 class StepState:

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from pytest_resume_check.records.names import OPT_ENV, OPT_REPRO, OPT_TARGET
 from pytest_resume_check.records.regular_files import NotRegular, kind_of, open_inside, read_chunks
 
 #: Keys of a failing cell's JSON: the folder of its reproduction, or why it could not be written.
@@ -56,23 +57,23 @@ NEEDED_OUTSIDE = "- needed, not copied: {name} (from outside the project)"
 REFUSED = "- not copied: `{source}` is {kind}"
 INSTALLED = ("- no copy of the target: `{target}` is not declared by a conftest.py of the project; it comes from "
              "an installed package (an entry point of group `pytest_resume_check.targets`) or a plugin, which "
-             "`--resume-matrix-target={target}` in the command finds where it is installed")
+             f"`{OPT_TARGET}={{target}}` in the command finds where it is installed")
 NOT_COPIED = "- not copied: {what}"
 INI_LINE = ("- `pytest.ini`: makes this folder pytest's root (the project's own ini and conftests are not read) "
             "and puts it on `sys.path`")
 ENV_TITLE = "## Its environment"
 ENV_PASSED = ("The target's runs take these variables from the environment pytest runs in (`pass_env=`, "
-              "`--resume-matrix-env`); where the cell failed they were as below. Set them so before the command:")
+              f"`{OPT_ENV}`); where the cell failed they were as below. Set them so before the command:")
 ENV_SET_BY_TARGET = ("Set on every run by the target's `env=` in `conftest.py` (the command sets them again): "
                      "{pairs}.")
 ENV_READ = ("The runs also read these variables, which are not declared, so their values were not recorded: "
             "{names}. Set them as they were where the cell failed, or declare them (`pass_env=` on the target, or "
-            "`--resume-matrix-env`) to have their values recorded here.")
+            f"`{OPT_ENV}`) to have their values recorded here.")
 ENV_HARNESS = "The harness set these for each run itself, and sets them again when the command runs: {names}."
 ENV_NONE = ("The runs read no environment variable of the project's own code, and none is declared for the "
             "target.")
 INI_TEXT = ("[pytest]\n"
-            "# Written by pytest-resume-check (--resume-matrix-repro): this folder is its own root, and the\n"
+            f"# Written by pytest-resume-check ({OPT_REPRO}): this folder is its own root, and the\n"
             "# modules copied beside conftest.py import from it.\n"
             "pythonpath = .\n")
 

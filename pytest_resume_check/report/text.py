@@ -463,7 +463,7 @@ def _run_json(rec: RunRecord) -> dict[str, Any]:
 
 def rerun_command(cell_name: str, seed: int | None) -> str:
     """A rerun command for a cell whose JSON carries none (made by a script, not by the plugin, which
-    writes each cell's own from its options, ``pytest_resume_check.plugin.options.rerun_command``):
+    writes each cell's own from its options, ``pytest_resume_check.plugin.commands.rerun_command``):
     ``pytest --resume-matrix --resume-matrix-seed=SEED --resume-matrix-cell=NAME``."""
     parts = ["pytest", OPT_MATRIX]
     if seed is not None:

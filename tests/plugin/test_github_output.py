@@ -16,9 +16,10 @@ from pathlib import Path
 
 from project_trainer import write_project
 
-from pytest_resume_check.plugin.options import GITHUB_STEP_SUMMARY, OPT_REPRO, OPT_STEP_SUMMARY
+from pytest_resume_check.plugin.options import GITHUB_STEP_SUMMARY
 from pytest_resume_check.plugin.repro import ERR_REPRO_WRITE
 from pytest_resume_check.plugin.summary import ERR_STEP_SUMMARY, ERR_STEP_SUMMARY_NOT_REGULAR
+from pytest_resume_check.records.names import OPT_REPRO, OPT_STEP_SUMMARY
 from pytest_resume_check.records.regular_files import KIND_FIFO
 from pytest_resume_check.report import markdown
 from pytest_resume_check.report import repro as repro_folder

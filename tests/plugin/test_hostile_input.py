@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 
 from pytest_resume_check import targets
-from pytest_resume_check.plugin import items, options, summary
+from pytest_resume_check.plugin import items, settings, summary
 from pytest_resume_check.process import layout, starter
 from pytest_resume_check.process.layout import Layout, check_inside, remove_inside
 from pytest_resume_check.process.runner import MAX_HANG_TIMEOUT, hang_limit
+from pytest_resume_check.records import names
 
 #: Two steps, a JSON checkpoint per step: three cells in quick mode with auto resume only.
 TRAINER = """
@@ -159,11 +160,11 @@ def test_a_target_whose_functions_raise_gets_one_failing_item_and_the_other_targ
 #: Values a mistyped or hostile numeric option gets, and which of them each option accepts: only the hang
 #: limit takes inf (no limit) and huge limits (cut to about 23 days), as matrix.md says.
 ABSURD = ["inf", "nan", "1e308", "-1", "-inf"]
-ACCEPTED = {options.HANG.opt: {"inf", "1e308"}}
+ACCEPTED = {settings.HANG.opt: {"inf", "1e308"}}
 
 
 @pytest.mark.parametrize("value", ABSURD)
-@pytest.mark.parametrize("option", options.NUMERIC_OPTIONS, ids=lambda option: option.opt)
+@pytest.mark.parametrize("option", settings.NUMERIC_OPTIONS, ids=lambda option: option.opt)
 def test_every_numeric_option_refuses_absurd_values_with_one_usage_error_naming_it(pytester, option, value):
     # Refused while pytest configures, before any run (none is asked for here): in process is enough.
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", f"{option.opt}={value}")
@@ -179,13 +180,13 @@ def test_every_numeric_option_refuses_absurd_values_with_one_usage_error_naming_
     assert f"{option.opt}={value!r}" in message and f"from {option.low:g} to {high}" in message
 
 
-@pytest.mark.parametrize("option", options.NUMERIC_OPTIONS, ids=lambda option: option.opt)
+@pytest.mark.parametrize("option", settings.NUMERIC_OPTIONS, ids=lambda option: option.opt)
 def test_every_numeric_option_takes_the_ends_of_its_range_from_the_command_line_or_the_ini_file(option):
     for end in (option.low, option.high):
         given = str(int(end)) if option.whole else str(end)
-        assert options.check_number(option, given, option.opt) == end
+        assert settings.check_number(option, given, option.opt) == end
     with pytest.raises(pytest.UsageError, match=f"^ini {option.ini}='x'"):
-        options.check_number(option, "x", f"ini {option.ini}")
+        settings.check_number(option, "x", f"ini {option.ini}")
 
 
 def test_a_basetemp_whose_parent_folder_is_missing_is_one_usage_error_naming_it(project):
@@ -201,7 +202,7 @@ def test_a_basetemp_whose_parent_folder_is_missing_is_one_usage_error_naming_it(
 @pytest.mark.parametrize("value", ["inf", "1e7"])  # 0 is inf (see the unit tests below)
 def test_no_hang_limit_and_a_huge_one_run_the_matrix(project, value):
     project.makeconftest(GOOD)
-    result = run_matrix(project, args=[f"{options.OPT_HANG}={value}"])
+    result = run_matrix(project, args=[f"{names.OPT_HANG}={value}"])
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     result.assert_outcomes(passed=GOOD_CELLS)
 
@@ -327,13 +328,13 @@ def test_a_report_path_that_cannot_be_written_says_so_and_the_matrix_result_stan
     project.makeconftest(GOOD)
     (project.path / "blocker").write_text("a file where a folder should be")
     json_path, html_path = "blocker/sub/verdicts.json", "blocker/sub/report.html"
-    result = run_matrix(project, args=[f"{options.OPT_JSON}={json_path}", f"{options.OPT_HTML}={html_path}"])
+    result = run_matrix(project, args=[f"{names.OPT_JSON}={json_path}", f"{names.OPT_HTML}={html_path}"])
     assert result.ret == pytest.ExitCode.OK
     result.assert_outcomes(passed=GOOD_CELLS)
     result.stdout.fnmatch_lines([
         summary.ERR_REPORT_WRITE.format(kind="JSON", path=Path(json_path), reason="Not a directory",
-                                        opt=options.OPT_JSON),
-        summary.ERR_REPORT_WRITE.format(kind="HTML", path=html_path, reason="Not a directory", opt=options.OPT_HTML),
+                                        opt=names.OPT_JSON),
+        summary.ERR_REPORT_WRITE.format(kind="HTML", path=html_path, reason="Not a directory", opt=names.OPT_HTML),
     ])
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
 

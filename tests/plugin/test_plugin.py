@@ -9,6 +9,7 @@ import shlex
 import pytest
 
 from pytest_resume_check.plugin import options
+from pytest_resume_check.records import names
 
 # That engine modules never import pytest is checked module by module in test_imports.py.
 
@@ -31,12 +32,12 @@ def test_loading_the_plugin_imports_neither_torch_nor_the_engine(pytester):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--resume-matrix-mode=fast"], options.ERR_MODE.format(opt=options.OPT_MODE, value="fast")),
-        (["--resume-matrix", "--resume-matrix-seed=abc"], options.ERR_SEED.format(opt=options.OPT_SEED, value="abc")),
+        (["--resume-matrix-mode=fast"], options.ERR_MODE.format(opt=names.OPT_MODE, value="fast")),
+        (["--resume-matrix", "--resume-matrix-seed=abc"], options.ERR_SEED.format(opt=names.OPT_SEED, value="abc")),
         (["--resume-matrix", "--resume-matrix-hang-timeout=-1"],
-         options.ERR_HANG.format(opt=options.OPT_HANG, value="-1")),
+         options.ERR_HANG.format(opt=names.OPT_HANG, value="-1")),
         (["--resume-matrix", "--resume-matrix-isolation=thread"],
-         options.ERR_ISOLATION.format(opt=options.OPT_ISOLATION, value="thread")),
+         options.ERR_ISOLATION.format(opt=names.OPT_ISOLATION, value="thread")),
     ],
     ids=["mode", "seed", "hang-timeout", "isolation"],
 )
@@ -57,7 +58,7 @@ def test_unknown_target_name_lists_the_known_ones(pytester):
 def test_seed_last_without_a_previous_run_says_what_to_do(pytester):
     result = pytester.runpytest_subprocess("--resume-matrix", "--resume-matrix-seed=last")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert options.ERR_SEED_LAST.format(opt=options.OPT_SEED) in result.stderr.str()
+    assert options.ERR_SEED_LAST.format(opt=names.OPT_SEED) in result.stderr.str()
 
 
 # The remaining tests run real targets: they need torch.

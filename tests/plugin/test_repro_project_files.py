@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from project_trainer import write_project
 
-from pytest_resume_check.plugin.options import GITHUB_STEP_SUMMARY, OPT_REPRO
+from pytest_resume_check.plugin.options import GITHUB_STEP_SUMMARY
+from pytest_resume_check.records.names import OPT_REPRO
 from pytest_resume_check.report import repro as repro_folder
 
 TOKEN = "token-8f41c2e9d7"

@@ -16,8 +16,7 @@ import pytest
 import trained_buffer_target as trainer
 
 from pytest_resume_check.judge import verdict as vd
-from pytest_resume_check.plugin.options import OPT_REPRO
-from pytest_resume_check.records.names import OPT_HTML, OPT_JSON
+from pytest_resume_check.records.names import OPT_HTML, OPT_JSON, OPT_REPRO
 from pytest_resume_check.report import html
 from pytest_resume_check.report import repro as repro_folder
 from pytest_resume_check.report.text import JSON_FORMAT, evidence_title

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from pytest_resume_check.plugin import repro as plugin_repro
+from pytest_resume_check.plugin import project_files
 from pytest_resume_check.records.regular_files import KIND_FIFO
 from pytest_resume_check.report import repro
 
@@ -70,14 +70,14 @@ def test_a_file_is_inside_the_root_only_if_its_links_resolve_inside(tmp_path):
     (root / "pkg" / "mod.py").write_text("")
     (tmp_path / "elsewhere.py").write_text("")
     (root / "link.py").symlink_to(tmp_path / "elsewhere.py")
-    assert plugin_repro.inside_root(root / "pkg" / "mod.py", root) == Path("pkg/mod.py")
-    assert plugin_repro.inside_root(root / "pkg" / ".." / "pkg" / "mod.py", root) == Path("pkg/mod.py")
-    assert plugin_repro.inside_root(root / "link.py", root) is None
-    assert plugin_repro.inside_root(root / ".." / "elsewhere.py", root) is None
+    assert project_files.inside_root(root / "pkg" / "mod.py", root) == Path("pkg/mod.py")
+    assert project_files.inside_root(root / "pkg" / ".." / "pkg" / "mod.py", root) == Path("pkg/mod.py")
+    assert project_files.inside_root(root / "link.py", root) is None
+    assert project_files.inside_root(root / ".." / "elsewhere.py", root) is None
 
 
 class Config:
-    """What :func:`plugin_repro.machine_places` asks of pytest's config: no base temporary directory."""
+    """What :func:`project_files.machine_places` asks of pytest's config: no base temporary directory."""
 
 
 #: Installed distributions by top-level name, as :func:`importlib.metadata.packages_distributions` gives them.
@@ -85,14 +85,14 @@ INSTALLED = {"pytest_resume_check": ["pytest-resume-check"], "pytest": ["pytest"
 
 
 def test_the_places_of_a_session_name_the_interpreter_and_leave_paths_in_the_project_relative(tmp_path):
-    places = plugin_repro.machine_places(Config(), tmp_path, INSTALLED)  # type: ignore[arg-type]
-    assert places[str(tmp_path)] == "" and places[sys.executable] == plugin_repro.PLACE_PYTHON
-    assert places[sys.prefix] == plugin_repro.PLACE_PREFIX
-    harness = str(Path(plugin_repro.__file__).parents[1])  # the package folder
-    assert places[harness] == f"{plugin_repro.PLACE_SITE_PACKAGES}/pytest_resume_check"  # editable or not
-    inner = plugin_repro.machine_places(Config(), Path(sys.prefix), INSTALLED)  # type: ignore[arg-type]
-    assert inner[sys.prefix] == "" and inner[sys.executable] == plugin_repro.PLACE_PYTHON
-    assert not [p for p, name in inner.items() if name not in ("", plugin_repro.PLACE_PYTHON)
+    places = project_files.machine_places(Config(), tmp_path, INSTALLED)  # type: ignore[arg-type]
+    assert places[str(tmp_path)] == "" and places[sys.executable] == project_files.PLACE_PYTHON
+    assert places[sys.prefix] == project_files.PLACE_PREFIX
+    harness = str(Path(project_files.__file__).parents[1])  # the package folder
+    assert places[harness] == f"{project_files.PLACE_SITE_PACKAGES}/pytest_resume_check"  # editable or not
+    inner = project_files.machine_places(Config(), Path(sys.prefix), INSTALLED)  # type: ignore[arg-type]
+    assert inner[sys.prefix] == "" and inner[sys.executable] == project_files.PLACE_PYTHON
+    assert not [p for p, name in inner.items() if name not in ("", project_files.PLACE_PYTHON)
                 and Path(p).resolve().is_relative_to(Path(sys.prefix).resolve())]
 
 

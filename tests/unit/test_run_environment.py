@@ -12,9 +12,10 @@ from pytest_resume_check.cluster import executor as ex
 from pytest_resume_check.cluster import wire
 from pytest_resume_check.cluster.node import group_environment
 from pytest_resume_check.plugin import environment
-from pytest_resume_check.plugin.options import OPT_ENV, Settings
+from pytest_resume_check.plugin.settings import Settings
 from pytest_resume_check.records import environ
 from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.names import OPT_ENV
 from pytest_resume_check.records.plan import CommandSpec, RunPlan
 from pytest_resume_check.records.results import RunRecord
 from pytest_resume_check.report import repro
@@ -190,7 +191,7 @@ class Config:
 
 
 def test_the_option_wins_over_the_ini_and_a_bad_name_is_one_usage_error():
-    from pytest_resume_check.plugin.options import _env
+    from pytest_resume_check.plugin.settings import _env
 
     assert _env(Config(["A,B", "C"], "D")) == ("A", "B", "C")
     assert _env(Config([], "D E,F")) == ("D", "E", "F")
