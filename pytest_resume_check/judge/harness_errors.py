@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 
 from pytest_resume_check.categories import HARNESS
-from pytest_resume_check.process.starter import ForkServerDied, ServerEnd
+from pytest_resume_check.process.fork_server import ForkServerDied, ServerEnd
 from pytest_resume_check.records.results import Finding
 
 #: The traceback of a harness error, in the cell's folder.
