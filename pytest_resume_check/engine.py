@@ -4,8 +4,9 @@
     result = engine.run_cell(cell)
     print(report.failure_text(result))
 
-The engine puts together the parts that each own one job: :class:`~.runner.Runner` (plans and
-supervised runs), :class:`~.layout.Layout` (folders), :class:`~.references.References` (the oracle),
+The engine puts together the parts that each own one job: :class:`~.fork_server.ForkServer` (the server
+its runs are forked from, one per engine), :class:`~.runner.Runner` (plans and supervised runs),
+:class:`~.layout.Layout` (folders), :class:`~.references.References` (the oracle),
 :class:`~.shared_runs.SharedFirstRuns` (first runs shared by a group of cells) and
 :func:`~.interrupted.run_interrupted` (one cell's kills and resumes).
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,9 @@ from pytest_resume_check.cells.references import Reference, References
 from pytest_resume_check.cells.shared_runs import SharedFirstRuns
 from pytest_resume_check.judge.harness_errors import harness_finding
 from pytest_resume_check.judge.verdict import FIX_FILLED_IN_PLACE, judge
+from pytest_resume_check.process.fork_server import ForkServer, ForkServerDied
 from pytest_resume_check.process.layout import Layout
 from pytest_resume_check.process.runner import Runner
-from pytest_resume_check.process.starter import ForkServerDied
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.faults import MODE_RECORD, FaultPlan, FileOp
 from pytest_resume_check.records.names import DEFAULT_HANG_TIMEOUT, case_id
@@ -59,7 +60,9 @@ class Engine:
                  isolation: str | None = None, check_determinism: bool = True, share: bool = True,
                  hang_forced: bool = False):
         self.layout = Layout(root)
-        self.runner = Runner(seed, hang_timeout, isolation, hang_forced)
+        #: The fork server this engine's runs start from (started at the first run that needs it).
+        self.fork_server = ForkServer()
+        self.runner = Runner(seed, hang_timeout, isolation, hang_forced, self.fork_server)
         self.references = References(self.runner, self.layout, check_determinism)
         self.shared = SharedFirstRuns(self.runner, self.layout) if share else None
 
@@ -91,6 +94,16 @@ class Engine:
     def close(self) -> list[str]:
         """Stop the targets' shared services (at the session's end); returns what went wrong."""
         return self.runner.close()
+
+    def add_preload(self, entries: Iterable[str]) -> None:
+        """Ask the fork server to preload these modules and warm-ups (a target's ``preload``): asked before
+        the first run, they are in the server it starts, not paid again by every run."""
+        self.fork_server.add_preload(entries)
+
+    def stop_server(self) -> None:
+        """Stop the fork server (and multiprocessing's resource tracker) the runs started from, after the
+        services (they may use it); the next run would start a new one."""
+        self.fork_server.stop()
 
     def register(self, cells: Sequence[Cell]) -> None:
         """Tell the engine the whole matrix, so cells that differ only in their single kill step share

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_resume_check import client
-from pytest_resume_check.child import in_process
+from pytest_resume_check.child import cpython, in_process
 from pytest_resume_check.child.environ import READS
 from pytest_resume_check.child.watch import CALL_WATCHED, CONTEXT_CHECKPOINTS, CONTEXT_COMMIT
 from pytest_resume_check.client import CONTEXT_ENV, FD_ENV, PROTOCOL_VERSION
@@ -409,7 +409,6 @@ def _run_in_process(run: RunContext, spec: CommandSpec, program: tuple[str, str]
     watcher is installed around it; the exit functions it registers run when it ends, after the threads it
     started and did not make daemons; ``os._exit``, ``exec`` and ``fork`` act as in a process of its own. Its
     exit code and how many calls it made."""
-    import atexit
 
     from pytest_resume_check.child import watch
 
@@ -418,14 +417,14 @@ def _run_in_process(run: RunContext, spec: CommandSpec, program: tuple[str, str]
     os.environ[CONTEXT_ENV] = json.dumps(context)
     local = LocalRun(run, context)
     client._in_process = local
-    atexit._clear()  # what the fork server registered is not the program's
+    cpython.clear_exit_functions()  # what the fork server registered is not the program's
     in_process.register_import_exits()  # but what its imports register, they would in a fresh interpreter
     if spec.checkpoints is not None:
         watch.start(local, spec.checkpoints, recorder=run._recorder, commit=run.plan.commit)
     kind, name = program
     sys.argv = [name, *argv[3 if kind == MODULE else 2:]]
     before = set(threading.enumerate())
-    hooks = list(getattr(threading, "_threading_atexits", ()))  # what concurrent.futures registers at exit
+    hooks = cpython.threading_exit_hooks()  # what concurrent.futures registers at exit
 
     def conclude(code: int, calls: int) -> None:
         _conclude(run, spec, argv, code, local.calls + calls)

@@ -23,6 +23,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pytest_resume_check.child import cpython
 from pytest_resume_check.child.ending import report_end
 from pytest_resume_check.records.plan import RunPlan
 from pytest_resume_check.run import Converged
@@ -96,17 +97,22 @@ def exit_code(value: Any) -> int:
 #: fresh interpreter has them run at its exit; in the run's process the fork server imported it already. In
 #: the order they are registered (so run in the reverse order): logging flushes and closes its handlers,
 #: multiprocessing joins the children that are no daemons (terminates those that are) and runs its
-#: finalizers. (``weakref.finalize``'s exit function is left out: it would also run the finalizers the
-#: server's objects registered, such as removing the server's temporary folders.)
-IMPORT_EXITS = (("logging", "shutdown"), ("multiprocessing.util", "_exit_function"))
+#: finalizers (a private function, :func:`.cpython.multiprocessing_exit_function`). (``weakref.finalize``'s
+#: exit function is left out: it would also run the finalizers the server's objects registered, such as
+#: removing the server's temporary folders.)
+IMPORT_EXITS: tuple[tuple[str, Callable[[], Callable[[], None] | None]], ...] = (
+    ("logging", lambda: sys.modules["logging"].shutdown),
+    ("multiprocessing.util", cpython.multiprocessing_exit_function),
+)
 
 
 def register_import_exits() -> None:
     """Register the exit functions of :data:`IMPORT_EXITS` whose modules are imported, as their imports did in
     a fresh interpreter, before any the program registers (so they run after the program's)."""
-    for module, name in IMPORT_EXITS:
-        if module in sys.modules:
-            atexit.register(getattr(sys.modules[module], name))
+    for module, exit_function in IMPORT_EXITS:
+        function = exit_function() if module in sys.modules else None
+        if function is not None:
+            atexit.register(function)
 
 
 def end_as_interpreter(threads: set[threading.Thread], hooks: list[Any]) -> None:
@@ -114,13 +120,13 @@ def end_as_interpreter(threads: set[threading.Thread], hooks: list[Any]) -> None
     since (not in ``hooks``; concurrent.futures finishes an executor's queue so), a wait for the threads
     started since (not in ``threads``) that are no daemons, then the exit functions and a flush of the
     standard streams (one the program closed is left alone, as the interpreter leaves it)."""
-    for hook in reversed([h for h in getattr(threading, "_threading_atexits", ()) if h not in hooks]):
+    for hook in reversed([h for h in cpython.threading_exit_hooks() if h not in hooks]):
         hook()
     for thread in threading.enumerate():
         if thread not in threads and not thread.daemon and thread is not threading.current_thread():
             thread.join()
     try:
-        atexit._run_exitfuncs()
+        cpython.run_exit_functions()
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:

@@ -23,6 +23,7 @@ import time
 import traceback
 from typing import Any
 
+from pytest_resume_check.child import cpython
 from pytest_resume_check.child.ending import report_end, write_quietly
 from pytest_resume_check.child.environ import READS
 from pytest_resume_check.child.process_groups import GroupKeeper
@@ -176,17 +177,7 @@ def _drop_fork_server_pipe() -> None:
     """Close the fork server's liveness pipe, which multiprocessing hands every child it forks: a run does
     not start processes through the server (see above), and a trainer that writes to every descriptor it
     finds would otherwise make the server exit ("Not at EOF?") and fail every later run."""
-    import multiprocessing.forkserver
-
-    server = multiprocessing.forkserver._forkserver
-    fd = getattr(server, "_forkserver_alive_fd", None)
-    if fd is not None:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-        # A private attribute of CPython's ForkServer, which typeshed does not declare.
-        server._forkserver_alive_fd = None  # type: ignore[attr-defined]
+    cpython.drop_forkserver_pipe()
 
 
 def _rank_env(plan: RunPlan, rank: int) -> dict[str, str]:

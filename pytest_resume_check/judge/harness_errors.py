@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 
 from pytest_resume_check.categories import HARNESS
-from pytest_resume_check.process.starter import ForkServerDied, ServerEnd
+from pytest_resume_check.process.fork_server import ForkServerDied, ServerEnd
 from pytest_resume_check.records.names import OPT_ISOLATION
 from pytest_resume_check.records.results import Finding
 

@@ -40,6 +40,9 @@ class Matrix(Protocol):
     def targets(self) -> list[Any]:
         """The targets this session runs."""
 
+    def preload(self, entries: Any) -> None:
+        """Ask the fork server of the session's engine to preload a target's ``preload`` entries."""
+
     def rerun_command(self, name: str) -> str:
         """The command that reruns exactly the cell ``name``."""
 
@@ -56,19 +59,17 @@ class ResumeMatrix(pytest.Collector):
         self.matrix = matrix
 
     def collect(self) -> list[pytest.Item]:
-        from pytest_resume_check.process import starter
-
         targets = self.matrix.targets()
         for target in targets:  # all of them, before the fork server starts with the first run
-            starter.add_preload(target.preload)
+            self.matrix.preload(target.preload)
         return [item for target in targets for item in self._items_of(target)]
 
     def _items_of(self, target: Any) -> list[pytest.Item]:
         """The cells of one target, or one failing item that says why they could not be built (the other
         targets still run)."""
         from pytest_resume_check.cells import matrix
+        from pytest_resume_check.engine import ForkServerDied
         from pytest_resume_check.judge.harness_errors import server_died
-        from pytest_resume_check.process.starter import ForkServerDied
         from pytest_resume_check.targets import TargetError, describe_error
 
         settings = self.matrix.settings

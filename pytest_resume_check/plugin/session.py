@@ -60,6 +60,8 @@ class MatrixSession:
         self.budget_reason = ""
         self._root: Path | None = None
         self._engine: Any = None
+        #: The targets' preload entries collected before the engine is made (it starts its server with them).
+        self._preload: list[str] = []
         #: The Ray cluster that runs the cells (``--resume-matrix-ray``), once they are known.
         self._executor: Any = None
         cache = getattr(config, "cache", None)
@@ -79,6 +81,7 @@ class MatrixSession:
             self._engine = Engine(self.root, s.seed, s.hang_timeout, s.isolation, share=not s.exhaustive,
                                   hang_forced=s.hang_forced)
             self._engine.register(self.cells)
+            self._engine.add_preload(self._preload)
         return self._engine
 
     @property
@@ -111,6 +114,13 @@ class MatrixSession:
         where that target is an installed package's."""
         wanted = self.settings.targets or tuple(dict.fromkeys(map(target_of, self._named_cells())))
         return discover(self.config, wanted)
+
+    def preload(self, entries: Any) -> None:
+        """Ask the engine's fork server to preload a target's entries; kept until the engine is made (making it
+        makes the session's folder, which a collection alone must not)."""
+        self._preload += [entry for entry in entries if entry not in self._preload]
+        if self._engine is not None:
+            self._engine.add_preload(entries)
 
     def rerun_command(self, name: str) -> str:
         """The command that reruns exactly the cell ``name`` with this session's seed and options."""
@@ -242,15 +252,13 @@ class MatrixSession:
         if self._engine is None:
             summary.print_problems(self.config, problems)
             return
-        from pytest_resume_check.process import starter
-
         problems += self._engine.close()  # services first: they may use the server
         worker_output = getattr(self.config, "workeroutput", None)
         if worker_output is not None:  # an xdist worker's output is not shown: its controller prints them
             worker_output[WORKER_PROBLEMS] = problems
         else:
             summary.print_problems(self.config, problems)
-        starter.stop_server()
+        self._engine.stop_server()
         try:
             self._engine.layout.tidy()
         except OSError:  # the folder went away under the session: nothing left to tidy

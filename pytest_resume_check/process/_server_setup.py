@@ -26,9 +26,14 @@ from pytest_resume_check.child.environ import READS
 from pytest_resume_check.targets import describe_error
 
 #: The server's work, as JSON: ``{"import": [modules], "call": ["module:function" warm-ups], "path":
-#: [the starter's sys.path], "auto": [[module, file] declaring a target], "warm_torch": bool}``; set by the
-#: starter only in the environment it starts the server with.
+#: [the starter's sys.path], "auto": [[module, file] declaring a target], "warm_torch": bool, "started_for":
+#: {...}}``; set by the starting :class:`~.fork_server.ForkServer` only in the environment it starts the
+#: server with.
 WARMUP_ENV = "PYTEST_RESUME_CHECK_WARMUP"
+#: What the :class:`~.fork_server.ForkServer` that started this server knew and asked of it (``wanted``, the
+#: modules it left out because they killed a server, ``fatal``, and why it turned ``auto_preload`` off), so
+#: another one of the same process can tell whether the server does all it asks, and learn what it learned.
+STARTED_FOR: dict[str, Any] = {}
 #: Preloaded modules whose import raised in this server: module -> ``Type: message (at file:line)``.
 #: Multiprocessing's own preload lets any exception but ImportError kill the server, and then every
 #: child start fails with a bare EOFError; imported here, one broken module costs only the
@@ -57,6 +62,7 @@ def finish() -> None:
     """Called once, in the fork server, after its preload imports."""
     _become_subreaper()
     work = json.loads(os.environ.pop(WARMUP_ENV, "") or "{}")
+    STARTED_FOR.update(work.get("started_for") or {})
     READS.install()  # what the targets' modules read when imported here, each run forked from here read too
     try:
         _import(work.get("path", []), work.get("import", []))
@@ -121,9 +127,10 @@ def _thread_count() -> int:
 
 
 def send_failures(conn: Any) -> None:
-    """In a child forked from the server: send the server's failed imports and warm-ups to the starter."""
+    """In a child forked from the server: send what the server was started for, and its failed imports and
+    warm-ups, to the starter."""
     conn.send({"import": dict(FAILED), "warmup": dict(WARMUP_FAILED), "threads": dict(WARMUP_THREADS),
-               "auto": dict(AUTO_FAILED), "unsafe": list(AUTO_UNSAFE)})
+               "auto": dict(AUTO_FAILED), "unsafe": list(AUTO_UNSAFE), "started_for": dict(STARTED_FOR)})
     conn.close()
 
 

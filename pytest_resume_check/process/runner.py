@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_resume_check.child.command import program_imports, python_program
-from pytest_resume_check.process import devices, starter
+from pytest_resume_check.process import devices
 from pytest_resume_check.process import supervisor as sv
+from pytest_resume_check.process.fork_server import ForkServer
 from pytest_resume_check.process.layout import Layout
 from pytest_resume_check.process.services import Services
 from pytest_resume_check.records import events as ev
@@ -80,8 +81,10 @@ class Runner:
     where the runs' time went (:class:`StartCosts`)."""
 
     def __init__(self, seed: int, hang_timeout: float = DEFAULT_HANG_TIMEOUT, isolation: str | None = None,
-                 hang_forced: bool = False):
+                 hang_forced: bool = False, fork_server: ForkServer | None = None):
         self.seed = seed
+        #: The fork server the runs are forked from (the engine's; a runner made alone has its own).
+        self.fork_server = fork_server if fork_server is not None else ForkServer()
         self.hang_timeout = hang_limit(hang_timeout)
         #: The session's limit was given on the command line: it wins over the targets' own.
         self.hang_forced = hang_forced
@@ -152,12 +155,13 @@ class Runner:
         isolation = self.isolation or target.isolation
         if target.command is not None and target.auto_preload:  # what a Python program imports, as for a module
             for module, file in program_imports(target.command):
-                starter.add_auto(module, file)
+                self.fork_server.add_auto(module, file)
         # Adds them to the server's preload (and the module that declares the target, with auto_preload).
         preload = target.preload + (("torch.distributed.run",) if target.launcher == LAUNCHER_TORCHRUN else ())
-        starter.check_preload(target.name, preload, isolation,
-                              declared_in=target.ref[:2] if target.auto_preload else None)
-        record = sv.supervise(plan, isolation=isolation, hang_timeout=self.hang_limit_of(target), on_pause=on_pause)
+        self.fork_server.check_preload(target.name, preload, isolation,
+                                       declared_in=target.ref[:2] if target.auto_preload else None)
+        record = sv.supervise(plan, isolation=isolation, hang_timeout=self.hang_limit_of(target), on_pause=on_pause,
+                              fork_server=self.fork_server)
         self.steps_executed += record.steps_run
         self.costs.add(target, record)
         if plan.world_size > 1 and record.outcome == Outcome.DONE:  # which ranks report steps (the reference says)
@@ -167,7 +171,7 @@ class Runner:
 
     def start_costs(self) -> dict[str, Any]:
         """Where this runner's runs spent their time, with what auto_preload could not do (plain data)."""
-        return self.costs.to_json(starter.auto_preload_notes())
+        return self.costs.to_json(self.fork_server.auto_preload_notes())
 
     def close(self) -> list[str]:
         """Stop the services this runner started; returns what went wrong (one line each)."""

@@ -22,6 +22,7 @@ from multiprocessing.connection import wait
 
 from pytest_resume_check.child.main import REJOIN_SIGNAL, STACKS_SIGNAL
 from pytest_resume_check.process import starter
+from pytest_resume_check.process.fork_server import ForkServer, ForkServerDied
 from pytest_resume_check.process.sweep import PROC, group_not_stopped, sweep
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.names import DEFAULT_HANG_TIMEOUT, OPT_HANG
@@ -30,12 +31,13 @@ from pytest_resume_check.records.results import Outcome, RunRecord, last_attempt
 
 
 def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HANG_TIMEOUT,
-              on_pause: Callable[[int], None] | None = None) -> RunRecord:
-    """Run ``plan`` in a child process and record what happened. ``on_pause(step)`` is called while
-    the child waits at one of ``plan.pause_steps`` (to copy its checkpoint directory)."""
+              on_pause: Callable[[int], None] | None = None, fork_server: ForkServer | None = None) -> RunRecord:
+    """Run ``plan`` in a child process (forked from ``fork_server`` under the ``forkserver`` isolation) and
+    record what happened. ``on_pause(step)`` is called while the child waits at one of ``plan.pause_steps``
+    (to copy its checkpoint directory)."""
     record = RunRecord(plan, hang_timeout=hang_timeout, isolation=isolation)
     started = time.monotonic()
-    child = starter.start(plan, isolation)
+    child = starter.start(plan, isolation, fork_server)
     record.pid = child.pid
     interrupted = True
     try:
@@ -55,7 +57,7 @@ def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HA
                 record.exitcode = child.process.exitcode
             else:
                 record.exitcode = child.reap()
-            server = starter.server_pid() if isolation == starter.ISOLATION_FORKSERVER else None
+            server = fork_server.pid if fork_server is not None and isolation == starter.ISOLATION_FORKSERVER else None
             record.leftovers = sweep(plan.token, server)
             record.seconds = time.monotonic() - started
     lost = next((e for e in record.events if e.kind == ev.LOG_LOST), None)
@@ -63,7 +65,7 @@ def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HA
         code = int(lost.extra.get(ev.EXTRA_ERRNO, errno.ENOSPC))
         raise HarnessWriteError(code, os.strerror(code), lost.path)
     if record.outcome in (Outcome.CRASHED, Outcome.HUNG) and (end := child.server_died()) is not None:
-        raise starter.ForkServerDied(end)  # the run did not die: the harness lost what it was forked from
+        raise ForkServerDied(end)  # the run did not die: the harness lost what it was forked from
     if record.outcome == Outcome.CRASHED and record.exitcode == 0 and not record.events:
         record.error = "the child exited without sending any event"
     return record

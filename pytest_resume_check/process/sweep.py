@@ -1,5 +1,5 @@
-"""Finding and killing what runs leave behind: processes that escaped a run's process group, and, at
-the end of a session, the fork server and the resource tracker this process started.
+"""Finding and killing what runs leave behind: processes that escaped a run's process group. (The fork
+server itself is stopped by its owner, :meth:`.fork_server.ForkServer.stop`.)
 
 A run's process group covers the child and what it forks, but not a helper that calls ``setsid()`` or
 double-forks into a daemon. Such escapees are found two ways after every run (Linux only: ``/proc``;
@@ -137,40 +137,3 @@ def environment(name: str, value: str) -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = saved
-
-
-def stop_servers() -> None:
-    """Stop the fork server and the resource tracker this process started (if any), without waiting on
-    a process that something else keeps alive: each is told to stop, killed, then reaped."""
-    import multiprocessing.forkserver
-    import multiprocessing.resource_tracker
-
-    server = multiprocessing.forkserver._forkserver
-    # _forkserver_address: a private attribute of CPython's ForkServer, which typeshed does not declare.
-    address = server._forkserver_address  # type: ignore[attr-defined]
-    _stop(server, "_forkserver_pid", "_forkserver_alive_fd")
-    if address and not address.startswith("\0"):
-        try:
-            os.unlink(address)
-        except OSError:
-            pass
-    server._forkserver_address = None  # type: ignore[attr-defined]
-    _stop(multiprocessing.resource_tracker._resource_tracker, "_pid", "_fd")
-
-
-def _stop(holder: object, pid_attr: str, fd_attr: str) -> None:
-    """Close the pipe that keeps a helper process alive, SIGKILL it, reap it, forget it."""
-    pid, fd = getattr(holder, pid_attr, None), getattr(holder, fd_attr, None)
-    if fd is not None:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-        setattr(holder, fd_attr, None)
-    if pid:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError, PermissionError):
-            pass
-        setattr(holder, pid_attr, None)

@@ -319,13 +319,14 @@ def template_pattern(template: str) -> re.Pattern[str]:
 def test_report_page_example_lines_of_process_verdicts_match_the_message_templates():
     from pytest_resume_check.cluster import executor
     from pytest_resume_check.judge import harness_errors
-    from pytest_resume_check.process import starter, supervisor
+    from pytest_resume_check.process import fork_server, supervisor
 
     stalled = vd.MSG_HUNG_STALLED.format(who="{who}", what=supervisor.ERR_PEERS.replace("{s}", ""))
     templates = [vd.MSG_CRASHED, vd.MSG_HUNG + vd.MSG_HUNG_STACK, vd.MSG_NONDETERMINISTIC, vd.MSG_PROTOCOL,
                  vd.MSG_STEPS, stalled + vd.MSG_HUNG_STACKS,
-                 "TARGET_ERROR: " + starter.ERR_PRELOAD, harness_errors.MSG_DISK_FULL, harness_errors.MSG_FOLDER_GONE,
-                 harness_errors.MSG_WORKER_CRASHED, "HARNESS: " + executor.MSG_NODE_LOST,
+                 "TARGET_ERROR: " + fork_server.ERR_PRELOAD, harness_errors.MSG_DISK_FULL,
+                 harness_errors.MSG_FOLDER_GONE, harness_errors.MSG_WORKER_CRASHED,
+                 "HARNESS: " + executor.MSG_NODE_LOST,
                  harness_errors.MSG_SERVER_DIED.replace("{how}", harness_errors.HOW_SIGKILL)]
     shown = [line for lang, body in blocks("reading-a-report.md") if lang == "text"
              for line in body.splitlines() if line.startswith(TEMPLATE_CATEGORIES)]

@@ -21,7 +21,7 @@ from pytest_resume_check.cells import matrix, shared_runs
 from pytest_resume_check.cells.matrix import Cell
 from pytest_resume_check.engine import Engine
 from pytest_resume_check.judge import harness_errors, verdict
-from pytest_resume_check.process import starter
+from pytest_resume_check.process import fork_server
 from pytest_resume_check.process.layout import MAX_NAME_BYTES, safe_name
 from pytest_resume_check.records.faults import MODE_CRASH, FaultPlan
 from pytest_resume_check.records.plan import KillSpec
@@ -53,32 +53,32 @@ def test_bytes_on_the_event_channel_that_are_no_event_are_protocol_and_the_fork_
     assert result.verdict.categories == [PROTOCOL]
     assert "wrote something to the harness's event channel that is no event" in result.verdict.headline
     assert words in result.verdict.headline
-    server = starter.server_pid()
+    server = engine.fork_server.pid
     after = engine.run_cell(cell(plain, {}, KillSpec(3)))  # the next target's runs start as before
     assert after.verdict.findings == [], after.verdict.headline
-    assert starter.server_pid() == server
+    assert engine.fork_server.pid == server
 
 
 def test_a_fork_server_killed_under_a_run_is_harness_naming_how_and_the_next_cell_gets_a_new_server(engine):
     """The kernel's OOM killer SIGKILLs the fork server (here the run does, at the end of step 2): the run
     lost its server, it did not die by itself."""
-    starter.stop_server()  # a server of this test's own, whatever earlier tests in this process started
+    engine.stop_server()  # a server of this test's own, whatever earlier tests in this process started
     result = engine.run_cell(cell(server_killer, server_killer.cases[0], KillSpec(3)))
     assert result.verdict.categories == [HARNESS], result.verdict.headline
-    killed = starter.ServerEnd(_pid_in(result.verdict.headline), signal=signal.SIGKILL)
+    killed = fork_server.ServerEnd(_pid_in(result.verdict.headline), signal=signal.SIGKILL)
     assert result.verdict.headline == harness_errors.server_died(killed)
     assert "killed by SIGKILL (the kernel's OOM killer sends this)" in result.verdict.headline
     after = engine.run_cell(cell(plain, {}, KillSpec(3)))  # the session goes on with a new server
     assert after.verdict.findings == [], after.verdict.headline
-    assert starter.server_pid() not in (None, killed.pid)
+    assert engine.fork_server.pid not in (None, killed.pid)
 
 
 def test_a_fork_server_killed_while_a_save_is_recorded_at_collection_is_no_advice_to_turn_crash_cells_off(engine):
-    starter.stop_server()
+    engine.stop_server()
     with pytest.raises(Exception) as raised:
         engine.crash_cells(server_killer, "quick")
     assert "crash_save=False" not in str(raised.value)  # its fix is not the trainer's
-    assert isinstance(raised.value, starter.ForkServerDied)
+    assert isinstance(raised.value, fork_server.ForkServerDied)
     assert raised.value.end.signal == signal.SIGKILL
     line = harness_errors.server_died(raised.value.end)
     assert line.startswith(f"HARNESS: the fork server the runs start from (pid {raised.value.end.pid}) was killed "

@@ -20,7 +20,7 @@ import pytest
 
 from pytest_resume_check import targets
 from pytest_resume_check.plugin import items, settings, summary
-from pytest_resume_check.process import layout, starter
+from pytest_resume_check.process import fork_server, layout
 from pytest_resume_check.process.layout import Layout, check_inside, remove_inside
 from pytest_resume_check.process.runner import MAX_HANG_TIMEOUT, hang_limit
 from pytest_resume_check.records import names
@@ -106,7 +106,7 @@ def test_a_preload_module_that_fails_fails_only_its_target_with_one_line_naming_
     result = run_matrix(project, *(module for module, _, _ in BROKEN_PRELOADS))
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.assert_outcomes(passed=GOOD_CELLS, failed=GOOD_CELLS * len(BROKEN_PRELOADS))
-    result.stdout.fnmatch_lines_random(["TARGET_ERROR: " + starter.ERR_PRELOAD.format(target=module, module=module,
+    result.stdout.fnmatch_lines_random(["TARGET_ERROR: " + fork_server.ERR_PRELOAD.format(target=module, module=module,
                                                                                       error=error)
                                         for module, _, error in BROKEN_PRELOADS])
     broken = GOOD_CELLS * len(BROKEN_PRELOADS)  # every cell of theirs is counted, as pytest counts it
