@@ -25,10 +25,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from pytest_resume_check.cluster import wire
 from pytest_resume_check.cluster.evidence import HERE, ON_NODE, THE_ARCHIVE, WHY_BROKEN, Refused, Unpacked, unpack
+from pytest_resume_check.records.cell_json import CellJson
 from pytest_resume_check.records.environ import differing
 
 #: How long the end of the session waits for stopped tasks to end their groups' pytest sessions.
@@ -80,9 +81,9 @@ MSG_KEPT_NOTHING = ("  kept: nothing: the kept folders sent back by node {node} 
                     "and the node removed them with its group")
 #: Keys of a failing cell's JSON: the entries not copied back, the evidence sent back but not unpacked, the
 #: evidence too big to copy that stayed on its node.
-REFUSED_KEY = "evidence_refused"
-LOST_KEY = "evidence_lost"
-LEFT_KEY = "kept_on_node"
+REFUSED_KEY: Final = "evidence_refused"
+LOST_KEY: Final = "evidence_lost"
+LEFT_KEY: Final = "kept_on_node"
 #: The outcome of a cell asked for after the session stopped the cluster's tasks.
 MSG_STOPPED = "HARNESS: the session stopped its Ray tasks before this cell had an outcome; rerun the cell"
 MSG_CANCEL_PROBLEM = "the Ray task of {group} did not end within {seconds:g} s of the session's stop (node {node})"
@@ -108,7 +109,7 @@ class CellOutcome:
 
     kind: str
     text: str = ""
-    cell_json: dict[str, Any] | None = None
+    cell_json: CellJson | None = None
     reference_seconds: float = 0.0
     #: A cell with no verdict: the category its JSON gets (``HARNESS``, ``TARGET_ERROR``).
     category: str | None = None
@@ -339,7 +340,7 @@ class RayExecutor:
         not copied back named (and the ``kept:`` line true when nothing was)."""
         remote_root = str(record.get("root") or "")
         text = str(record.get("text") or "")
-        cell_json = record.get("cell_json")
+        cell_json: CellJson | None = record.get("cell_json")
         refused = [Refused.from_json(r) for r in record.get("evidence_refused") or ()]
         if record.get("evidence") is not None and remote_root:
             unpacked = self._unpack(record["evidence"], remote_root, record.get("kept") or [])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -27,6 +27,13 @@ from pytest_resume_check.plugin.options import (
     rerun_command,
 )
 from pytest_resume_check.records.kill_ids import target_of
+
+if TYPE_CHECKING:  # made at their first use
+    from pytest_resume_check.cells.matrix import Cell
+    from pytest_resume_check.cluster.executor import RayExecutor
+    from pytest_resume_check.engine import Engine
+    from pytest_resume_check.records.cell_json import CellJson
+    from pytest_resume_check.targets import Target
 
 #: The name the session is registered under.
 PLUGIN_NAME = "resume_check_matrix"
@@ -56,19 +63,19 @@ class MatrixSession:
         self.config = config
         self.settings = settings
         #: Every cell's JSON, from the reports (in the controller too, when xdist runs the cells).
-        self.results: list[dict[str, Any]] = []
+        self.results: list[CellJson] = []
         #: Node ids of matrix items that failed without being cells (a target whose matrix cannot be built).
         self.broken: list[str] = []
         #: Targets whose crash cells ``--co`` did not list: recording their save runs the trainer.
         self.unrecorded: list[str] = []
-        self.cells: list[Any] = []
+        self.cells: list[Cell] = []
         #: Cells the budget left out, from their skip reports, with the reason's figures.
         self.left_out: list[str] = []
         self.budget_reason = ""
         self._root: Path | None = None
-        self._engine: Any = None
+        self._engine: Engine | None = None
         #: The Ray cluster that runs the cells (``--resume-matrix-ray``), once they are known.
-        self._executor: Any = None
+        self._executor: RayExecutor | None = None
         cache = getattr(config, "cache", None)
         if cache is not None and not hasattr(config, "workerinput"):
             cache.set(CACHE_SEED, settings.seed)
@@ -76,7 +83,7 @@ class MatrixSession:
     # -- what the items ask for ----------------------------------------------------------------------
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> Engine:
         """The session's engine, made at its first use (by a cell, or by recording a target's save while
         collecting); it learns the cells to run when collection ends (:meth:`pytest_collection_finish`)."""
         if self._engine is None:
@@ -89,7 +96,7 @@ class MatrixSession:
         return self._engine
 
     @property
-    def executor(self) -> Any:
+    def executor(self) -> RayExecutor | None:
         """The Ray cluster's executor when ``--resume-matrix-ray`` is given (None: cells run here)."""
         return self._executor
 
@@ -113,7 +120,7 @@ class MatrixSession:
                                                                   parent=where.parent)) from None
         return self._root
 
-    def targets(self) -> list[Any]:
+    def targets(self) -> list[Target]:
         """The targets this session runs; naming a cell names its target, so a rerun line works also
         where that target is an installed package's."""
         wanted = self.settings.targets or tuple(dict.fromkeys(map(target_of, self._named_cells())))
