@@ -51,7 +51,7 @@ CELL_PATH = (
     ("plugin.reports", "carried"),
     ("plugin.reports", "unjudged"),
     ("plugin.summary", "write_summary"),
-    ("cluster.executor", "CellOutcome"),
+    ("cluster.outcomes", "CellOutcome"),
 )
 
 #: The seams whose ``Any`` are counted with the public names' (the cell JSON's parts where the values are the
