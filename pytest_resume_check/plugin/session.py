@@ -270,7 +270,7 @@ class MatrixSession:
         except OSError:  # the folder went away under the session: nothing left to tidy
             pass
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if hasattr(self.config, "workerinput"):
             return
         if self.results:

@@ -149,7 +149,7 @@ def time_note(costs: dict[str, Any] | None) -> str | None:
     return TIME_NOTE.format(share=started / seconds, median=median, where=where, why=why)
 
 
-def _write_json(tr: Any, results: Sequence[CellJson], path: Path, seed: int) -> None:
+def _write_json(tr: pytest.TerminalReporter, results: Sequence[CellJson], path: Path, seed: int) -> None:
     from pytest_resume_check.report import text as report
 
     try:
@@ -161,7 +161,7 @@ def _write_json(tr: Any, results: Sequence[CellJson], path: Path, seed: int) -> 
         tr.write_line(JSON_WRITTEN.format(path=path))
 
 
-def _write_html(tr: Any, results: Sequence[CellJson], path: str, seed: int) -> None:
+def _write_html(tr: pytest.TerminalReporter, results: Sequence[CellJson], path: str, seed: int) -> None:
     from pytest_resume_check.report import html
 
     try:
@@ -172,7 +172,7 @@ def _write_html(tr: Any, results: Sequence[CellJson], path: str, seed: int) -> N
         tr.write_line(HTML_WRITTEN.format(path=written))
 
 
-def _say_repros(tr: Any, results: Sequence[CellJson], path: str) -> None:
+def _say_repros(tr: pytest.TerminalReporter, results: Sequence[CellJson], path: str) -> None:
     """How many failing cells' reproductions were written, and why any could not be (in the process that
     ran the cell: an xdist worker's warnings would be lost)."""
     from pytest_resume_check.report.repro import CELL_ERROR_KEY, CELL_KEY
@@ -184,7 +184,7 @@ def _say_repros(tr: Any, results: Sequence[CellJson], path: str) -> None:
         tr.write_line(error, yellow=True)
 
 
-def _write_step_summary(tr: Any, results: Sequence[CellJson], header: str, path: str) -> None:
+def _write_step_summary(tr: pytest.TerminalReporter, results: Sequence[CellJson], header: str, path: str) -> None:
     """Append the Markdown summary to ``path`` (GitHub's step summary), within what GitHub shows: a file
     that cannot be written, or an existing path that is no regular file (a FIFO would wait for a reader
     forever), is a warning naming it, never the session's failure; ``/dev/null`` takes none."""
@@ -215,7 +215,7 @@ def _write_step_summary(tr: Any, results: Sequence[CellJson], header: str, path:
         _warn(tr, ERR_STEP_SUMMARY.format(path=path, reason=exc.strerror or exc))
 
 
-def _warn(tr: Any, message: str) -> None:
+def _warn(tr: pytest.TerminalReporter, message: str) -> None:
     """``message`` as a pytest warning, or as a yellow line when warnings are errors (``-W error``): the
     summary is an extra, it must not end the session."""
     try:
