@@ -13,9 +13,11 @@ first), which is also the order of legends and summary columns.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the plugin imports this table at load: the types stay out of it
+    from pytest_resume_check.records.cell_json import CellJson
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ STATUSES = (PASSED, XFAIL, XPASS)
 VERDICT_CATEGORIES: tuple[str, ...] = tuple(c.name for c in TABLE if c.name not in STATUSES)
 
 
-def status(cell: Mapping[str, Any]) -> str:
+def status(cell: CellJson) -> str:
     """The status of a cell in its JSON form (``passed``, ``xfail_reason``, ``categories``)."""
     if cell.get("xfail_reason"):
         return XPASS if cell["passed"] else XFAIL
@@ -111,7 +113,7 @@ def status(cell: Mapping[str, Any]) -> str:
     return categories[0] if categories[0] in BY_NAME else PROTOCOL
 
 
-def fails(cell: Mapping[str, Any]) -> bool:
+def fails(cell: CellJson) -> bool:
     """Whether a cell in its JSON form fails the session (its status's row says so): an unexpected
     failure, or an expected failure that passed (``XPASS``, strict as pytest counts it)."""
     return BY_NAME[status(cell)].fails
@@ -122,7 +124,7 @@ MSG_XPASS = ("XPASS: declared as an expected failure ({reason}) but passed: the 
              "declaration from the target's expected_failures")
 
 
-def headline(cell: Mapping[str, Any]) -> str:
+def headline(cell: CellJson) -> str:
     """What a summary line says of a cell: its verdict's headline, or why an ``XPASS`` cell fails."""
     if status(cell) == XPASS:
         return MSG_XPASS.format(reason=cell["xfail_reason"])

@@ -62,6 +62,22 @@ class EventSink(Protocol):
     def send(self, event: ev.Event) -> None: ...
 
 
+class ControlChannel(Protocol):
+    """The child's end of the supervisor's control channel: a blocking read that returns when the
+    supervisor lets a paused run go on (after a preemption's SIGTERM, or a copy of what is on disk)."""
+
+    def recv_bytes(self) -> bytes: ...
+
+
+class SaveWatcher(Protocol):
+    """What the context tells the file-operation recorder of a crash cell (``child.recorder.Recorder``):
+    the save of ``step`` starts, and it was published."""
+
+    def start(self, step: int) -> None: ...
+
+    def finish(self, step: int) -> None: ...
+
+
 #: In a cell's folder: what resumed run ``i`` restored, kept as the report's evidence (``restored-run1``).
 RESTORED = "restored-"
 
@@ -106,8 +122,8 @@ class RunContext:
     before it consumes anything.
     """
 
-    def __init__(self, plan: RunPlan, sink: EventSink, control: Any = None, recorder: Any = None,
-                 rank: int = 0):
+    def __init__(self, plan: RunPlan, sink: EventSink, control: ControlChannel | None = None,
+                 recorder: SaveWatcher | None = None, rank: int = 0):
         self.plan = plan
         self._rank = rank
         #: Only one rank's report calls carry the kill point (see RunPlan.watched_rank).
@@ -121,7 +137,7 @@ class RunContext:
         self._state_seen: dict[str, str] = {}
         self._before_captured: int | None = None  # the last step whose first inputs the generators were captured at
         #: The inputs this run consumed by step, while it may stop early (the early stop compares them).
-        self._inputs: dict[int, list[tuple[Any, int]]] = {}
+        self._inputs: dict[int, list[tuple[int | str, int]]] = {}
         #: (step, thread) of a state equal to the reference's: the run stops as that thread takes the next
         #: step's first inputs, if they are the reference's (see _check_converged).
         self._converging: tuple[int, int] | None = None
@@ -233,7 +249,7 @@ class RunContext:
         self._sink.send(ev.Event(ev.CHECKPOINT, step=int(step), path=str(path) if path else None))
         if int(step) in self.plan.pause_steps and self._control is not None:
             if self.plan.restart:  # only a torchrun restart that waits for a lost node to rejoin pauses
-                self._await_rejoin_stop(int(step))
+                self._await_rejoin_stop(self._control, int(step))
             self._sink.send(ev.Event(ev.PAUSED, step=int(step)))
             self._control.recv_bytes()  # the supervisor copied what is on disk; go on
         kill = self.plan.kill
@@ -437,7 +453,8 @@ class RunContext:
             # Preemption: the supervisor sends SIGTERM to every rank, then lets this call return, so the
             # trainer's handler can save within the grace period; SIGKILL follows when it ends.
             if self.plan.launcher == LAUNCHER_TORCHRUN and threading.current_thread() is threading.main_thread():
-                self._await_forwarded_term(ev.Event(ev.KILL_READY, text=why, extra={**extra, "signal": SIGNAL_TERM}))
+                ready = ev.Event(ev.KILL_READY, text=why, extra={**extra, "signal": SIGNAL_TERM})
+                self._await_forwarded_term(self._control, ready)
                 return
             self._sink.send(ev.Event(ev.KILL_READY, text=why, extra={**extra, "signal": SIGNAL_TERM}))
             self._control.recv_bytes()
@@ -446,7 +463,7 @@ class RunContext:
         while True:  # the supervisor's SIGKILL ends this process
             time.sleep(60)
 
-    def _await_rejoin_stop(self, step: int) -> None:
+    def _await_rejoin_stop(self, control: ControlChannel, step: int) -> None:
         """Rank 0 of a torchrun job that went on without a lost node, at the checkpoint where the cell brings
         the node back: the supervisor wakes the node's agent, and torchrun's agents stop their workers for
         the new member with SIGTERM, which ends this worker here, right after the checkpoint, whatever the
@@ -457,9 +474,9 @@ class RunContext:
         # leaves it to torchrun's SIGKILL, 30 s later.
         self._sink.send(ev.Event(ev.PAUSED, step=step))
         while True:
-            self._control.recv_bytes()  # never answered
+            control.recv_bytes()  # never answered
 
-    def _await_forwarded_term(self, ready: ev.Event) -> None:
+    def _await_forwarded_term(self, control: ControlChannel, ready: ev.Event) -> None:
         """Preemption under torchrun: the supervisor signals the agent, which forwards SIGTERM to its workers
         in its own time, so this call returns only once the signal has reached this worker (or the grace
         period is over); then the trainer's own handling of it happens, as it would have had the signal come
@@ -470,7 +487,7 @@ class RunContext:
         signal.signal(signal.SIGTERM, lambda signum, frame: arrived.set())
         try:
             self._sink.send(ready)
-            self._control.recv_bytes()
+            control.recv_bytes()
             grace = self.plan.kill.grace if self.plan.kill is not None else 0.0
             arrived.wait(grace)  # a signal's handler runs during this wait (main thread)
         finally:

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_resume_check.child import cpython
 from pytest_resume_check.child.ending import report_end, write_quietly
@@ -31,14 +31,24 @@ from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.environ import harness_names
 from pytest_resume_check.records.names import ATTEMPT_ENV, RUN_TOKEN_ENV
 from pytest_resume_check.records.plan import LAUNCHER_TORCHRUN, RunPlan
-from pytest_resume_check.run import RunContext
+from pytest_resume_check.run import ControlChannel, RunContext
 from pytest_resume_check.targets import load_target_fn
+
+if TYPE_CHECKING:  # imported where a crash cell needs it (see _recorder)
+    from pytest_resume_check.child.recorder import Recorder
 
 #: Events that are held back and sent with the next step boundary (one pipe write per step).
 _BATCHED = frozenset({ev.CONSUMED, ev.TRAINED, ev.STATE, ev.LOG, ev.ENVIRON})
 #: Seconds after which batched reports are written without waiting for a boundary: a step longer than
 #: the hang limit that keeps reporting is alive, and the supervisor hears it at least this often.
 LIFE_INTERVAL = 1.0
+
+
+class EventConnection(Protocol):
+    """The child's end of a run's event channel (a ``multiprocessing`` connection): whole messages
+    written one at a time; the supervisor reads them as they come."""
+
+    def send_bytes(self, buf: bytes) -> None: ...
 
 
 class ConnectionSink:
@@ -58,7 +68,7 @@ class ConnectionSink:
     as a fresh interpreter does (:mod:`.process_groups`: otherwise a correct loop that ends with
     ``destroy_process_group()`` could hang in torch's teardown, and only under the harness)."""
 
-    def __init__(self, conn: Any, rank: int | None = None, lock_path: str | None = None,
+    def __init__(self, conn: EventConnection, rank: int | None = None, lock_path: str | None = None,
                  attempt: int | None = None):
         self._conn = conn
         self._rank = rank
@@ -66,7 +76,7 @@ class ConnectionSink:
         # Appends and pops of a deque and puts of a SimpleQueue are atomic and reentrant: a signal
         # handler may interrupt them and make its own.
         self._pending: collections.deque[bytes] = collections.deque()
-        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._requests: queue.SimpleQueue[_thread.LockType | None] = queue.SimpleQueue()
         self._pid = 0  # the process whose writer thread serves this sink (0: none yet)
         self._failure: OSError | None = None
         self._written_at = time.monotonic()
@@ -118,7 +128,7 @@ class ConnectionSink:
                          daemon=True).start()
         self._pid = os.getpid()
 
-    def _write_loop(self, requests: queue.SimpleQueue[Any]) -> None:
+    def _write_loop(self, requests: queue.SimpleQueue[_thread.LockType | None]) -> None:
         while True:
             done = requests.get()
             batch = []
@@ -146,7 +156,7 @@ class ConnectionSink:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
 
-def child_main(plan: RunPlan, conn: Any, control: Any = None) -> None:
+def child_main(plan: RunPlan, conn: EventConnection, control: ControlChannel | None = None) -> None:
     """Entry point of a child process (started by :mod:`pytest_resume_check.process.starter`)."""
     READS.install()  # a spawned run's (a run forked from the fork server has the server's)
     os.environ.update(plan.env)  # what the target's services tell its runs (e.g. where a shared server is)
@@ -186,7 +196,7 @@ def _rank_env(plan: RunPlan, rank: int) -> dict[str, str]:
             "LOCAL_RANK": str(rank), "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(plan.master_port)}
 
 
-def _run_target(plan: RunPlan, sink: ConnectionSink, control: Any, rank: int = 0) -> int:
+def _run_target(plan: RunPlan, sink: ConnectionSink, control: ControlChannel | None, rank: int = 0) -> int:
     """Build and drive the target in this process and report how it ended; returns the exit code."""
     def drive() -> None:
         READS.attach(lambda name: sink.send(ev.Event(ev.ENVIRON, text=name)), harness_names(plan))
@@ -210,7 +220,7 @@ EXIT_RANK_DIED = 71
 LOOPBACK = "127.0.0.1"
 
 
-def _launch_ranks(plan: RunPlan, conn: Any, control: Any) -> None:
+def _launch_ranks(plan: RunPlan, conn: EventConnection, control: ControlChannel | None) -> None:
     """The launcher of a multi-rank run (this process, never returns): fork one process per rank with
     ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and a loopback ``MASTER_ADDR``/``MASTER_PORT``; report their
     pids; when one rank dies (a signal or a non-zero exit) kill the others, as torchrun's agent does; when
@@ -252,7 +262,7 @@ def _launch_ranks(plan: RunPlan, conn: Any, control: Any) -> None:
 TORCHRUN_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrun_worker.py")
 #: The run a torchrun agent in this process drives: (plan, event channel, control channel). Set before the
 #: agent starts; its workers, forked from it, find it here.
-_torchrun_job: tuple[RunPlan, Any, Any] | None = None
+_torchrun_job: tuple[RunPlan, EventConnection, ControlChannel | None] | None = None
 #: torch's switch off the rendezvous store its agent shares with the workers (see :func:`_launch_torchrun`).
 TORCHRUN_STORE_SHARING = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 #: The signals torchrun's agent handles (it raises in its own process); a worker gets the default actions
@@ -297,7 +307,7 @@ def torchrun_argv(plan: RunPlan, log_dir: str, node: int = 0) -> list[str]:
             "--start-method=fork", f"--log-dir={log_dir}", "--run-path", TORCHRUN_WORKER]
 
 
-def _launch_torchrun(plan: RunPlan, conn: Any, control: Any) -> None:
+def _launch_torchrun(plan: RunPlan, conn: EventConnection, control: ControlChannel | None) -> None:
     """This process as torchrun's agent of node 0 (never returns), and one more agent forked per simulated
     node: torchrun's own entry point (``torch.distributed.run.main``) with :func:`torchrun_argv`; each
     agent rendezvouses, starts its workers, watches them, restarts all of them when one fails while
@@ -459,7 +469,7 @@ def torchrun_worker() -> None:
         _exit(code)
 
 
-def _recorder(plan: RunPlan, sink: ConnectionSink) -> Any:
+def _recorder(plan: RunPlan, sink: ConnectionSink) -> Recorder | None:
     """The file-operation recorder of a run with a fault plan (None otherwise)."""
     if plan.faults is None:
         return None

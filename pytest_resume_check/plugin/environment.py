@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 import pytest
 
 from pytest_resume_check.plugin.settings import Settings
 from pytest_resume_check.records.environ import forwarded
 from pytest_resume_check.records.names import OPT_ENV
+
+if TYPE_CHECKING:
+    from pytest_resume_check.records.cell_json import CellJson
 
 #: The warning of a cell whose runs on a Ray node read variables this machine has otherwise. The same text
 #: for every cell with the same names, so pytest's warnings summary shows it once, above those cells.
@@ -26,8 +29,8 @@ MSG_DIFFERS = ("resume-check: runs on the Ray cluster read environment variables
                "cells may not hold here. Forward them to the nodes with " + OPT_ENV + "={joined} (or pass_env= "
                "on the target), or set them alike on the nodes")
 #: Keys of a cell's JSON ``environment`` the plugin adds to the runs' (``read``, ``harness``).
-DECLARED_KEY = "declared"
-DIFFERS_KEY = "differs"
+DECLARED_KEY: Final = "declared"
+DIFFERS_KEY: Final = "differs"
 
 
 class EnvironmentDiffersWarning(pytest.PytestWarning):
@@ -63,7 +66,7 @@ def for_node(target: Any, settings: Settings, environ: Mapping[str, str] | None 
     return forwarded(passed(target, settings), os.environ if environ is None else environ)
 
 
-def annotate(cell_json: dict[str, Any], target: Any, settings: Settings, differs: Iterable[str] | None = None) -> None:
+def annotate(cell_json: CellJson, target: Any, settings: Settings, differs: Iterable[str] | None = None) -> None:
     """Add the declared names to a cell's JSON ``environment`` and, for a cell run on a node, the names that
     differ there (names only: values stay out of reports)."""
     environment = cell_json.setdefault("environment", {})

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pytest_resume_check.plugin.settings import SETTINGS_KEY
 from pytest_resume_check.records.names import OPT_SEED
+
+if TYPE_CHECKING:  # the engine is imported when a test asks for the fixture
+    from collections.abc import Mapping
+
+    from pytest_resume_check.records.plan import KillSpec
+    from pytest_resume_check.records.results import CellResult
+    from pytest_resume_check.targets import Target
 
 
 class ResumeCheck:
@@ -20,13 +27,14 @@ class ResumeCheck:
 
         self.engine = Engine(root, seed, hang_timeout, hang_forced=hang_forced)
 
-    def kill_after_checkpoint(self, step: int, extra_steps: int = 0) -> Any:
+    def kill_after_checkpoint(self, step: int, extra_steps: int = 0) -> KillSpec:
         """Kill right after the checkpoint of ``step`` is published, or ``extra_steps`` later."""
         from pytest_resume_check.records.plan import KillSpec
 
         return KillSpec(step, extra_steps)
 
-    def run(self, target: Any, *, kills: Any, case: dict | None = None, resume_mode: str = "auto") -> Any:
+    def run(self, target: Target, *, kills: KillSpec | list[KillSpec] | tuple[KillSpec, ...],
+            case: Mapping[str, object] | None = None, resume_mode: str = "auto") -> CellResult:
         """Reference run, then the interrupted runs; returns a ``CellResult`` (``.verdict``,
         ``.verdict.composite``, ``.runs``). ``kills``: one ``KillSpec`` per killed run."""
         from pytest_resume_check.cells.matrix import Cell
@@ -41,7 +49,7 @@ class ResumeCheck:
         """The session seed these runs use (``--resume-matrix-seed`` reproduces it)."""
         return self.engine.seed
 
-    def report(self, result: Any) -> str:
+    def report(self, result: CellResult) -> str:
         """The failure text of a result (headline, excerpt, runs, kept files, seed)."""
         from pytest_resume_check.report import text as report
 

@@ -7,14 +7,26 @@ command; they never import it.
 
 from __future__ import annotations
 
+import os
 import warnings
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
 from pytest_resume_check.plugin import environment
 from pytest_resume_check.plugin.options import MARKER
 from pytest_resume_check.plugin.settings import NODE_PREFIX, Settings
+
+if TYPE_CHECKING:  # the engine and its data are imported when a cell runs
+    from _pytest._code.code import TerminalRepr, TracebackStyle
+
+    from pytest_resume_check.cells.matrix import Cell
+    from pytest_resume_check.cluster.executor import RayExecutor
+    from pytest_resume_check.engine import Engine
+    from pytest_resume_check.records.cell_json import CellJson
+    from pytest_resume_check.records.results import CellResult
+    from pytest_resume_check.targets import Target
 
 ERR_CASES_HOOK = ("target {name!r}: the pytest_resume_check_cases hook raised {error}; fix the conftest or plugin "
                   "that implements it")
@@ -30,17 +42,17 @@ class Matrix(Protocol):
     unrecorded: list[str]
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> Engine:
         """The session's engine (made at its first use)."""
 
     @property
-    def executor(self) -> Any:
+    def executor(self) -> RayExecutor | None:
         """The Ray cluster that runs the cells (``--resume-matrix-ray``), None: they run here."""
 
-    def targets(self) -> list[Any]:
+    def targets(self) -> list[Target]:
         """The targets this session runs."""
 
-    def preload(self, entries: Any) -> None:
+    def preload(self, entries: Sequence[str]) -> None:
         """Ask the fork server of the session's engine to preload a target's ``preload`` entries."""
 
     def rerun_command(self, name: str) -> str:
@@ -64,7 +76,7 @@ class ResumeMatrix(pytest.Collector):
             self.matrix.preload(target.preload)
         return [item for target in targets for item in self._items_of(target)]
 
-    def _items_of(self, target: Any) -> list[pytest.Item]:
+    def _items_of(self, target: Target) -> list[pytest.Item]:
         """The cells of one target, or one failing item that says why they could not be built (the other
         targets still run)."""
         from pytest_resume_check.cells import matrix
@@ -130,7 +142,7 @@ class ResumeMatrix(pytest.Collector):
         the failures it recorded."""
         return {"name": name, "nodeid": f"{self.nodeid}::{name}"}
 
-    def _checked(self, target: Any) -> Any:
+    def _checked(self, target: Target) -> Target:
         """``target`` with the cases a ``pytest_resume_check_cases`` hook answers instead, if one does;
         its name and case ids checked again (a hook or ``with_options`` may have bypassed the declaration)."""
         from pytest_resume_check.targets import ERR_TARGET_NAME, TargetError, check_cases, describe_error, name_problem
@@ -158,25 +170,26 @@ class BrokenTarget(pytest.Item):
     def runtest(self) -> None:
         raise ResumeCheckFailure(self.message)
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: TracebackStyle | None = None) -> str | TerminalRepr:
         from pytest_resume_check.report.text import visible
 
         return visible(str(excinfo.value))  # it quotes the target's own exception
 
-    def reportinfo(self) -> tuple[Any, int | None, str]:
+    def reportinfo(self) -> tuple[os.PathLike[str] | str, int | None, str]:
         return self.path, None, f"resume-matrix {self.name}"
 
 
 class ResumeCell(pytest.Item):
     """One cell of the matrix: reference run (shared per case), interrupted runs, verdict."""
 
-    def __init__(self, *, cell: Any, matrix: Matrix, **kwargs: Any):
+    def __init__(self, *, cell: Cell, matrix: Matrix, **kwargs: Any):
         super().__init__(**kwargs)
         self.cell = cell
         self.matrix = matrix
         #: The cell's ``CellResult`` once judged; its JSON (with the rerun command) once run.
-        self.result: Any = None
-        self.cell_json: dict[str, Any] | None = None
+        self.result: CellResult | None = None
+        self.cell_json: CellJson | None = None
         #: Why the cell is skipped unrun (``--resume-matrix-budget`` left it out); None: it runs.
         self.left_out: str | None = None
         #: How long this cell's case's reference runs took, if this cell made them.
@@ -198,7 +211,7 @@ class ResumeCell(pytest.Item):
             pytest.skip(self.left_out)
         rerun = self.matrix.rerun_command(self.name)
         if self.matrix.executor is not None:
-            return self._from_cluster(rerun)
+            return self._from_cluster(self.matrix.executor, rerun)
         try:
             result = self.matrix.engine.run_cell(self.cell)
         except TargetError as exc:  # the target cannot run at all: one line, and the cell is counted
@@ -216,19 +229,19 @@ class ResumeCell(pytest.Item):
         if result.workdir is not None:
             self.matrix.engine.layout.remove(result.workdir)
 
-    def _from_cluster(self, rerun: str) -> None:
+    def _from_cluster(self, executor: RayExecutor, rerun: str) -> None:
         """Report the outcome the cluster node gave this cell (its JSON and report with this session's
         rerun line and paths); the ``pytest_resume_check_cell_result`` hook ran where the cell ran."""
         from pytest_resume_check.cluster import wire
         from pytest_resume_check.report import text as report
 
-        got = self.matrix.executor.outcome(self.name)
+        got = executor.outcome(self.name)
         if got.kind == wire.SKIPPED:
             pytest.skip(got.text)
-        remote_rerun = (got.cell_json or {}).get("rerun")
+        remote_rerun = got.cell_json.get("rerun") if got.cell_json is not None else None
         text = got.text.replace(remote_rerun, rerun) if remote_rerun else got.text
         self.reference_seconds = got.reference_seconds
-        self.cell_json = dict(got.cell_json) if got.cell_json is not None else None
+        self.cell_json = got.cell_json.copy() if got.cell_json is not None else None
         if self.cell_json is None and got.category is not None:  # no verdict: lost node, refused target
             cell = self.cell
             self.cell_json = report.unjudged_cell_json(cell.target.name, cell.case_id, cell.resume_mode, cell.kills,
@@ -261,7 +274,8 @@ class ResumeCell(pytest.Item):
         self.cell_json["rerun"] = rerun
         return ResumeCheckFailure(headline)
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: TracebackStyle | None = None) -> str | TerminalRepr:
         from pytest_resume_check.targets import TargetError
 
         # TargetError: the target itself is broken (a preload module that fails to import), one line says why.
@@ -271,5 +285,5 @@ class ResumeCell(pytest.Item):
             return visible(str(excinfo.value))  # the trainer's words in it reach the terminal as text
         return super().repr_failure(excinfo)
 
-    def reportinfo(self) -> tuple[Any, int | None, str]:
+    def reportinfo(self) -> tuple[os.PathLike[str] | str, int | None, str]:
         return self.path, None, f"resume-matrix {self.name}"

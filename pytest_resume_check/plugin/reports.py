@@ -4,12 +4,15 @@ class name."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pytest_resume_check.plugin.settings import MATRIX_NODE, NODE_PREFIX
 from pytest_resume_check.records import kill_ids
+
+if TYPE_CHECKING:
+    from pytest_resume_check.records.cell_json import CellJson
 
 #: The attribute of a ``TestReport`` that carries the cell's JSON.
 CELL_ATTRIBUTE = "resume_check_cell"
@@ -19,7 +22,7 @@ REFERENCE_SECONDS = "reference_seconds"
 PASSED_PAYING = "PASSED (reference runs {seconds:.1f} s)"
 
 
-def carry(report: pytest.TestReport, cell_json: dict[str, Any], reference_seconds: float) -> None:
+def carry(report: pytest.TestReport, cell_json: CellJson, reference_seconds: float) -> None:
     """Put the cell's JSON on its call report, and (when this cell made its case's reference runs) how
     long those took."""
     setattr(report, CELL_ATTRIBUTE, cell_json)
@@ -27,7 +30,7 @@ def carry(report: pytest.TestReport, cell_json: dict[str, Any], reference_second
         report.user_properties.append((REFERENCE_SECONDS, round(reference_seconds, 3)))
 
 
-def carried(report: pytest.TestReport) -> dict[str, Any] | None:
+def carried(report: pytest.TestReport) -> CellJson | None:
     """The cell JSON a report carries, if any."""
     return getattr(report, CELL_ATTRIBUTE, None)
 
@@ -60,7 +63,7 @@ def failed_unjudged(report: pytest.TestReport) -> bool:
     return carried(report) is None and report.failed and report.when in ("call", "???")
 
 
-def unjudged(report: pytest.TestReport, name: str, rerun: str) -> dict[str, Any] | None:
+def unjudged(report: pytest.TestReport, name: str, rerun: str) -> CellJson | None:
     """The JSON of the matrix cell ``name`` that failed without a verdict, so the summary counts it as
     pytest does (a crashed xdist worker's cell was drawn as passed and missing from the JSON).
     None when ``name`` is no cell's (a target whose matrix cannot be built)."""

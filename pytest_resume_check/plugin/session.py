@@ -7,8 +7,9 @@ and the targets whose matrix could not be built.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -20,6 +21,13 @@ from pytest_resume_check.plugin.options import ERR_SESSION_FOLDER
 from pytest_resume_check.plugin.settings import CACHE_SEED, MATRIX_NODE, NODE_PREFIX, Settings
 from pytest_resume_check.records.kill_ids import target_of
 from pytest_resume_check.records.names import OPT_BUDGET, OPT_CELL, OPT_SEED
+
+if TYPE_CHECKING:  # made at their first use
+    from pytest_resume_check.cells.matrix import Cell
+    from pytest_resume_check.cluster.executor import RayExecutor
+    from pytest_resume_check.engine import Engine
+    from pytest_resume_check.records.cell_json import CellJson
+    from pytest_resume_check.targets import Target
 
 #: The name the session is registered under.
 PLUGIN_NAME = "resume_check_matrix"
@@ -49,21 +57,21 @@ class MatrixSession:
         self.config = config
         self.settings = settings
         #: Every cell's JSON, from the reports (in the controller too, when xdist runs the cells).
-        self.results: list[dict[str, Any]] = []
+        self.results: list[CellJson] = []
         #: Node ids of matrix items that failed without being cells (a target whose matrix cannot be built).
         self.broken: list[str] = []
         #: Targets whose crash cells ``--co`` did not list: recording their save runs the trainer.
         self.unrecorded: list[str] = []
-        self.cells: list[Any] = []
+        self.cells: list[Cell] = []
         #: Cells the budget left out, from their skip reports, with the reason's figures.
         self.left_out: list[str] = []
         self.budget_reason = ""
         self._root: Path | None = None
-        self._engine: Any = None
+        self._engine: Engine | None = None
         #: The targets' preload entries collected before the engine is made (it starts its server with them).
         self._preload: list[str] = []
         #: The Ray cluster that runs the cells (``--resume-matrix-ray``), once they are known.
-        self._executor: Any = None
+        self._executor: RayExecutor | None = None
         cache = getattr(config, "cache", None)
         if cache is not None and not hasattr(config, "workerinput"):
             cache.set(CACHE_SEED, settings.seed)
@@ -71,7 +79,7 @@ class MatrixSession:
     # -- what the items ask for ----------------------------------------------------------------------
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> Engine:
         """The session's engine, made at its first use (by a cell, or by recording a target's save while
         collecting); it learns the cells to run when collection ends (:meth:`pytest_collection_finish`)."""
         if self._engine is None:
@@ -85,7 +93,7 @@ class MatrixSession:
         return self._engine
 
     @property
-    def executor(self) -> Any:
+    def executor(self) -> RayExecutor | None:
         """The Ray cluster's executor when ``--resume-matrix-ray`` is given (None: cells run here)."""
         return self._executor
 
@@ -109,13 +117,13 @@ class MatrixSession:
                                                                   parent=where.parent)) from None
         return self._root
 
-    def targets(self) -> list[Any]:
+    def targets(self) -> list[Target]:
         """The targets this session runs; naming a cell names its target, so a rerun line works also
         where that target is an installed package's."""
         wanted = self.settings.targets or tuple(dict.fromkeys(map(target_of, self._named_cells())))
         return discover(self.config, wanted)
 
-    def preload(self, entries: Any) -> None:
+    def preload(self, entries: Sequence[str]) -> None:
         """Ask the engine's fork server to preload a target's entries; kept until the engine is made (making it
         makes the session's folder, which a collection alone must not)."""
         self._preload += [entry for entry in entries if entry not in self._preload]
@@ -264,7 +272,7 @@ class MatrixSession:
         except OSError:  # the folder went away under the session: nothing left to tidy
             pass
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if hasattr(self.config, "workerinput"):
             return
         if self.results:

@@ -9,7 +9,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -17,6 +17,9 @@ from pytest_resume_check.plugin.options import GITHUB_STEP_SUMMARY
 from pytest_resume_check.plugin.settings import Settings
 from pytest_resume_check.records.names import OPT_HTML, OPT_JSON, OPT_STEP_SUMMARY
 from pytest_resume_check.records.regular_files import NotRegular, open_for_append
+
+if TYPE_CHECKING:
+    from pytest_resume_check.records.cell_json import CellJson
 
 ERR_REPORT_WRITE = ("resume matrix: cannot write the {kind} report to {path}: {reason}; choose a writable path "
                     "with {opt}")
@@ -69,7 +72,8 @@ NOTE_MEDIAN = 1.0
 NOTE_TOTAL = 10.0
 
 
-def write_summary(tr: Any, results: Sequence[dict[str, Any]], broken: Sequence[str], settings: Settings) -> None:
+def write_summary(tr: pytest.TerminalReporter, results: Sequence[CellJson], broken: Sequence[str],
+                  settings: Settings) -> None:
     """The header line, the grids and failing cells, then the JSON and HTML files asked for."""
     from pytest_resume_check import categories
     from pytest_resume_check.report import summary
@@ -148,7 +152,7 @@ def time_note(costs: dict[str, Any] | None) -> str | None:
     return TIME_NOTE.format(share=started / seconds, median=median, where=where, why=why)
 
 
-def _write_json(tr: Any, results: Sequence[dict[str, Any]], path: Path, seed: int) -> None:
+def _write_json(tr: pytest.TerminalReporter, results: Sequence[CellJson], path: Path, seed: int) -> None:
     from pytest_resume_check.report import text as report
 
     try:
@@ -160,7 +164,7 @@ def _write_json(tr: Any, results: Sequence[dict[str, Any]], path: Path, seed: in
         tr.write_line(JSON_WRITTEN.format(path=path))
 
 
-def _write_html(tr: Any, results: Sequence[dict[str, Any]], path: str, seed: int) -> None:
+def _write_html(tr: pytest.TerminalReporter, results: Sequence[CellJson], path: str, seed: int) -> None:
     from pytest_resume_check.report import html
 
     try:
@@ -171,7 +175,7 @@ def _write_html(tr: Any, results: Sequence[dict[str, Any]], path: str, seed: int
         tr.write_line(HTML_WRITTEN.format(path=written))
 
 
-def _say_repros(tr: Any, results: Sequence[dict[str, Any]], path: str) -> None:
+def _say_repros(tr: pytest.TerminalReporter, results: Sequence[CellJson], path: str) -> None:
     """How many failing cells' reproductions were written, and why any could not be (in the process that
     ran the cell: an xdist worker's warnings would be lost)."""
     from pytest_resume_check.report.repro import CELL_ERROR_KEY, CELL_KEY
@@ -183,7 +187,7 @@ def _say_repros(tr: Any, results: Sequence[dict[str, Any]], path: str) -> None:
         tr.write_line(error, yellow=True)
 
 
-def _write_step_summary(tr: Any, results: Sequence[dict[str, Any]], header: str, path: str) -> None:
+def _write_step_summary(tr: pytest.TerminalReporter, results: Sequence[CellJson], header: str, path: str) -> None:
     """Append the Markdown summary to ``path`` (GitHub's step summary), within what GitHub shows: a file
     that cannot be written, or an existing path that is no regular file (a FIFO would wait for a reader
     forever), is a warning naming it, never the session's failure; ``/dev/null`` takes none."""
@@ -214,7 +218,7 @@ def _write_step_summary(tr: Any, results: Sequence[dict[str, Any]], header: str,
         _warn(tr, ERR_STEP_SUMMARY.format(path=path, reason=exc.strerror or exc))
 
 
-def _warn(tr: Any, message: str) -> None:
+def _warn(tr: pytest.TerminalReporter, message: str) -> None:
     """``message`` as a pytest warning, or as a yellow line when warnings are errors (``-W error``): the
     summary is an extra, it must not end the session."""
     try:

@@ -36,6 +36,7 @@ from pytest_resume_check import categories
 from pytest_resume_check.categories import Category
 from pytest_resume_check.judge import verdict
 from pytest_resume_check.records import faults, kill_ids
+from pytest_resume_check.records.cell_json import CellJson
 from pytest_resume_check.records.names import OPT_JSON, OPT_SEED
 from pytest_resume_check.report import known_findings, summary
 from pytest_resume_check.report import text as report
@@ -79,7 +80,7 @@ def entry_categories() -> dict[str, Category]:
     return {mark: categories.BY_NAME[name] for mark, name in names.items()}
 
 
-def write_report(results: Sequence[Mapping[str, Any]], path: str | os.PathLike[str], seed: int | None = None) -> Path:
+def write_report(results: Sequence[CellJson], path: str | os.PathLike[str], seed: int | None = None) -> Path:
     """Write the HTML report of ``results`` (cell JSON dicts, as from ``report.cell_json``, optionally
     with a ``rerun`` command) to ``path`` and return it as a ``Path``. Parent folders are created."""
     out = Path(path)
@@ -88,7 +89,7 @@ def write_report(results: Sequence[Mapping[str, Any]], path: str | os.PathLike[s
     return out
 
 
-def render(results: Sequence[Mapping[str, Any]], seed: int | None = None) -> str:
+def render(results: Sequence[CellJson], seed: int | None = None) -> str:
     """The whole HTML document as a string."""
     cells = sorted(results, key=summary.cell_name)
     # Unexpected failures first (those fail the build), then target by target in heatmap order.
@@ -141,13 +142,13 @@ def _asset(name: str) -> str:
 
 # -- cells -------------------------------------------------------------------------------------------
 
-def _rerun(cell: Mapping[str, Any], seed: int | None) -> str:
+def _rerun(cell: CellJson, seed: int | None) -> str:
     return str(cell.get("rerun") or report.rerun_command(summary.cell_name(cell), seed))
 
 
 # -- timelines: the data the page's script draws ------------------------------------------------------
 
-def timeline(cell: Mapping[str, Any]) -> dict[str, Any]:
+def timeline(cell: CellJson) -> dict[str, Any]:
     """The compact picture data of one failing cell.
 
     ``ref``/``res``: groups ``[step, run, epoch, ids, marks, hidden]`` of the reference and resumed
@@ -198,7 +199,7 @@ def timeline(cell: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def ledgers_shown(cell: Mapping[str, Any]) -> tuple[str | None, list[str]]:
+def ledgers_shown(cell: CellJson) -> tuple[str | None, list[str]]:
     """The ledger a cell's ``reference`` and ``composite`` are (None in a cell JSON of format 1, which does not
     say), and the other ledgers its findings are about, in their order."""
     ledger = cell.get("ledger")
@@ -207,7 +208,7 @@ def ledgers_shown(cell: Mapping[str, Any]) -> tuple[str | None, list[str]]:
     return (str(ledger) if ledger else None), others
 
 
-def run_labels(cell: Mapping[str, Any], composite: Sequence[Sequence[Any]]) -> list[str]:
+def run_labels(cell: CellJson, composite: Sequence[Sequence[Any]]) -> list[str]:
     """The name of each ``run`` index the rows of ``composite`` carry: ``run 1``, ``run 2``, ...; rows past the
     cell's runs are the reference's rest after a resumed run stopped early (:data:`REMAINDER_LABEL`)."""
     runs = cell.get("runs") or []
@@ -222,7 +223,7 @@ def run_labels(cell: Mapping[str, Any], composite: Sequence[Sequence[Any]]) -> l
     return labels
 
 
-def _state_line(cell: Mapping[str, Any]) -> list[Any] | None:
+def _state_line(cell: CellJson) -> list[Any] | None:
     """``[step, colour, text]`` of the step where the training state first differs, if it does."""
     step = cell.get("state_diverged")
     if not step:
@@ -233,7 +234,7 @@ def _state_line(cell: Mapping[str, Any]) -> list[Any] | None:
     return [int(step), categories.BY_NAME[name].colour, text]
 
 
-def _entry_marks(cell: Mapping[str, Any], reference: list[list[Any]], composite: list[list[Any]]) -> tuple[str, str]:
+def _entry_marks(cell: CellJson, reference: list[list[Any]], composite: list[list[Any]]) -> tuple[str, str]:
     """The cell's ``marks`` when it carries them for these ledgers, else computed as the verdict does."""
     marks = cell.get("marks") or {}
     ref, comp = marks.get("reference"), marks.get("composite")
@@ -282,7 +283,7 @@ def _script_json(data: Any) -> str:
 
 # -- HTML parts ---------------------------------------------------------------------------------------
 
-def _header(cells: Sequence[Mapping[str, Any]], failing: Sequence[Mapping[str, Any]], seed: int | None) -> str:
+def _header(cells: Sequence[CellJson], failing: Sequence[CellJson], seed: int | None) -> str:
     unexpected = sum(1 for c in failing if categories.fails(c))  # an XPASS fails, as pytest counts it
     fixed = sum(1 for c in cells if categories.status(c) == categories.XPASS)
     expected = sum(1 for c in cells if categories.status(c) == categories.XFAIL)
@@ -298,7 +299,7 @@ def _header(cells: Sequence[Mapping[str, Any]], failing: Sequence[Mapping[str, A
             '<a href="#failures">Failing cells</a></nav></header>')
 
 
-def _summary_table(cells: Sequence[Mapping[str, Any]]) -> str:
+def _summary_table(cells: Sequence[CellJson]) -> str:
     """Per target: cells, failing cells, then a column per status and category of the table that occurs
     (statuses count cells, categories count the unexpected failures that have them)."""
     per_target: dict[str, Counter] = {}
@@ -337,7 +338,7 @@ def _legend() -> str:
     return f'<p class="legend">{items}</p>'
 
 
-def _heatmaps(cells: Sequence[Mapping[str, Any]], anchors: Mapping[str, str]) -> str:
+def _heatmaps(cells: Sequence[CellJson], anchors: Mapping[str, str]) -> str:
     out = ['<section id="heatmaps"><h2>Heatmaps</h2>',
            "<p class=\"note\">One row per case and resume mode, one column per kill point: <code>3</code> "
            "killed right after the checkpoint of step 3, <code>3+1</code> one unsaved step later, "
@@ -356,12 +357,12 @@ def _heatmaps(cells: Sequence[Mapping[str, Any]], anchors: Mapping[str, str]) ->
     return "\n".join(out)
 
 
-def _kill_heatmap(target: str, cells: Sequence[Mapping[str, Any]], anchors: Mapping[str, str]) -> str:
+def _kill_heatmap(target: str, cells: Sequence[CellJson], anchors: Mapping[str, str]) -> str:
     """Cases and resume modes x kill points; the cells of a distributed kind (``rank1``, ``term2``, ``ws1``)
     get rows of their own, as in the terminal grid."""
     columns = list(dict.fromkeys(summary.column(c) for c in sorted(cells, key=summary.cell_sort_key)))
     kinds = any(summary.kind_of(c) for c in cells)
-    rows: dict[tuple[str, ...], dict[Any, Mapping[str, Any]]] = {}
+    rows: dict[tuple[str, ...], dict[Any, CellJson]] = {}
     for c in sorted(cells, key=lambda c: bool(summary.kind_of(c))):
         row = (c["case_id"], c["resume_mode"]) + ((summary.kind_of(c),) if kinds else ())
         rows.setdefault(row, {})[summary.column(c)] = c
@@ -370,15 +371,15 @@ def _kill_heatmap(target: str, cells: Sequence[Mapping[str, Any]], anchors: Mapp
     return _heat_table("kills", title, heads, rows, [(k, k) for k in columns], anchors)
 
 
-def _crash_heatmap(target: str, cells: Sequence[Mapping[str, Any]], anchors: Mapping[str, str]) -> str:
+def _crash_heatmap(target: str, cells: Sequence[CellJson], anchors: Mapping[str, str]) -> str:
     """Crash-consistency cells: (case, saved step, fault kind) x file operation of the save."""
     fault = summary.fault_of
 
-    def row_order(c: Mapping[str, Any]) -> tuple[Any, ...]:  # kills, then power loss and torn files, then errors
+    def row_order(c: CellJson) -> tuple[Any, ...]:  # kills, then power loss and torn files, then errors
         f = fault(c)
         return (c["case_id"], f.step, f.mode == faults.MODE_ERROR, f.mode != faults.MODE_CRASH, kill_ids.fault_kind(f))
 
-    rows: dict[tuple[str, ...], dict[Any, Mapping[str, Any]]] = {}
+    rows: dict[tuple[str, ...], dict[Any, CellJson]] = {}
     for c in sorted(cells, key=row_order):
         rows.setdefault((c["case_id"], str(fault(c).step), summary.crash_row(c)), {})[fault(c).op] = c
     ops = sorted({fault(c).op for c in cells}, key=lambda op: -1 if op is None else op)
@@ -401,7 +402,7 @@ def _heat_table(kind: str, title: str, row_heads: Sequence[str], rows: Mapping[t
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div></div>")
 
 
-def _heat_cell(cell: Mapping[str, Any], anchors: Mapping[str, str]) -> str:
+def _heat_cell(cell: CellJson, anchors: Mapping[str, str]) -> str:
     st = categories.status(cell)
     name = summary.cell_name(cell)
     text = name + ": " + ("passed" if st == categories.PASSED else categories.headline(cell))
@@ -413,7 +414,7 @@ def _heat_cell(cell: Mapping[str, Any], anchors: Mapping[str, str]) -> str:
     return f'<td class="s-{escape(st)}" title="{escape(text)}">{inner}</td>'
 
 
-def _failures(listed: Sequence[Mapping[str, Any]], total: int, drawn: int, anchors: Mapping[str, str],
+def _failures(listed: Sequence[CellJson], total: int, drawn: int, anchors: Mapping[str, str],
               seed: int | None) -> str:
     out = ['<section id="failures"><h2>Failing cells</h2>']
     if not listed:
@@ -455,7 +456,7 @@ def _failures(listed: Sequence[Mapping[str, Any]], total: int, drawn: int, ancho
     return "\n".join(out)
 
 
-def _failure(cell: Mapping[str, Any], anchor: str, index: int, is_open: bool, seed: int | None) -> str:
+def _failure(cell: CellJson, anchor: str, index: int, is_open: bool, seed: int | None) -> str:
     name = summary.cell_name(cell)
     st = categories.status(cell)
     cats = "".join(_tag(k) for k in cell.get("categories") or [])
@@ -476,7 +477,7 @@ def _failure(cell: Mapping[str, Any], anchor: str, index: int, is_open: bool, se
             "(needs JavaScript)</p></div></div></details>")
 
 
-def _known(cell: Mapping[str, Any]) -> str:
+def _known(cell: CellJson) -> str:
     """The line under the headline of a cell whose failure is a framework's known bug (docs/findings.md)."""
     known = cell.get("known_finding")
     return f'<span class="known">{escape(known_findings.line(known))}</span>' if isinstance(known, Mapping) else ""

@@ -47,6 +47,7 @@ from typing import Any
 
 from pytest_resume_check.categories import LOST, RESUME_ERROR, STATE_DIVERGED
 from pytest_resume_check.judge.state_verdict import differences
+from pytest_resume_check.records.cell_json import KnownFindingJson
 from pytest_resume_check.records.faults import FaultPlan, FileOp, leaves_incomplete
 from pytest_resume_check.records.ledger import Ledger
 from pytest_resume_check.records.results import CellResult, Finding, Outcome, RunRecord
@@ -357,7 +358,7 @@ def match(result: CellResult, table: Sequence[KnownFinding] = TABLE) -> Named | 
     return None
 
 
-def to_json(named: Named) -> dict[str, Any]:
+def to_json(named: Named) -> KnownFindingJson:
     """The JSON report's ``known_finding`` of a cell: the finding's fields, the version it was seen with and
     what to check in this cell."""
     known = named.known
@@ -374,7 +375,7 @@ def line(known: Mapping[str, Any]) -> str:
     return text + (MSG_WORKAROUND.format(workaround=known["workaround"]) if known.get("workaround") else "")
 
 
-def known_finding_json(result: CellResult) -> dict[str, Any] | None:
+def known_finding_json(result: CellResult) -> KnownFindingJson | None:
     """The cell's ``known_finding`` for the JSON report (None when it matches no known finding)."""
     named = match(result)
     return to_json(named) if named is not None else None

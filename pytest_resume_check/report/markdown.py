@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
 
 from pytest_resume_check import categories
+from pytest_resume_check.records.cell_json import CellJson
 from pytest_resume_check.records.names import OPT_JSON
 from pytest_resume_check.report import summary
 from pytest_resume_check.report.repro import CELL_KEY, fenced
@@ -36,7 +36,7 @@ REPRO = "reproduction: {path}"
 _MARKUP = re.compile(r"([\\`*_\[\]<>|~&#])")
 
 
-def step_summary(results: Sequence[dict[str, Any]], header: str, *, width: int = 100, listed: int = LISTED,
+def step_summary(results: Sequence[CellJson], header: str, *, width: int = 100, listed: int = LISTED,
                  max_bytes: int = MAX_BYTES, more_hint: str = OPT_JSON) -> str:
     """The summary of ``results`` (cells' JSON) under ``header`` (the terminal summary's counts line), at
     most ``max_bytes`` bytes of UTF-8 (what does not fit is counted, not cut in the middle)."""
@@ -93,7 +93,7 @@ def _s(count: int) -> str:
     return "" if count == 1 else "s"
 
 
-def _target_grid(target: str, cells: list[dict[str, Any]], width: int) -> list[str]:
+def _target_grid(target: str, cells: list[CellJson], width: int) -> list[str]:
     """A target's grid in a text block (the terminal's, without its legend: one legend follows them all)."""
     lines = summary.grid(cells, width=width)
     lines = lines[:len(lines) - len(categories.legend(width))]
@@ -102,13 +102,13 @@ def _target_grid(target: str, cells: list[dict[str, Any]], width: int) -> list[s
     return [f"#### {escape(target)}", "", *fenced(lines, "text"), ""]
 
 
-def _legend(results: Sequence[dict[str, Any]]) -> str:
+def _legend(results: Sequence[CellJson]) -> str:
     """The marks the grids show, with their labels, in the table's order."""
     shown = {categories.status(c) for c in results}
     return " · ".join(f"{code_span(c.mark)} {c.label}" for c in categories.TABLE if c.name in shown)
 
 
-def _failing_in_order(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _failing_in_order(results: Sequence[CellJson]) -> list[CellJson]:
     """The failing cells: the smallest failing kill point of each failing case first, then the others."""
     smallest = [summary.cell_name(c) for c in summary.smallest_failures(results)]
     failing = [c for c in results if categories.fails(c)]
@@ -116,7 +116,7 @@ def _failing_in_order(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
     return sorted(failing, key=lambda c: first.get(summary.cell_name(c), len(first)))
 
 
-def _entry(cell: dict[str, Any]) -> list[str]:
+def _entry(cell: CellJson) -> list[str]:
     """One failing cell: its name and headline, its rerun command in a block (GitHub offers to copy it),
     and where its reproduction was written, if it was."""
     headline = categories.headline(cell)

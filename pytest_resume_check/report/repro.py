@@ -22,13 +22,14 @@ import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Final
 
 from pytest_resume_check.records.names import OPT_ENV, OPT_REPRO, OPT_TARGET
 from pytest_resume_check.records.regular_files import NotRegular, kind_of, open_inside, read_chunks
 
 #: Keys of a failing cell's JSON: the folder of its reproduction, or why it could not be written.
-CELL_KEY = "repro"
-CELL_ERROR_KEY = "repro_error"
+CELL_KEY: Final = "repro"
+CELL_ERROR_KEY: Final = "repro_error"
 #: A folder name is at most this long (file systems take 255 bytes; the rest is left for suffixes).
 NAME_CHARS = 120
 #: The file in each folder that names its cell (so a second cell whose name makes the same folder name

@@ -6,11 +6,12 @@ cells (``report.cell_json``), so it can be built from any process's results (xdi
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
 
 from pytest_resume_check import categories
 from pytest_resume_check.records import faults, kill_ids
+from pytest_resume_check.records.cell_json import CellJson
 from pytest_resume_check.records.names import OPT_JSON
 from pytest_resume_check.records.plan import RESUME_AUTO, KillSpec
 
@@ -20,10 +21,10 @@ MSG_COMMIT_RECOGNISED = ("{target}: {file} recognised as the commit point of its
 
 #: Key of a cell's JSON: the runs' environment (:func:`~pytest_resume_check.report.text.environment_json`; names
 #: only, never values).
-ENVIRONMENT_KEY = "environment"
+ENVIRONMENT_KEY: Final = "environment"
 #: Key of a cell's ``environment``: the ``env=`` variables for which its command target's Python program ran in
 #: a fresh interpreter, not in the run's process (:data:`MSG_RAN_FRESH`).
-RAN_FRESH_KEY = "ran_fresh"
+RAN_FRESH_KEY: Final = "ran_fresh"
 #: The summary's line (and the failure report's) for a command target whose Python program ran in a fresh
 #: interpreter because of its ``env=``.
 MSG_RAN_FRESH = ("{target}: ran in a fresh interpreter, not in the run's process: its env= sets {names}, which "
@@ -31,12 +32,12 @@ MSG_RAN_FRESH = ("{target}: ran in a fresh interpreter, not in the run's process
                  "keep it); declare fresh_interpreter=True to say so")
 
 
-def mark(cell: dict[str, Any]) -> str:
+def mark(cell: CellJson) -> str:
     """The grid mark of one cell."""
     return categories.mark(categories.status(cell))
 
 
-def kills_of(cell: Mapping[str, Any]) -> tuple[KillSpec, ...]:
+def kills_of(cell: CellJson) -> tuple[KillSpec, ...]:
     """The structured kill points of a cell's JSON (none for JSON written before cells carried
     ``kills``, and for a failed cell whose name held no kill id)."""
     return tuple(KillSpec.from_json(k) for k in cell.get("kills") or ())
@@ -52,25 +53,25 @@ def kill_sort_key(kills: Sequence[KillSpec]) -> tuple[int, int, int, int, str]:
     return (group, first.checkpoint_step, kills[-1].kill_step, len(kills), "")
 
 
-def cell_sort_key(cell: Mapping[str, Any]) -> tuple[Any, ...]:
+def cell_sort_key(cell: CellJson) -> tuple[Any, ...]:
     """Order cells by kill point (:func:`kill_sort_key`); cells without structured kills last, by name."""
     kills = kills_of(cell)
     return (0, *kill_sort_key(kills)) if kills else (1, 0, 0, 0, 0, str(cell.get("kill", "")))
 
 
-def column(cell: Mapping[str, Any]) -> str:
+def column(cell: CellJson) -> str:
     """The kill-point column of a cell: ``3``, ``3+1``, ``1,7+1`` (:func:`kill_ids.short_label`); a cell
     without structured kills shows its kill id as it is."""
     kills = kills_of(cell)
     return kill_ids.short_label(kills) if kills else str(cell.get("kill", "?"))
 
 
-def kind_of(cell: Mapping[str, Any]) -> str:
+def kind_of(cell: CellJson) -> str:
     """The distributed kind of a cell's kills (``rank1``, ``term2``, ``ws3``; '' for a plain SIGKILL of all)."""
     return kill_ids.kind_label(kills_of(cell))
 
 
-def is_crash_cell(cell: Mapping[str, Any]) -> bool:
+def is_crash_cell(cell: CellJson) -> bool:
     """A cell of the crash-consistency axis (a fault inside a save)."""
     return any(k.fault is not None for k in kills_of(cell))
 
@@ -79,14 +80,14 @@ def is_crash_cell(cell: Mapping[str, Any]) -> bool:
 KILL_ROW = "kill"
 
 
-def fault_of(cell: Mapping[str, Any]) -> faults.FaultPlan:
+def fault_of(cell: CellJson) -> faults.FaultPlan:
     """The fault of a crash-consistency cell (:func:`is_crash_cell`)."""
     fault = kills_of(cell)[0].fault
     assert fault is not None, "not a crash-consistency cell"
     return fault
 
 
-def crash_row(cell: Mapping[str, Any]) -> str:
+def crash_row(cell: CellJson) -> str:
     """The row of a crash-consistency cell in its grid: the fault's kind (``kill``, ``power``, ``torn``,
     ``enospc``, ``eio``, ``enospc+``)."""
     fault = fault_of(cell)
@@ -102,12 +103,12 @@ def _crash_row_order(row: str) -> tuple[int, str]:
     return (CRASH_ROWS.index(row) if row in CRASH_ROWS else len(CRASH_ROWS), row)
 
 
-def _row(cell: dict[str, Any]) -> str:
+def _row(cell: CellJson) -> str:
     """``shuffle auto``, or ``shuffle auto rank1`` for the cells of one distributed kind."""
     return " ".join(x for x in (cell["case_id"], cell["resume_mode"], kind_of(cell)) if x)
 
 
-def grid(cells: Sequence[dict[str, Any]], width: int = 100) -> list[str]:
+def grid(cells: Sequence[CellJson], width: int = 100) -> list[str]:
     """Lines of one grid per target (and one more per case, resume mode and save of its crash-consistency
     cells). Every cell is shown exactly once: columns wrap into chunks that repeat the row labels, so no
     line is wider than ``width`` unless one row label and one column alone are (then each chunk holds one
@@ -119,7 +120,7 @@ def grid(cells: Sequence[dict[str, Any]], width: int = 100) -> list[str]:
         plain = [c for c in mine if not is_crash_cell(c)]
         if plain:
             lines += _kill_grid(target, plain, width)
-        crash: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+        crash: dict[tuple[str, str, int], list[CellJson]] = {}
         for c in mine:
             if is_crash_cell(c):
                 crash.setdefault((c["case_id"], c["resume_mode"], fault_of(c).step), []).append(c)
@@ -130,10 +131,10 @@ def grid(cells: Sequence[dict[str, Any]], width: int = 100) -> list[str]:
 
 
 #: A table's cells by row label, then by column label.
-_Rows = dict[str, dict[str, dict[str, Any]]]
+_Rows = dict[str, dict[str, CellJson]]
 
 
-def _place(rows: _Rows, label: str, columns: Sequence[str], cell: dict[str, Any]) -> str:
+def _place(rows: _Rows, label: str, columns: Sequence[str], cell: CellJson) -> str:
     """Put ``cell`` in row ``label`` under the first of ``columns`` that row has free (each a fallback for
     the one before, the last one with a number added until it is free); return the column."""
     row = rows.setdefault(label, {})
@@ -148,7 +149,7 @@ TORCHRUN_ROWS = ((kill_ids.NODE, ", nodeN: node N lost"), (kill_ids.REJOIN, ", r
                  (kill_ids.AGENT, ", agent: torchrun's agent alone killed"))
 
 
-def _kill_grid(target: str, cells: Sequence[dict[str, Any]], width: int) -> list[str]:
+def _kill_grid(target: str, cells: Sequence[CellJson], width: int) -> list[str]:
     """Cases, resume modes and distributed kinds x kill points."""
     kinds = " ".join(kind_of(c) for c in cells)
     torchrun = "".join(text for word, text in TORCHRUN_ROWS if word in kinds)
@@ -163,7 +164,7 @@ def _kill_grid(target: str, cells: Sequence[dict[str, Any]], width: int) -> list
     return lines + _table(rows, list(dict.fromkeys(placed)), width)
 
 
-def _crash_grid(target: str, cells: Sequence[dict[str, Any]], width: int) -> list[str]:
+def _crash_grid(target: str, cells: Sequence[CellJson], width: int) -> list[str]:
     """Fault kinds x file operations of one save (cells of one case and resume mode)."""
     first = cells[0]
     mode = "" if first["resume_mode"] == RESUME_AUTO else f", resume mode {first['resume_mode']}"
@@ -214,11 +215,11 @@ def _chunks(kills: list[str], room: int) -> Iterable[list[str]]:
 _NO_KILLS = 1 << 30
 
 
-def smallest_failures(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def smallest_failures(cells: Sequence[CellJson]) -> list[CellJson]:
     """Per failing (target, case, resume mode): the smallest failing kill point (fewest kills, then
     earliest kill), i.e. the simplest reproduction of that case's failure. An expected failure that
     passed fails too (``XPASS``)."""
-    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    out: dict[tuple[str, str, str], tuple[tuple[int, int, int], CellJson]] = {}
     for c in cells:
         if not categories.fails(c):
             continue
@@ -226,17 +227,17 @@ def smallest_failures(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         kills = kills_of(c)  # a cell without structured kills is the last choice
         rank = (len(kills), kills[-1].kill_step, kills[0].checkpoint_step) if kills else (_NO_KILLS, 0, 0)
         best = out.get(key)
-        if best is None or rank < best["_rank"]:
-            out[key] = {**c, "_rank": rank}
-    return [{k: v for k, v in c.items() if k != "_rank"} for c in out.values()]
+        if best is None or rank < best[0]:
+            out[key] = (rank, c)
+    return [c.copy() for _, c in out.values()]
 
 
-def cell_name(cell: Mapping[str, Any]) -> str:
+def cell_name(cell: CellJson) -> str:
     """The name of a cell's JSON: ``target[case-mode-kill]``."""
     return kill_ids.cell_name(cell["target"], cell["case_id"], cell["resume_mode"], cell["kill"])
 
 
-def recognised_commits(cells: Sequence[Mapping[str, Any]]) -> list[str]:
+def recognised_commits(cells: Sequence[CellJson]) -> list[str]:
     """A line per target whose commit point its reference run recognised (none declared): which file, and the
     ``commit=`` that says so."""
     seen: dict[str, str] = {}
@@ -247,7 +248,7 @@ def recognised_commits(cells: Sequence[Mapping[str, Any]]) -> list[str]:
     return [MSG_COMMIT_RECOGNISED.format(target=t, file=f) for t, f in seen.items()] + ([""] if seen else [])
 
 
-def fresh_interpreters(cells: Sequence[Mapping[str, Any]]) -> list[str]:
+def fresh_interpreters(cells: Sequence[CellJson]) -> list[str]:
     """A line per target whose Python program ran in a fresh interpreter because of its ``env=``."""
     seen: dict[str, list[str]] = {}
     for cell in cells:
@@ -257,7 +258,7 @@ def fresh_interpreters(cells: Sequence[Mapping[str, Any]]) -> list[str]:
     return [MSG_RAN_FRESH.format(target=t, names=", ".join(n)) for t, n in seen.items()] + ([""] if seen else [])
 
 
-def session_lines(results: Sequence[dict[str, Any]], width: int = 100, more_hint: str = OPT_JSON,
+def session_lines(results: Sequence[CellJson], width: int = 100, more_hint: str = OPT_JSON,
                   listed: int = 50) -> list[str]:
     """The end-of-session summary under its header: the grids, the smallest failing kill point of each
     failing case with its rerun command, and the failing cells' headlines (at most ``listed``)."""

@@ -17,10 +17,18 @@ from pytest_resume_check.categories import HARNESS, status
 from pytest_resume_check.judge.state_verdict import step_unit_of
 from pytest_resume_check.judge.verdict import entry_marks, first_difference, run_label
 from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.cell_json import (
+    CellJson,
+    CommitJson,
+    EnvironmentJson,
+    RunJson,
+    StacksJson,
+    ThreadJson,
+)
 from pytest_resume_check.records.environ import harness_names
 from pytest_resume_check.records.ledger import CONSUMED, Ledger
 from pytest_resume_check.records.names import OPT_CELL, OPT_MATRIX, OPT_SEED, REFERENCE
-from pytest_resume_check.records.plan import LAUNCHER_HARNESS
+from pytest_resume_check.records.plan import LAUNCHER_HARNESS, KillSpec
 from pytest_resume_check.records.results import AS_PLANNED, CellResult, Outcome, RunRecord, Verdict
 from pytest_resume_check.report import known_findings
 from pytest_resume_check.report.summary import ENVIRONMENT_KEY, MSG_COMMIT_RECOGNISED, MSG_RAN_FRESH, RAN_FRESH_KEY
@@ -178,15 +186,15 @@ def _split_stacks(text: str) -> tuple[str, list[tuple[re.Match[str], str]]]:
     return text[:headers[0].start()], [(h, text[h.end():end]) for h, end in zip(headers, ends)]
 
 
-def stacks(path: str | Path | None, frames: int | None = None) -> list[dict[str, Any]]:
+def stacks(path: str | Path | None, frames: int | None = None) -> list[StacksJson]:
     """The Python stacks a hung run's processes wrote into its log before they were killed
     (``process.supervisor.dump_stacks``), one entry per process: its ``rank`` (None in a one-process run),
     ``pid`` and ``threads`` as faulthandler lists them, each with its ``frames`` innermost first
     (``file``, ``line``, ``function``; at most ``frames`` of them) and whether it is the ``main`` thread
     (the one it lists last)."""
-    out = []
+    out: list[StacksJson] = []
     for header, body in _split_stacks(_read_tail(path, STACKS_TAIL_BYTES))[1]:
-        threads: list[dict[str, Any]] = []
+        threads: list[ThreadJson] = []
         for line in body.splitlines():
             thread, frame = _THREAD.match(line), _FRAME.match(line)
             if thread:
@@ -350,7 +358,7 @@ ELASTIC_CONTRACT = "elastic resume: each epoch's inputs exactly once over all ra
 MSG_COMMIT_DECLARED = "commit point: {file} (declared): its checkpoints are published when it names them"
 
 
-def commit_json(result: CellResult) -> dict[str, Any] | None:
+def commit_json(result: CellResult) -> CommitJson | None:
     """``{"file": glob, "recognised": bool}``: the commit point the cell's runs followed, declared or recognised
     in the reference run (None: the target's checkpoints publish themselves, or it is no zero-change target)."""
     record = result.reference if result.reference is not None else (result.runs[0] if result.runs else None)
@@ -360,13 +368,13 @@ def commit_json(result: CellResult) -> dict[str, Any] | None:
     return {"file": record.plan.commit, "recognised": command.commit is None}
 
 
-def cell_json(result: CellResult) -> dict[str, Any]:
-    """Machine-readable verdict of one cell (for --resume-matrix-json)."""
+def cell_json(result: CellResult) -> CellJson:
+    """Machine-readable verdict of one cell (for --resume-matrix-json; its keys: :class:`.cell_json.CellJson`)."""
     v = result.verdict
     shown = v.evidence()
     reference, composite = shown.reference.to_json(), shown.composite.to_json()
     ref_marks, comp_marks = entry_marks(reference, composite)
-    cell = {
+    cell: CellJson = {
         "target": result.cell.target.name,
         "case": dict(result.cell.case),
         "case_id": result.cell.case_id,
@@ -398,7 +406,7 @@ def cell_json(result: CellResult) -> dict[str, Any]:
 
 
 
-def environment_json(result: CellResult) -> dict[str, list[str]]:
+def environment_json(result: CellResult) -> EnvironmentJson:
     """The environment of a cell's runs (its case's reference included), names only: ``read``, the
     variables the project's code read that count (:mod:`pytest_resume_check.records.environ`), and
     ``harness``, those the harness set for the runs. The plugin adds ``declared``, and on a cluster
@@ -414,13 +422,13 @@ def environment_json(result: CellResult) -> dict[str, list[str]]:
 NOT_JUDGED = "not judged (see the headline)"
 
 
-def unjudged_cell_json(target: str, case_id: str, resume_mode: str, kills: Sequence[Any], kill: str,
-                       headline: str, category: str = HARNESS, case: Mapping[str, Any] | None = None,
-                       xfail_reason: str | None = None) -> dict[str, Any]:
+def unjudged_cell_json(target: str, case_id: str, resume_mode: str, kills: Sequence[KillSpec], kill: str,
+                       headline: str, category: str = HARNESS, case: Mapping[str, object] | None = None,
+                       xfail_reason: str | None = None) -> CellJson:
     """The JSON form of a matrix cell that has no verdict (its pytest-xdist worker crashed, running it raised
     outside the engine: ``HARNESS``; its target cannot be run: ``TARGET_ERROR``), so the grid, the summary
     and the JSON count it."""
-    cell: dict[str, Any] = {
+    cell: CellJson = {
         "target": target, "case": dict(case or {}), "case_id": case_id, "resume_mode": resume_mode, "kill": kill,
         "kills": [k.to_json() for k in kills], "passed": False, "xfail_reason": xfail_reason,
         "categories": [category],
@@ -433,7 +441,7 @@ def unjudged_cell_json(target: str, case_id: str, resume_mode: str, kills: Seque
     return cell
 
 
-def _run_json(rec: RunRecord) -> dict[str, Any]:
+def _run_json(rec: RunRecord) -> RunJson:
     """One run of a cell: how it ended, its log; of a run stopped early, the step where its state equalled
     the reference's (``converged_step``); for multi-rank runs its world size, what each rank restored, the
     signal it got and who ended its ranks, under torchrun the launcher and which restart within the run it
@@ -442,7 +450,7 @@ def _run_json(rec: RunRecord) -> dict[str, Any]:
     # The outcome's plain value: the cell's JSON rides on a pytest-xdist report, whose serialiser takes
     # only exact built-in types (a str-Enum member is refused).
     hung = rec.outcome == Outcome.HUNG
-    out: dict[str, Any] = {"outcome": rec.outcome.value, "exitcode": rec.exitcode, "seconds": round(rec.seconds, 3),
+    out: RunJson = {"outcome": rec.outcome.value, "exitcode": rec.exitcode, "seconds": round(rec.seconds, 3),
                            "log_file": rec.plan.log_path,
                            "log_tail": log_tail(rec.plan.log_path, LOG_LINES_JSON, hung=hung)}
     if hung:  # where it hung: each process's threads, their innermost frames first
@@ -479,5 +487,5 @@ def rerun_command(cell_name: str, seed: int | None) -> str:
 JSON_FORMAT = 2
 
 
-def dump_json(results: Sequence[dict[str, Any]], seed: int) -> str:
+def dump_json(results: Sequence[CellJson], seed: int) -> str:
     return json.dumps({"format": JSON_FORMAT, "seed": seed, "cells": list(results)}, indent=1, sort_keys=True)

@@ -215,7 +215,7 @@ def test_cluster_gives_each_cell_the_local_verdict_report_and_evidence(tmp_path)
         for link in cell.rglob("current"):
             assert not os.path.isabs(os.readlink(link)) and (link / "weights.bin").is_file(), text
             came_back.append(link)
-        from pytest_resume_check.cluster.executor import REFUSED_KEY
+        from pytest_resume_check.cluster.outcomes import REFUSED_KEY
 
         refused = on_cluster[bug][REFUSED_KEY]
         assert refused and {r["where"] for r in refused} == {"node"}, refused

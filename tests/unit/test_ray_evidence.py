@@ -63,7 +63,7 @@ def sessions(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_links_inside_come_back_relative_and_what_cannot_travel_is_named(tmp_path):
-    from pytest_resume_check.cluster.executor import REFUSED_KEY
+    from pytest_resume_check.cluster.outcomes import REFUSED_KEY
 
     remote, here = sessions(tmp_path)
     out = remote.joinpath(*CELL) / "out"
@@ -120,7 +120,7 @@ def cell_path(*names: str) -> str:
 
 
 def test_an_archive_is_unpacked_entry_by_entry_and_each_refusal_is_named(tmp_path):
-    from pytest_resume_check.cluster.executor import REFUSED_KEY
+    from pytest_resume_check.cluster.outcomes import REFUSED_KEY
 
     remote, here = sessions(tmp_path)
     data = archive(
@@ -167,7 +167,7 @@ def test_an_archive_is_unpacked_entry_by_entry_and_each_refusal_is_named(tmp_pat
 
 
 def test_a_small_archive_that_unpacks_past_the_copy_limit_stops_there(tmp_path):
-    from pytest_resume_check.cluster.executor import REFUSED_KEY
+    from pytest_resume_check.cluster.outcomes import REFUSED_KEY
 
     remote, here = sessions(tmp_path)
     bomb = archive((entry(cell_path("first.bin")), b"\1" * 1000),
@@ -186,7 +186,7 @@ def test_a_small_archive_that_unpacks_past_the_copy_limit_stops_there(tmp_path):
 
 
 def test_when_nothing_could_be_unpacked_the_kept_line_says_so(tmp_path):
-    from pytest_resume_check.cluster.executor import LOST_KEY, MSG_KEPT_NOTHING
+    from pytest_resume_check.cluster.outcomes import LOST_KEY, MSG_KEPT_NOTHING
 
     remote, here = sessions(tmp_path)
     runner, task = executor(here)
@@ -202,7 +202,7 @@ def test_when_nothing_could_be_unpacked_the_kept_line_says_so(tmp_path):
 
 
 def test_evidence_too_big_to_copy_stays_on_the_node_and_the_json_says_where(tmp_path):
-    from pytest_resume_check.cluster.executor import LEFT_KEY
+    from pytest_resume_check.cluster.outcomes import LEFT_KEY
 
     remote, here = sessions(tmp_path)
     (remote.joinpath(*CELL) / "big.bin").write_bytes(bytes(2000))
@@ -236,7 +236,7 @@ def test_packing_reads_no_more_than_the_copy_limit(tmp_path, grows):
 
 def test_folders_the_node_could_not_pack_stay_there_and_the_report_says_so(tmp_path, monkeypatch):
     from pytest_resume_check.cluster import node
-    from pytest_resume_check.cluster.executor import LEFT_KEY, MSG_NOT_PACKED
+    from pytest_resume_check.cluster.outcomes import LEFT_KEY, MSG_NOT_PACKED
 
     def broken(folders, root, limit):
         raise MemoryError("no room for the archive")
@@ -259,6 +259,7 @@ def test_folders_the_node_could_not_pack_stay_there_and_the_report_says_so(tmp_p
 
 def test_the_cluster_page_quotes_the_lines_as_the_executor_writes_them(tmp_path):
     from pytest_resume_check.cluster import executor as ex
+    from pytest_resume_check.cluster import outcomes
     from pytest_resume_check.cluster.evidence import ON_NODE, Refused
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "cluster.md").read_text()
@@ -270,6 +271,6 @@ def test_the_cluster_page_quotes_the_lines_as_the_executor_writes_them(tmp_path)
     refused = [Refused(f"{out}/escape", "a symbolic link to /data/shared, outside its kept folder", ON_NODE),
                Refused(f"{out}/metrics.fifo", "a FIFO", ON_NODE)]
     assert f"\n{runner._refused_line(refused, task)}\n" in page
-    nothing = ex.MSG_KEPT_NOTHING.format(node=task.node_name(),
-                                         why="the archive could not be read on: No space left on device")
+    nothing = outcomes.MSG_KEPT_NOTHING.format(node=task.node_name(),
+                                               why="the archive could not be read on: No space left on device")
     assert f"\n{nothing}\n" in page
