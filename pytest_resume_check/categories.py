@@ -17,6 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["BY_NAME", "CRASHED", "Category", "DUPLICATED", "EPOCH", "HARNESS", "HUNG", "LOST", "NONDETERMINISTIC",
+           "PASSED", "PROTOCOL", "REORDERED", "RESUME_ERROR", "SILENT_IO_ERROR", "STALE_RESUME", "STATE_DIVERGED",
+           "STATUSES", "TABLE", "TARGET_ERROR", "VERDICT_CATEGORIES", "XFAIL", "XPASS", "fails", "headline", "legend",
+           "mark", "markdown_table", "status"]
+
 
 @dataclass(frozen=True)
 class Category:

@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+__all__ = ["pytest_resume_check_cases", "pytest_resume_check_cell_result", "pytest_resume_check_targets"]
+
 
 @pytest.hookspec(firstresult=True)
 def pytest_resume_check_cases(config: pytest.Config, target: Any) -> Any:

@@ -75,6 +75,9 @@ from pytest_resume_check.ids import DEFAULT_ID_KEY, ids_of
 from pytest_resume_check.integrations.durable import fsync_path, sync_tree
 from pytest_resume_check.run import RESUME_AUTO, RESUME_PATH, RunContext
 
+__all__ = ["AccelerateResumeCheck", "MARKER", "accelerate_pick", "latest_published", "next_checkpoint_number",
+           "read_marker", "warm_up", "write_marker"]
+
 #: Written into a checkpoint folder once ``save_state`` has returned and the folder is on disk: its
 #: presence is what makes the folder a published checkpoint. JSON with the keys below.
 MARKER = "resume_check.json"

@@ -67,6 +67,9 @@ from pytest_resume_check.ids import DEFAULT_ID_KEY
 from pytest_resume_check.integrations.durable import sync_tree
 from pytest_resume_check.run import RESUME_DISABLED, RESUME_PATH, RunContext
 
+__all__ = ["CHECKPOINT_FOLDER", "HFTrainerResumeCheck", "TRAINER_STATE_FILE", "checkpoint_step",
+           "checkpoint_to_resume", "is_complete", "latest_checkpoint"]
+
 #: The file ``Trainer._save_checkpoint`` writes last into ``checkpoint-N`` (before rotating old ones out):
 #: a folder without it is a save that was cut short, and is never chosen for resume.
 TRAINER_STATE_FILE = "trainer_state.json"

@@ -39,9 +39,9 @@ from pytest_resume_check.child.main import child_main
 from pytest_resume_check.process import _server_setup
 from pytest_resume_check.process._server_setup import WARMUP_ENV
 from pytest_resume_check.process.sweep import environment
-from pytest_resume_check.records.names import OPT_ISOLATION, RUN_TOKEN_ENV
+from pytest_resume_check.records.names import ISOLATION_FORKSERVER, ISOLATIONS, OPT_ISOLATION, RUN_TOKEN_ENV
 from pytest_resume_check.records.plan import SIGNAL_TERM, RunPlan
-from pytest_resume_check.targets import ISOLATION_FORKSERVER, ISOLATIONS, TargetError
+from pytest_resume_check.targets import TargetError
 
 _CHILD_MODULES = ("pytest_resume_check.child.main",)
 _preload: list[str] = list(_CHILD_MODULES)
