@@ -19,6 +19,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the plugin imports this table at load: the types stay out of it
     from pytest_resume_check.records.cell_json import CellJson
 
+__all__ = ["BY_NAME", "CRASHED", "Category", "DUPLICATED", "EPOCH", "HARNESS", "HUNG", "LOST", "NONDETERMINISTIC",
+           "PASSED", "PROTOCOL", "REORDERED", "RESUME_ERROR", "SILENT_IO_ERROR", "STALE_RESUME", "STATE_DIVERGED",
+           "STATUSES", "TABLE", "TARGET_ERROR", "VERDICT_CATEGORIES", "XFAIL", "XPASS", "fails", "headline", "legend",
+           "mark", "markdown_table", "status"]
+
 
 @dataclass(frozen=True)
 class Category:

@@ -38,14 +38,14 @@ from typing import Any
 
 from pytest_resume_check.records.state import DIGEST_COMPONENT
 
+__all__ = ["CONTEXT_ENV", "FD_ENV", "PROTOCOL_VERSION", "ProtocolError", "Run", "connect"]
+
 #: The environment variable that holds the descriptor of the harness's socket.
 FD_ENV = "RESUME_CHECK_FD"
 #: The environment variable that holds the run's facts as JSON.
 CONTEXT_ENV = "RESUME_CHECK_CONTEXT"
 #: The line protocol's version, in the context (``"protocol": 1``).
 PROTOCOL_VERSION = 1
-#: The old name of :data:`PROTOCOL_VERSION`, kept for programs that import it.
-PROTOCOL = PROTOCOL_VERSION
 
 
 def _state_fields(components: Mapping[str, Any]) -> dict[str, Any]:

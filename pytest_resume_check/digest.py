@@ -14,6 +14,8 @@ from typing import Any
 
 from pytest_resume_check.records.state import combine, leaf_digests
 
+__all__ = ["digest_of"]
+
 
 def digest_of(value: Any) -> str:
     """Hex digest of nested dicts/lists/tuples of tensors, numpy arrays, bytes, plain values and

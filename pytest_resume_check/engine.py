@@ -36,6 +36,8 @@ from pytest_resume_check.records.plan import KillSpec, RunPlan
 from pytest_resume_check.records.results import CellResult, Outcome, RunRecord, Verdict
 from pytest_resume_check.targets import Target, TargetError
 
+__all__ = ["Engine", "FilledInPlace"]
+
 #: Added to the error of a save that could not be recorded for the default smoke cells: the target asked
 #: for none of them.
 ERR_SMOKE_RECORD = ("; every target gets crash smoke cells by default (a few faults in the save of checkpoint 2 "

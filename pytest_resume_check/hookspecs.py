@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+__all__ = ["pytest_resume_check_cases", "pytest_resume_check_cell_result", "pytest_resume_check_targets"]
+
 if TYPE_CHECKING:  # named in the signatures only: loading the hook specs imports neither
     from pytest_resume_check.records.results import CellResult
     from pytest_resume_check.targets import Target

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+__all__ = ["DEFAULT_ID_KEY", "WithIds", "ids_of"]
+
 DEFAULT_ID_KEY = "input_id"
 
 

@@ -44,6 +44,8 @@ from pytest_resume_check.records.state import (
     save_values,
 )
 
+__all__ = ["KillSpec", "RESUME_AUTO", "RESUME_DISABLED", "RESUME_MODES", "RESUME_PATH", "RunContext", "RunPlan"]
+
 
 class Converged(BaseException):
     """Raised inside the target when its state equals the reference's: the child stops cleanly.

@@ -1,5 +1,5 @@
 """A Hugging Face Accelerate trainer, written the way its users write one, checked through
-:class:`pytest_resume_check.integrations.accelerate.ResumeCheck`.
+:class:`pytest_resume_check.integrations.accelerate.AccelerateResumeCheck`.
 
 :func:`fit` is the trainer: a small regression network with dropout, AdamW with a warm-up ``LambdaLR`` or a
 ``StepLR``, ``accelerator.accumulate`` for gradient accumulation, a progress counter registered with
@@ -9,7 +9,7 @@ that skips the batches already trained on either through a stateful loader (``us
 or with ``accelerator.skip_first_batches``. The trainer chooses the folder to resume from itself
 (:func:`checkpoint_to_resume`: the highest-numbered folder, or the run's ``resume_path``), so the matrix tests
 that choice. :func:`train` is the target: it builds the ``Accelerator`` for the run and hands the loop to
-``ResumeCheck``, which reports the folder ``load_state`` was given.
+``AccelerateResumeCheck``, which reports the folder ``load_state`` was given.
 
 Shuffling is seeded the way Accelerate resumes it: ``use_seedable_sampler=True`` and ``loader.set_epoch(epoch)``
 (the default sampler draws a new permutation from the global RNG when a resumed loop starts). The data loader
@@ -219,11 +219,11 @@ def _save(accelerator: Any, config: Config, step: int) -> None:
 # -- the target (the glue) -------------------------------------------------------------------------
 
 def train(run: RunContext, bug: str | None = None) -> None:
-    """Accelerate trainer (save_state/load_state) watched by ResumeCheck: the correct variant."""
+    """Accelerate trainer (save_state/load_state) watched by AccelerateResumeCheck: the correct variant."""
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 
-    from pytest_resume_check.integrations.accelerate import ResumeCheck
+    from pytest_resume_check.integrations.accelerate import AccelerateResumeCheck
 
     p = params(run.case)
     accelerator = Accelerator(
@@ -238,8 +238,8 @@ def train(run: RunContext, bug: str | None = None) -> None:
                     epoch_checkpoints=p["epoch_checkpoints"],
                     scheduler=p["scheduler"], loader_generator=bug != LOADER_WITHOUT_GENERATOR)
     resume = checkpoint_to_resume(run, p["naming"] == AUTO, newest_by_name if bug == NAME_SORTED else newest_checkpoint)
-    with ResumeCheck(run, accelerator, ids="input_id", continue_naming=bug != RAW_NAMING):
-        fit(accelerator, config, resume_from=resume, bug=bug)  # ResumeCheck reports the folder load_state loads
+    with AccelerateResumeCheck(run, accelerator, ids="input_id", continue_naming=bug != RAW_NAMING):
+        fit(accelerator, config, resume_from=resume, bug=bug)  # the check reports the folder load_state loads
 
 
 def train_loader_not_restored(run: RunContext) -> None:
@@ -305,7 +305,7 @@ WORKERS_BUG = ("accelerate 1.15 + torchdata 0.11, use_stateful_dataloader + use_
                "epoch 0 is shuffled by one sampler and a resume fast-forwards the other; a resume at the end of "
                "epoch 0 continues with epoch 2's order (huggingface/accelerate#4204; docs/findings.md)")
 
-#: The file ResumeCheck writes last in a save (its marker, through this temporary name, then fsynced): the
+#: The file AccelerateResumeCheck writes last in a save (its marker, through this temporary name, then fsynced): the
 #: integration's ``MARKER``, named here without importing accelerate.
 MARKER_TMP = "resume_check.json.tmp"
 
@@ -322,7 +322,7 @@ UNFINISHED_TAKEN = ("accelerate: load_state() takes the highest-numbered checkpo
                     "loss before the save's last file is durable leaves one it takes (a crash smoke cell; "
                     "docs/recipes/accelerate.md#crash-smoke-cells)")
 
-#: The Accelerate loop (save_state/load_state) watched by ResumeCheck.
+#: The Accelerate loop (save_state/load_state) watched by AccelerateResumeCheck.
 accelerate_example = declare(train, "accelerate_example",
                              expected_failures=[(resumes_in_first_epoch_with_workers, WORKERS_BUG),
                                                 (unfinished_folder_taken, UNFINISHED_TAKEN)])

@@ -1,5 +1,5 @@
 """A tiny causal language model fine-tuned with Hugging Face's ``Trainer``, checked through the
-``hf_trainer`` integration (:class:`pytest_resume_check.integrations.hf_trainer.ResumeCheck`).
+``hf_trainer`` integration (:class:`pytest_resume_check.integrations.hf_trainer.HFTrainerResumeCheck`).
 
 Written the way a Trainer user writes a job: a model built from a config (nothing downloaded), a
 map-style dataset of fixed token rows, ``default_data_collator``, ``TrainingArguments`` on the CPU and
@@ -169,13 +169,13 @@ def checkpoint_to_resume(run: RunContext, latest: Callable[[str], str | None] = 
 
 
 def train(run: RunContext, bug: str | None = None) -> None:
-    """The fine-tuning job, driven through :class:`ResumeCheck`. Correct when ``bug`` is None."""
+    """The fine-tuning job, driven through :class:`HFTrainerResumeCheck`. Correct when ``bug`` is None."""
     from transformers import Trainer, TrainingArguments, set_seed
 
-    from pytest_resume_check.integrations.hf_trainer import ResumeCheck
+    from pytest_resume_check.integrations.hf_trainer import HFTrainerResumeCheck
 
     p = params(run.case)
-    check = ResumeCheck(run)  # ids: the "input_id" key that WithIds adds
+    check = HFTrainerResumeCheck(run)  # ids: the "input_id" key that WithIds adds
     set_seed(run.seed)  # before the model: its initial weights come from the global RNG
     model, dataset, collator = model_and_data(p)
     args = TrainingArguments(
@@ -187,10 +187,10 @@ def train(run: RunContext, bug: str | None = None) -> None:
         num_train_epochs=p["epochs"],
         learning_rate=5e-3,
         dataloader_num_workers=p["workers"],
-        save_strategy="steps" if p["save_steps"] else "no",  # "no": only the checkpoints ResumeCheck asks for
+        save_strategy="steps" if p["save_steps"] else "no",  # "no": only the checkpoints HFTrainerResumeCheck asks for
         save_steps=p["save_steps"] or 500,
         save_total_limit=p["keep"] or None,
-        remove_unused_columns=False,  # keep "input_id" in the batch; ResumeCheck takes it out before the model
+        remove_unused_columns=False,  # keep "input_id" in the batch; HFTrainerResumeCheck takes it out before the model
         logging_strategy="no",
         report_to=[],
         disable_tqdm=True,

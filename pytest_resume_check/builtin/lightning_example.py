@@ -1,4 +1,4 @@
-"""A PyTorch Lightning trainer driven through :class:`pytest_resume_check.integrations.lightning.ResumeCheck`.
+"""A PyTorch Lightning trainer driven through :class:`pytest_resume_check.integrations.lightning.LightningResumeCheck`.
 
 The trainer is what a Lightning user writes: a ``LightningModule`` (a small MLP regressor, Adam and a
 per-step ``StepLR``) fitted on synthetic data from a torchdata ``StatefulDataLoader``, whose position
@@ -50,7 +50,7 @@ PLAIN_LOADER = "plain_loader"  # torch.utils.data.DataLoader: no loader state in
 FRESH_OPTIMIZER = "fresh_optimizer"  # the optimizer state is dropped on load -> STATE_DIVERGED
 NAME_SORTED = "name_sorted"  # the newest checkpoint by file name: step_9.ckpt after step_10.ckpt -> STALE_RESUME
 
-#: The trainer's checkpoints: ``step_N.ckpt`` (N: the optimizer step), the name ResumeCheck gives the ones the
+#: The trainer's checkpoints: ``step_N.ckpt`` (N: the optimizer step), the name LightningResumeCheck gives the ones the
 #: harness asks for.
 CHECKPOINT_NAME = re.compile(r"step_(\d+)\.ckpt")
 
@@ -177,13 +177,13 @@ def fit(run: RunContext, bug: str | None = None) -> None:
     """Fit the regressor for ``epochs`` epochs, resuming as the run's resume mode says."""
     import lightning.pytorch as L
 
-    from pytest_resume_check.integrations.lightning import EpochEndResumeFix, ResumeCheck
+    from pytest_resume_check.integrations.lightning import EpochEndResumeFix, LightningResumeCheck
 
     p = params(run.case)
     L.seed_everything(run.seed, verbose=False)
     model = (fresh_optimizer_class() if bug == FRESH_OPTIMIZER else regressor_class())()
     loader = make_loader(p, stateful=bug != PLAIN_LOADER)
-    check = ResumeCheck(run, ids=lambda batch: batch[ID_KEY], keep_last=p["keep_last"])
+    check = LightningResumeCheck(run, ids=lambda batch: batch[ID_KEY], keep_last=p["keep_last"])
     trainer = make_trainer(p, [check, EpochEndResumeFix()] if p["fix_epoch_end"] else [check])
     resume = checkpoint_to_resume(run, latest_by_name if bug == NAME_SORTED else latest_checkpoint)
     trainer.fit(model, train_dataloaders=loader, ckpt_path=resume)  # check reports what Lightning restored
@@ -191,7 +191,7 @@ def fit(run: RunContext, bug: str | None = None) -> None:
 
 # One module-level function per variant: a child process imports its target by name.
 def fit_example(run: RunContext) -> None:
-    """Lightning Trainer.fit over a StatefulDataLoader, reported by the ResumeCheck callback."""
+    """Lightning Trainer.fit over a StatefulDataLoader, reported by the LightningResumeCheck callback."""
     fit(run)
 
 
@@ -247,7 +247,7 @@ CASES = (
     {"id": "e2-shuffle-w2-fix", "n": 24, "shuffle": True, "workers": 2, "fix_epoch_end": True},
 )
 
-#: PyTorch Lightning's Trainer.fit over a StatefulDataLoader with the ResumeCheck callback.
+#: PyTorch Lightning's Trainer.fit over a StatefulDataLoader with the LightningResumeCheck callback.
 lightning_example = resume_target(
     fit_example,
     name="lightning_example",

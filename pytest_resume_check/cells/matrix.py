@@ -17,10 +17,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_resume_check.records import faults
+from pytest_resume_check.records.declaration import ERR_RAISED, ERR_STEPS_RETURNED, describe_error
 from pytest_resume_check.records.kill_ids import cell_id, cell_name, kill_id
 from pytest_resume_check.records.names import FULL, MODES, QUICK, case_id
 from pytest_resume_check.records.plan import LAUNCHER_TORCHRUN, RESUME_AUTO, RESUME_PATH, SIGNAL_TERM, KillSpec
-from pytest_resume_check.targets import ERR_RAISED, ERR_STEPS_RETURNED, Target, TargetError, describe_error
+from pytest_resume_check.targets import Target, TargetError
 
 #: In quick mode, how many further kill steps are drawn at random besides the boundary ones.
 QUICK_RANDOM_SAMPLE = 3

@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pytest_resume_check.child import cpython
 from pytest_resume_check.child.ending import report_end, write_quietly
 from pytest_resume_check.child.environ import READS
+from pytest_resume_check.child.loading import load_target_fn
 from pytest_resume_check.child.process_groups import GroupKeeper
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.environ import harness_names
 from pytest_resume_check.records.names import ATTEMPT_ENV, RUN_TOKEN_ENV
 from pytest_resume_check.records.plan import LAUNCHER_TORCHRUN, RunPlan
 from pytest_resume_check.run import ControlChannel, RunContext
-from pytest_resume_check.targets import load_target_fn
 
 if TYPE_CHECKING:  # imported where a crash cell needs it (see _recorder)
     from pytest_resume_check.child.recorder import Recorder

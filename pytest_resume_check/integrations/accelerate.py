@@ -1,18 +1,18 @@
 """Glue between a Hugging Face Accelerate training loop and the run context.
 
 An Accelerate trainer is the user's own loop: ``accelerator.prepare(...)``, ``with accelerator.accumulate(model):``,
-``accelerator.save_state(...)`` and ``accelerator.load_state(...)``. :class:`ResumeCheck` watches that loop
+``accelerator.save_state(...)`` and ``accelerator.load_state(...)``. :class:`AccelerateResumeCheck` watches that loop
 through the one ``Accelerator`` it is given, so the loop itself stays as it is::
 
     accelerator = Accelerator(cpu=True, project_config=ProjectConfiguration(
         project_dir=run.checkpoint_dir, automatic_checkpoint_naming=True, total_limit=2))
     resume = {"auto": "latest", "path": run.resume_path}.get(run.resume_mode)  # the trainer's own option
-    with ResumeCheck(run, accelerator, ids="input_id"):      # before accelerator.prepare(...)
+    with AccelerateResumeCheck(run, accelerator, ids="input_id"):      # before accelerator.prepare(...)
         my_trainer.train(accelerator, resume_from=resume)    # its own code chooses and calls load_state(...)
 
-``ResumeCheck`` never chooses the checkpoint: the trainer's code does, as it does outside the harness, and
+``AccelerateResumeCheck`` never chooses the checkpoint: the trainer's code does, as it does outside the harness, and
 ``load_state`` reports the folder it was given (the matrix judges it: an older one than the newest published
-is ``STALE_RESUME``). For a trainer with no resume logic of its own, :attr:`ResumeCheck.resume_from` is a
+is ``STALE_RESUME``). For a trainer with no resume logic of its own, :attr:`AccelerateResumeCheck.resume_from` is a
 helper that chooses.
 
 It wraps four methods *of that instance* (the class is untouched, and leaving the ``with`` block puts
@@ -27,7 +27,7 @@ them back):
   (:data:`STATE_COMPONENTS`).
 - A checkpoint the harness asks for (``run.should_checkpoint``) is the trainer's own ``save_state`` call
   when one comes before the next batch is taken (an in-loop schedule, or an epoch-end checkpoint after the
-  loader is exhausted); otherwise ``ResumeCheck`` calls ``save_state`` itself at that point.
+  loader is exhausted); otherwise ``AccelerateResumeCheck`` calls ``save_state`` itself at that point.
 - ``save_state``: after Accelerate returns, every file of the folder is flushed to disk and a small
   :data:`MARKER` file (step, epoch, position) is written into it by an atomic rename; only then is the
   checkpoint *published* (``run.checkpoint_published``). A folder without the marker (a save killed
@@ -35,9 +35,9 @@ them back):
 - ``load_state``: loads the folder given, or with no folder (automatic naming) the one Accelerate picks
   itself, the highest-numbered ``checkpoint_<n>`` (:func:`accelerate_pick`), whether or not it is the
   newest or complete. Then reports ``run.resumed(step, folder)`` with the step the folder's marker records
-  (a folder without one, which ResumeCheck never published, is refused with an error naming it: its step is
+  (a folder without one, which AccelerateResumeCheck never published, is refused with an error naming it: its step is
   unknown) and, right after Accelerate returns, the state it restored (``run.state`` at that step, see
-  :meth:`ResumeCheck.restored_state`). With
+  :meth:`AccelerateResumeCheck.restored_state`). With
   automatic checkpoint naming it also sets ``accelerator.project_configuration.iteration`` past the
   highest ``checkpoint_<n>`` folder: Accelerate 1.15 leaves it at 0 after a load, so the next
   ``save_state`` fails with "checkpoint_0 (0) already exists", or, with ``total_limit``, deletes an older
@@ -75,6 +75,9 @@ from pytest_resume_check.ids import DEFAULT_ID_KEY, ids_of
 from pytest_resume_check.integrations.durable import fsync_path, sync_tree
 from pytest_resume_check.run import RESUME_AUTO, RESUME_PATH, RunContext
 
+__all__ = ["AccelerateResumeCheck", "MARKER", "accelerate_pick", "latest_published", "next_checkpoint_number",
+           "read_marker", "warm_up", "write_marker"]
+
 #: Written into a checkpoint folder once ``save_state`` has returned and the folder is on disk: its
 #: presence is what makes the folder a published checkpoint. JSON with the keys below.
 MARKER = "resume_check.json"
@@ -104,28 +107,31 @@ WRAPPED = ("prepare", "skip_first_batches", "save_state", "load_state")
 #: resume inside an epoch has just restored (docs/findings.md); the report's known findings read it.
 SETTING_LOADER_GENERATOR = "loader_generator"
 
-ERR_PREPARED = ("ResumeCheck: accelerator.prepare(...) already returned {count} data loader(s), which it cannot "
-                "watch; create ResumeCheck(run, accelerator) before calling accelerator.prepare")
-ERR_TWICE = "ResumeCheck: this accelerator is already watched by another ResumeCheck; create one per accelerator"
-ERR_PROJECT_DIR = ("ResumeCheck: automatic_checkpoint_naming saves under project_dir={project_dir}, outside "
+ERR_PREPARED = ("AccelerateResumeCheck: accelerator.prepare(...) already returned {count} data loader(s), which it "
+                "cannot watch; create AccelerateResumeCheck(run, accelerator) before calling accelerator.prepare")
+ERR_TWICE = ("AccelerateResumeCheck: this accelerator is already watched by another AccelerateResumeCheck; create "
+             "one per accelerator")
+ERR_PROJECT_DIR = ("AccelerateResumeCheck: automatic_checkpoint_naming saves under project_dir={project_dir}, outside "
                    "run.checkpoint_dir={checkpoint_dir}, so a resumed run would not find them; pass "
                    "ProjectConfiguration(project_dir=run.checkpoint_dir, automatic_checkpoint_naming=True)")
-ERR_NOT_PUBLISHED = ("ResumeCheck: {folder} holds no {marker}, so it is not a checkpoint ResumeCheck published (a "
-                     "save killed half-way, or one written without ResumeCheck) and the step it holds is unknown; "
-                     "load a published folder (accelerator.load_state() without a folder takes the highest-numbered "
-                     "checkpoint_<n>, finished or not; check.resume_from is the newest published one)")
-ERR_BAD_MARKER = "ResumeCheck: {path} is not a checkpoint marker ResumeCheck can read ({problem}); delete the folder"
-ERR_NO_RESUME_PATH = ("ResumeCheck: resume mode 'path' needs run.resume_path to be a published checkpoint folder, "
-                      "got {path}")
-ERR_NOTHING_TO_LOAD = ("ResumeCheck: accelerator.load_state() with no folder loads the highest-numbered folder "
-                       "under {root}, but there is none; call it only once a checkpoint was saved (a first run "
+ERR_NOT_PUBLISHED = ("AccelerateResumeCheck: {folder} holds no {marker}, so it is not a checkpoint "
+                     "AccelerateResumeCheck published (a save killed half-way, or one written without "
+                     "AccelerateResumeCheck) and the step it holds is unknown; load a published folder "
+                     "(accelerator.load_state() without a folder takes the highest-numbered checkpoint_<n>, finished "
+                     "or not; check.resume_from is the newest published one)")
+ERR_BAD_MARKER = ("AccelerateResumeCheck: {path} is not a checkpoint marker AccelerateResumeCheck can read "
+                  "({problem}); delete the folder")
+ERR_NO_RESUME_PATH = ("AccelerateResumeCheck: resume mode 'path' needs run.resume_path to be a published checkpoint "
+                      "folder, got {path}")
+ERR_NOTHING_TO_LOAD = ("AccelerateResumeCheck: accelerator.load_state() with no folder loads the highest-numbered "
+                       "folder under {root}, but there is none; call it only once a checkpoint was saved (a first run "
                        "starts fresh)")
-ERR_IDS = ("ResumeCheck: cannot read input ids from a {kind} batch with ids={ids!r} ({error}); pass "
+ERR_IDS = ("AccelerateResumeCheck: cannot read input ids from a {kind} batch with ids={ids!r} ({error}); pass "
            "ids='<key of the id tensor>' or ids=<function(batch) -> ids>")
-ERR_IDS_TYPE = "ResumeCheck: ids must be a batch key (str) or a function(batch) -> ids, got {kind}"
+ERR_IDS_TYPE = "AccelerateResumeCheck: ids must be a batch key (str) or a function(batch) -> ids, got {kind}"
 
 
-class ResumeCheck:
+class AccelerateResumeCheck:
     """Reports an Accelerate loop's consumption, steps, state and checkpoints to the run context.
 
     ``run``: the target's :class:`~pytest_resume_check.run.RunContext`. ``accelerator``: the loop's
@@ -212,7 +218,7 @@ class ResumeCheck:
         return self._epoch
 
     # -- context manager -----------------------------------------------------------------------
-    def __enter__(self) -> ResumeCheck:
+    def __enter__(self) -> AccelerateResumeCheck:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -416,7 +422,7 @@ class WatchedLoader:
     """A prepared data loader whose batches are reported; everything else is the loader's own
     (``len``, ``set_epoch``, ``state_dict``, ...). ``loader`` is the Accelerate loader inside."""
 
-    def __init__(self, check: ResumeCheck, loader: Any):
+    def __init__(self, check: AccelerateResumeCheck, loader: Any):
         self.loader = loader
         self._check = check
 

@@ -14,6 +14,8 @@ from typing import Any
 
 from pytest_resume_check.targets import fault_leaves_incomplete
 
+__all__ = ["fsync_path", "leaves_incomplete", "sync_tree"]
+
 
 def fsync_path(path: Path) -> None:
     """fsync one file or folder (a folder's fsync makes the names in it durable)."""

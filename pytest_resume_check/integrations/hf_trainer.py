@@ -3,7 +3,7 @@
 In a target function, give the callback to the ``Trainer`` and resume the way the job does outside the
 harness, with its own choice of checkpoint under the run's resume mode::
 
-    check = ResumeCheck(run)
+    check = HFTrainerResumeCheck(run)
     args = TrainingArguments(output_dir=str(run.checkpoint_dir), seed=run.seed,
                              remove_unused_columns=False, ...)
     trainer = Trainer(model, args, train_dataset=WithIds(dataset), callbacks=[check])
@@ -12,7 +12,7 @@ harness, with its own choice of checkpoint under the run's resume mode::
 
 The callback never chooses the checkpoint: it reports the one the Trainer restored, and the harness judges
 whether it was the newest one published (an older one is ``STALE_RESUME``). For a job with no resume logic
-of its own, :func:`checkpoint_to_resume` (also :attr:`ResumeCheck.resume_from_checkpoint`) is a helper that
+of its own, :func:`checkpoint_to_resume` (also :attr:`HFTrainerResumeCheck.resume_from_checkpoint`) is a helper that
 chooses.
 
 Where each report comes from in the Trainer's loop (transformers 5.x ``Trainer._inner_training_loop``):
@@ -39,7 +39,7 @@ Where each report comes from in the Trainer's loop (transformers 5.x ``Trainer._
   optimizer, LR scheduler, the Python, NumPy and torch RNGs, and the trainer state that a checkpoint
   restores. After a resume, also at the restored step in ``on_train_begin``, which the Trainer calls once it
   has loaded the model, the optimizer, the LR scheduler and ``trainer_state.json``: those components,
-  without the RNGs (see :meth:`ResumeCheck.restored_state`).
+  without the RNGs (see :meth:`HFTrainerResumeCheck.restored_state`).
 * ``settings``: in ``on_train_begin``, ``dataloader_num_workers`` (:data:`SETTING_WORKERS`), which the report
   reads before it names the Trainer's own finding about collated batches (docs/findings.md).
 * ``final``: the model the Trainer trained, in ``on_train_end`` (after ``load_best_model_at_end`` loaded
@@ -67,6 +67,9 @@ from pytest_resume_check.ids import DEFAULT_ID_KEY
 from pytest_resume_check.integrations.durable import sync_tree
 from pytest_resume_check.run import RESUME_DISABLED, RESUME_PATH, RunContext
 
+__all__ = ["CHECKPOINT_FOLDER", "HFTrainerResumeCheck", "TRAINER_STATE_FILE", "checkpoint_step",
+           "checkpoint_to_resume", "is_complete", "latest_checkpoint"]
+
 #: The file ``Trainer._save_checkpoint`` writes last into ``checkpoint-N`` (before rotating old ones out):
 #: a folder without it is a save that was cut short, and is never chosen for resume.
 TRAINER_STATE_FILE = "trainer_state.json"
@@ -87,26 +90,26 @@ SETTING_WORKERS = "dataloader_num_workers"
 TRAINER_STATE_FIELDS = ("global_step", "epoch", "max_steps", "num_train_epochs", "num_input_tokens_seen",
                         "best_metric", "best_global_step")
 
-ERR_RUN = ("ResumeCheck(run): got a {type}, not the run context; pass the `run` your target function receives, "
-           "e.g. ResumeCheck(run)")
-ERR_IDS = ("ResumeCheck(ids=...): got a {type}; give the batch key that holds the ids (a str, default "
+ERR_RUN = ("HFTrainerResumeCheck(run): got a {type}, not the run context; pass the `run` your target function "
+           "receives, e.g. HFTrainerResumeCheck(run)")
+ERR_IDS = ("HFTrainerResumeCheck(ids=...): got a {type}; give the batch key that holds the ids (a str, default "
            f"{DEFAULT_ID_KEY!r}) or a function of the batch that returns one id per example")
-ERR_OUTPUT_DIR = ("ResumeCheck: TrainingArguments.output_dir is {output_dir}, but this run keeps its checkpoints in "
-                  "{checkpoint_dir}; pass TrainingArguments(output_dir=str(run.checkpoint_dir))")
-ERR_REMOVE_COLUMNS = ("ResumeCheck(ids={key!r}): TrainingArguments(remove_unused_columns=True) drops the {key!r} "
-                      "column before the model sees it; pass remove_unused_columns=False (ResumeCheck takes the key "
-                      "out of the model's inputs) or give ids= a function of the batch")
-ERR_NO_ID_KEY = ("ResumeCheck(ids={key!r}): the training batch has no {key!r} key (keys: {keys}); wrap the dataset in "
-                 "pytest_resume_check.WithIds (or name its id column with ids=) and keep the key in the collator's "
-                 "output")
-ERR_IDS_RAISED = ("ResumeCheck: the ids function raised {error} on a batch with keys {keys}; fix the function "
+ERR_OUTPUT_DIR = ("HFTrainerResumeCheck: TrainingArguments.output_dir is {output_dir}, but this run keeps its "
+                  "checkpoints in {checkpoint_dir}; pass TrainingArguments(output_dir=str(run.checkpoint_dir))")
+ERR_REMOVE_COLUMNS = ("HFTrainerResumeCheck(ids={key!r}): TrainingArguments(remove_unused_columns=True) drops the "
+                      "{key!r} column before the model sees it; pass remove_unused_columns=False (HFTrainerResumeCheck "
+                      "takes the key out of the model's inputs) or give ids= a function of the batch")
+ERR_NO_ID_KEY = ("HFTrainerResumeCheck(ids={key!r}): the training batch has no {key!r} key (keys: {keys}); wrap the "
+                 "dataset in pytest_resume_check.WithIds (or name its id column with ids=) and keep the key in the "
+                 "collator's output")
+ERR_IDS_RAISED = ("HFTrainerResumeCheck: the ids function raised {error} on a batch with keys {keys}; fix the function "
                   "given as ids=")
-ERR_IDS_COUNT = ("ResumeCheck: the ids function returned {count} ids for a batch of {size} examples (keys: {keys}); "
-                 "it must return one id per example, e.g. ids=lambda batch: batch['idx']")
+ERR_IDS_COUNT = ("HFTrainerResumeCheck: the ids function returned {count} ids for a batch of {size} examples (keys: "
+                 "{keys}); it must return one id per example, e.g. ids=lambda batch: batch['idx']")
 ERR_RESUME_PATH = ("resume path {path} is not a complete Trainer checkpoint (no {file}); give a checkpoint-N folder "
                    "that Trainer saved")
-ERR_SAVE_INCOMPLETE = ("ResumeCheck: on_save for step {step}, but {folder} has no {file}; the Trainer's save did not "
-                       "finish (a save_checkpoint override, or a hyperparameter search's run folder)")
+ERR_SAVE_INCOMPLETE = ("HFTrainerResumeCheck: on_save for step {step}, but {folder} has no {file}; the Trainer's save "
+                       "did not finish (a save_checkpoint override, or a hyperparameter search's run folder)")
 
 
 def checkpoint_step(folder: str | os.PathLike[str]) -> int | None:
@@ -161,7 +164,7 @@ def rng_state() -> dict[str, Any]:
     return {"python": repr(random.getstate()), "numpy": list(np.random.get_state()), "torch": torch.get_rng_state()}
 
 
-class ResumeCheck(TrainerCallback):
+class HFTrainerResumeCheck(TrainerCallback):
     """A ``TrainerCallback`` that reports a ``Trainer``'s training to the run context.
 
     ``run``: the ``RunContext`` the target function receives. The callback does not choose the checkpoint

@@ -1,6 +1,6 @@
 """PyTorch Lightning: one callback makes a ``Trainer.fit`` a resume-check target.
 
-:class:`ResumeCheck` is a Lightning :class:`~lightning.pytorch.callbacks.Callback`. Given the run context
+:class:`LightningResumeCheck` is a Lightning :class:`~lightning.pytorch.callbacks.Callback`. Given the run context
 and a function that reads the input ids of a batch, it reports what the harness judges:
 
 * each training batch as consumed when it starts (``on_train_batch_start``), for the optimizer step it
@@ -16,7 +16,7 @@ and a function that reads the input ids of a batch, it reports what the harness 
 * after a resume, the state Lightning restored, in ``on_train_start``: Lightning calls it once the
   checkpoint's module, optimizers, LR schedulers and loops are restored and the loader's position is
   loaded, before the first batch (the fit loop only when it reads as the checkpoint left it, see
-  :meth:`ResumeCheck.restored_state`);
+  :meth:`LightningResumeCheck.restored_state`);
 * the training state after each step: the LightningModule, the optimizers, the LR schedulers and the
   fit loop (its progress counters and the state of stateful data loaders);
 * what the fit delivers, the LightningModule, as the final outputs (``run.final``) when the fit ends
@@ -28,7 +28,7 @@ last batch of an epoch skips the next epoch when the train loader is stateful (d
 
 The callback never chooses the checkpoint: the trainer's code does, as it does outside the harness (it
 finds the ``step_N.ckpt`` files this callback writes in ``run.checkpoint_dir``). For a trainer with no resume
-logic of its own, :meth:`ResumeCheck.ckpt_path` is a helper that chooses under the run's resume mode.
+logic of its own, :meth:`LightningResumeCheck.ckpt_path` is a helper that chooses under the run's resume mode.
 ``keep_last=N`` deletes all but the newest ``N`` checkpoints, as trainers that keep the last few do.
 
 Lightning is imported at the top: this module is only imported where Lightning is installed. Importing
@@ -50,14 +50,14 @@ from lightning.pytorch.callbacks import Callback
 from pytest_resume_check.integrations.durable import fsync_path
 from pytest_resume_check.run import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, RunContext
 
-__all__ = ["CHECKPOINT_PATTERN", "EpochEndResumeFix", "ResumeCheck", "checkpoint_name", "checkpoints_in"]
+__all__ = ["CHECKPOINT_PATTERN", "EpochEndResumeFix", "LightningResumeCheck", "checkpoint_name", "checkpoints_in"]
 
 #: Checkpoints this callback writes are named ``step_N.ckpt`` (N: the optimizer step, ``trainer.global_step``).
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)\.ckpt$")
 #: A checkpoint being written: hidden, and never matched by :data:`CHECKPOINT_PATTERN`.
 PARTIAL_SUFFIX = ".partial"
 
-#: The state components :meth:`ResumeCheck.training_state` reports.
+#: The state components :meth:`LightningResumeCheck.training_state` reports.
 STATE_MODEL = "model"
 STATE_OPTIMIZERS = "optimizers"
 STATE_LR_SCHEDULERS = "lr_schedulers"
@@ -69,16 +69,17 @@ STATE_FIT_LOOP = "fit_loop"
 SETTING_STATEFUL_LOADER = "stateful_train_loader"
 SETTING_EPOCH_END_FIX = "epoch_end_fix"
 
-ERR_IDS_NOT_CALLABLE = ("ResumeCheck(run, ids=...): ids must be a function of a batch that returns the ids of its "
-                        "inputs in order, e.g. ids=lambda batch: batch['input_id']; got {got!r}")
-ERR_IDS_RAISED = ("ResumeCheck: ids(batch) raised {error} on a {kind} batch{keys}; pass ids= a function that returns "
-                  "the ids of the batch's inputs, e.g. ids=lambda batch: batch['input_id'] (wrap the dataset in "
-                  "pytest_resume_check.WithIds to add them)")
-ERR_IDS_NOT_SEQUENCE = ("ResumeCheck: ids(batch) returned a {kind}, not a sequence of ids (one per input); return e.g. "
-                        "batch['input_id'] (a tensor or list)")
-ERR_KEEP_LAST = "ResumeCheck(keep_last={got!r}): keep_last must be a whole number of at least 1, or None to keep all"
-ERR_RESUME_PATH = ("ResumeCheck.ckpt_path(): resume mode 'path' names {path}, which is not a checkpoint file; the "
-                   "harness passes the path this callback published (step_N.ckpt)")
+ERR_IDS_NOT_CALLABLE = ("LightningResumeCheck(run, ids=...): ids must be a function of a batch that returns the ids of "
+                        "its inputs in order, e.g. ids=lambda batch: batch['input_id']; got {got!r}")
+ERR_IDS_RAISED = ("LightningResumeCheck: ids(batch) raised {error} on a {kind} batch{keys}; pass ids= a function that "
+                  "returns the ids of the batch's inputs, e.g. ids=lambda batch: batch['input_id'] (wrap the dataset "
+                  "in pytest_resume_check.WithIds to add them)")
+ERR_IDS_NOT_SEQUENCE = ("LightningResumeCheck: ids(batch) returned a {kind}, not a sequence of ids (one per input); "
+                        "return e.g. batch['input_id'] (a tensor or list)")
+ERR_KEEP_LAST = ("LightningResumeCheck(keep_last={got!r}): keep_last must be a whole number of at least 1, or None "
+                 "to keep all")
+ERR_RESUME_PATH = ("LightningResumeCheck.ckpt_path(): resume mode 'path' names {path}, which is not a checkpoint file; "
+                   "the harness passes the path this callback published (step_N.ckpt)")
 
 
 def checkpoint_name(step: int) -> str:
@@ -95,7 +96,7 @@ def checkpoints_in(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-class ResumeCheck(Callback):
+class LightningResumeCheck(Callback):
     """Reports a Lightning ``Trainer.fit`` to the harness and checkpoints when the harness asks.
 
     Args:
@@ -251,7 +252,7 @@ class ResumeCheck(Callback):
 class EpochEndResumeFix(Callback):
     """Opt-in workaround for a Lightning 2.6 bug, for the user's own trainer: resumed from a checkpoint
     written in ``on_train_batch_end`` of an epoch's last batch (where ``ModelCheckpoint(every_n_train_steps=
-    ...)`` and :class:`ResumeCheck` save), ``Trainer.fit`` counts that epoch as done but keeps the loader
+    ...)`` and :class:`LightningResumeCheck` save), ``Trainer.fit`` counts that epoch as done but keeps the loader
     iterator it made before, which resumes the finished epoch: a stateful loader (torchdata
     ``StatefulDataLoader``) yields nothing and the whole next epoch is skipped, and ``on_train_epoch_start``
     is not called for it (docs/findings.md, "Lightning: a checkpoint at an epoch's last batch skips the
@@ -261,7 +262,7 @@ class EpochEndResumeFix(Callback):
     fit does: it lets the fit loop count the epoch as started (calling ``on_train_epoch_start``), sets the
     samplers' epoch and makes a fresh loader iterator. It touches Lightning internals (``fit_loop``'s
     restart stage and data fetcher), checked against Lightning 2.6.6, and does nothing on any other resume.
-    Adding :class:`ResumeCheck` alone changes nothing about this bug: the harness reports it.
+    Adding :class:`LightningResumeCheck` alone changes nothing about this bug: the harness reports it.
     """
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -23,7 +23,8 @@ def discover(config: pytest.Config, wanted: Sequence[str]) -> list[Any]:
     the cells named), those names among the project's and the installed packages' (entry points). A
     package's targets never join a project's matrix unasked (an empty folder ran this package's
     self-test cells). The ``pytest_resume_check_targets`` hook may change the list."""
-    from pytest_resume_check.targets import TargetError, entry_point_targets
+    from pytest_resume_check.plugin.target_sources import entry_point_targets
+    from pytest_resume_check.targets import TargetError
 
     try:
         project = _unique(_conftest_targets(config))
@@ -52,7 +53,7 @@ def _chosen(everything: dict[str, Any], wanted: Sequence[str]) -> list[Any]:
 
 def _conftest_targets(config: pytest.Config) -> list[Any]:
     """Targets declared by the conftest modules pytest loaded (they are registered as plugins)."""
-    from pytest_resume_check.targets import targets_in_module
+    from pytest_resume_check.plugin.target_sources import targets_in_module
 
     found = []
     for module in config.pluginmanager.get_plugins():

@@ -82,7 +82,8 @@ class ResumeMatrix(pytest.Collector):
         from pytest_resume_check.cells import matrix
         from pytest_resume_check.engine import ForkServerDied
         from pytest_resume_check.judge.harness_errors import server_died
-        from pytest_resume_check.targets import TargetError, describe_error
+        from pytest_resume_check.records.declaration import describe_error
+        from pytest_resume_check.targets import TargetError
 
         settings = self.matrix.settings
         assert settings.mode is not None  # the matrix's items exist only when a mode is given
@@ -145,7 +146,8 @@ class ResumeMatrix(pytest.Collector):
     def _checked(self, target: Target) -> Target:
         """``target`` with the cases a ``pytest_resume_check_cases`` hook answers instead, if one does;
         its name and case ids checked again (a hook or ``with_options`` may have bypassed the declaration)."""
-        from pytest_resume_check.targets import ERR_TARGET_NAME, TargetError, check_cases, describe_error, name_problem
+        from pytest_resume_check.records.declaration import ERR_TARGET_NAME, check_cases, describe_error, name_problem
+        from pytest_resume_check.targets import TargetError
 
         problem = name_problem(str(target.name))
         if problem:

@@ -130,7 +130,8 @@ def describe(config: pytest.Config, item: Any) -> Any:
 def declaring_conftest(config: pytest.Config, name: str) -> ModuleType | None:
     """The loaded conftest module that declares the target ``name`` (None: an installed package's, or a
     plugin's)."""
-    from pytest_resume_check.targets import TargetError, targets_in_module
+    from pytest_resume_check.plugin.target_sources import targets_in_module
+    from pytest_resume_check.targets import TargetError
 
     for module in config.pluginmanager.get_plugins():
         if not isinstance(module, ModuleType) or not str(getattr(module, "__file__", "")).endswith("conftest.py"):

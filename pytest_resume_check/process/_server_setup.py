@@ -23,7 +23,7 @@ import warnings
 from typing import Any
 
 from pytest_resume_check.child.environ import READS
-from pytest_resume_check.targets import describe_error
+from pytest_resume_check.records.declaration import describe_error
 
 #: The server's work, as JSON: ``{"import": [modules], "call": ["module:function" warm-ups], "path":
 #: [the starter's sys.path], "auto": [[module, file] declaring a target], "warm_torch": bool, "started_for":
@@ -176,11 +176,11 @@ def _cuda_initialised() -> bool:
 
 
 def _import_declaring(modules: list[tuple[str, str]]) -> None:
-    """Import each module that declares a target as its children would (:func:`targets.target_module`:
+    """Import each module that declares a target as its children would (:func:`child.loading.target_module`:
     by name, or from its file under the same name), so they find it, and what it imports, loaded. One that
     raises is recorded in :data:`AUTO_FAILED` and left to the children; imports that start a thread or set
     up CUDA make the server unsafe to fork from (:data:`AUTO_UNSAFE`)."""
-    from pytest_resume_check.targets import target_module
+    from pytest_resume_check.child.loading import target_module
 
     threads, cuda = _python_threads(), _cuda_initialised()
     fresh = tuple(name for name in _SEEDED_AT_IMPORT if name not in sys.modules)

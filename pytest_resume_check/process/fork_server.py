@@ -37,8 +37,8 @@ from pytest_resume_check.child import cpython
 from pytest_resume_check.process import _server_setup
 from pytest_resume_check.process._server_setup import WARMUP_ENV
 from pytest_resume_check.process.sweep import environment
-from pytest_resume_check.records.names import OPT_ISOLATION
-from pytest_resume_check.targets import ISOLATION_FORKSERVER, TargetError
+from pytest_resume_check.records.names import ISOLATION_FORKSERVER, OPT_ISOLATION
+from pytest_resume_check.targets import TargetError
 
 _CHILD_MODULES = ("pytest_resume_check.child.main",)
 #: The server's own preload entries: the first silences its output, the last does its work

@@ -30,7 +30,8 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from pytest_resume_check.process import sweep
-from pytest_resume_check.targets import Target, TargetError, describe_error
+from pytest_resume_check.records.declaration import describe_error
+from pytest_resume_check.targets import Target, TargetError
 
 ServiceFactory = Callable[[], AbstractContextManager[Mapping[str, str]]]
 

@@ -23,9 +23,8 @@ from typing import Any
 from pytest_resume_check.child.main import child_main
 from pytest_resume_check.process.fork_server import ForkServer, ForkServerDied, ServerEnd, server_end
 from pytest_resume_check.process.sweep import environment
-from pytest_resume_check.records.names import RUN_TOKEN_ENV
+from pytest_resume_check.records.names import ISOLATION_FORKSERVER, ISOLATIONS, RUN_TOKEN_ENV
 from pytest_resume_check.records.plan import SIGNAL_TERM, RunPlan
-from pytest_resume_check.targets import ISOLATION_FORKSERVER, ISOLATIONS
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The Accelerate integration: ResumeCheck's own behaviour in one process (steps on optimizer steps,
+"""The Accelerate integration: AccelerateResumeCheck's own behaviour in one process (steps on optimizer steps,
 publication only of complete folders, the resumed step and folder of whatever ``load_state`` loads, with no
 folder Accelerate's own pick, the restored state right after ``load_state``, the final models, the checkpoint
 numbering), the bundled example's cells run for real (forked, SIGKILLed, resumed), each planted bug and each
@@ -36,7 +36,7 @@ from pytest_resume_check.integrations.accelerate import (  # noqa: E402
     KEY_AT_STEP_END,
     MARKER,
     SETTING_LOADER_GENERATOR,
-    ResumeCheck,
+    AccelerateResumeCheck,
 )
 from pytest_resume_check.judge import verdict as vd  # noqa: E402
 from pytest_resume_check.records import events as ev  # noqa: E402
@@ -98,7 +98,8 @@ def accelerator(run: RunContext, ga: int = 1, limit: int | None = None) -> Accel
                                                            automatic_checkpoint_naming=True, total_limit=limit))
 
 
-def loop(acc: Accelerator, check: ResumeCheck, batches: int = 5, *, load: bool = False, stop_after: int | None = None):
+def loop(acc: Accelerator, check: AccelerateResumeCheck, batches: int = 5, *, load: bool = False,
+         stop_after: int | None = None):
     """A plain Accelerate loop over ``batches`` batches of 2 inputs: model, AdamW, accumulate."""
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 1)
@@ -120,7 +121,7 @@ def loop(acc: Accelerator, check: ResumeCheck, batches: int = 5, *, load: bool =
 def test_steps_count_optimizer_steps_under_gradient_accumulation(tmp_path):
     run, rec = context(tmp_path)
     acc = accelerator(run, ga=2)
-    with ResumeCheck(run, acc) as check:
+    with AccelerateResumeCheck(run, acc) as check:
         loop(acc, check, batches=5)  # 2 + 2 + the epoch's last batch alone (Accelerate syncs at the end)
     assert [(e.ids, e.step) for e in rec.of(ev.CONSUMED)] == [((0, 1), 1), ((2, 3), 1), ((4, 5), 2), ((6, 7), 2),
                                                               ((8, 9), 3)]
@@ -132,12 +133,12 @@ def test_steps_count_optimizer_steps_under_gradient_accumulation(tmp_path):
 def test_whether_the_prepared_loaders_have_a_generator_is_reported(tmp_path):
     run, rec = context(tmp_path)
     acc = accelerator(run)
-    with ResumeCheck(run, acc) as check:
+    with AccelerateResumeCheck(run, acc) as check:
         loop(acc, check, batches=2)  # its loader has no generator
     assert [e.extra for e in rec.of(ev.SETTINGS)] == [{SETTING_LOADER_GENERATOR: False}]
     run, rec = context(tmp_path / "own")
     acc = accelerator(run)
-    with ResumeCheck(run, acc):
+    with AccelerateResumeCheck(run, acc):
         data = [{"x": torch.zeros(2), "input_id": i} for i in range(4)]
         acc.prepare(torch.utils.data.DataLoader(data, batch_size=2, generator=torch.Generator().manual_seed(0)))
     assert [e.extra for e in rec.of(ev.SETTINGS)] == [{SETTING_LOADER_GENERATOR: True}]
@@ -146,7 +147,7 @@ def test_whether_the_prepared_loaders_have_a_generator_is_reported(tmp_path):
 def test_a_step_that_never_synchronised_is_not_ended(tmp_path):
     run, rec = context(tmp_path)
     acc = accelerator(run, ga=2)
-    with ResumeCheck(run, acc) as check:
+    with AccelerateResumeCheck(run, acc) as check:
         loop(acc, check, batches=5, stop_after=3)  # the third batch starts step 2, whose update never happens
     assert [e.step for e in rec.of(ev.STEP_END)] == [1]
     assert [e.step for e in rec.of(ev.CONSUMED)] == [1, 1, 2]
@@ -155,7 +156,7 @@ def test_a_step_that_never_synchronised_is_not_ended(tmp_path):
 def test_checkpoint_is_published_only_once_its_folder_is_complete(tmp_path):
     run, rec = context(tmp_path, checkpoints=(1, 3))
     acc = accelerator(run)
-    with ResumeCheck(run, acc) as check:
+    with AccelerateResumeCheck(run, acc) as check:
         loop(acc, check, batches=3)
     assert [e.step for e in rec.of(ev.CHECKPOINT)] == [1, 3]
     for files in rec.published_with.values():  # what the folder held when checkpoint_published was called
@@ -169,14 +170,14 @@ def test_checkpoint_is_published_only_once_its_folder_is_complete(tmp_path):
 def test_resume_reports_the_restored_step_and_continues_checkpoint_numbering(tmp_path):
     run, _ = context(tmp_path, checkpoints=(1, 2))
     acc = accelerator(run)
-    with ResumeCheck(run, acc) as check:
+    with AccelerateResumeCheck(run, acc) as check:
         loop(acc, check, batches=4, stop_after=2)
     saved = sorted(p.name for p in (run.checkpoint_dir / "checkpoints").iterdir())
     assert saved == ["checkpoint_0", "checkpoint_1"]
 
     resumed, rec = context(tmp_path, mode=RESUME_AUTO, checkpoints=(3,))
     acc = accelerator(resumed)
-    with ResumeCheck(resumed, acc) as check:
+    with AccelerateResumeCheck(resumed, acc) as check:
         assert check.resume_from == resumed.checkpoint_dir / "checkpoints" / "checkpoint_1"
         loop(acc, check, batches=4, load=True)
     assert [(e.step, Path(e.path).name) for e in rec.of(ev.RESUMED)] == [(2, "checkpoint_1")]
@@ -188,7 +189,7 @@ def test_resume_reports_the_restored_step_and_continues_checkpoint_numbering(tmp
 def test_auto_resume_passes_over_a_folder_whose_save_never_finished(tmp_path):
     run, _ = context(tmp_path, checkpoints=(1,))
     acc = accelerator(run)
-    with ResumeCheck(run, acc) as check:
+    with AccelerateResumeCheck(run, acc) as check:
         loop(acc, check, batches=2, stop_after=1)
     torn = run.checkpoint_dir / "checkpoints" / "checkpoint_7"  # what a kill in the middle of save_state leaves
     torn.mkdir()
@@ -196,7 +197,7 @@ def test_auto_resume_passes_over_a_folder_whose_save_never_finished(tmp_path):
 
     resumed, rec = context(tmp_path, mode=RESUME_AUTO)
     acc = accelerator(resumed)
-    with ResumeCheck(resumed, acc) as check:
+    with AccelerateResumeCheck(resumed, acc) as check:
         loop(acc, check, batches=2, load=True)
     assert [Path(e.path).name for e in rec.of(ev.RESUMED)] == ["checkpoint_0"]
     assert acc.project_configuration.iteration == 8  # past the torn folder too
@@ -205,16 +206,16 @@ def test_auto_resume_passes_over_a_folder_whose_save_never_finished(tmp_path):
 def test_load_state_without_a_folder_loads_and_reports_accelerates_own_pick(tmp_path):
     run, _ = context(tmp_path, checkpoints=(1, 2))
     acc = accelerator(run)
-    with ResumeCheck(run, acc) as check:
+    with AccelerateResumeCheck(run, acc) as check:
         loop(acc, check, batches=4, stop_after=2)
     auto = run.checkpoint_dir / "checkpoints"
     # As after a numbering that started over: the highest number holds the older step. Accelerate picks by
-    # number, and ResumeCheck reports what was loaded, not the newest checkpoint (the matrix judges that).
+    # number, and AccelerateResumeCheck reports what was loaded, not the newest checkpoint (the matrix judges that).
     (auto / "checkpoint_0").rename(auto / "checkpoint_5")
     assert integration.accelerate_pick(auto) == auto / "checkpoint_5"
     resumed, rec = context(tmp_path, mode=RESUME_AUTO)
     acc = accelerator(resumed)
-    with ResumeCheck(resumed, acc) as check:
+    with AccelerateResumeCheck(resumed, acc) as check:
         assert check.resume_from == auto / "checkpoint_1"  # the helper would have chosen by step
         acc.prepare(torch.nn.Linear(2, 1))
         acc.load_state()
@@ -225,26 +226,26 @@ def test_load_state_without_a_folder_loads_and_reports_accelerates_own_pick(tmp_
     again, _ = context(tmp_path, mode=RESUME_AUTO)
     acc = accelerator(again)
     with pytest.raises(FileNotFoundError, match=rf"checkpoint_7 holds no {MARKER}.*the step it holds is unknown"):
-        with ResumeCheck(again, acc):
+        with AccelerateResumeCheck(again, acc):
             acc.prepare(torch.nn.Linear(2, 1))
             acc.load_state()
 
     empty, _ = context(tmp_path / "empty", mode=RESUME_AUTO)
     acc = accelerator(empty)
     with pytest.raises(FileNotFoundError, match=r"load_state\(\) with no folder .* but there is none"):
-        with ResumeCheck(empty, acc):
+        with AccelerateResumeCheck(empty, acc):
             acc.load_state()
 
 
 def test_explicit_path_mode_loads_exactly_the_given_folder_and_refuses_an_unpublished_one(tmp_path):
     run, _ = context(tmp_path, checkpoints=(1, 2))
     acc = accelerator(run)
-    with ResumeCheck(run, acc) as check:
+    with AccelerateResumeCheck(run, acc) as check:
         loop(acc, check, batches=3, stop_after=2)
     first = run.checkpoint_dir / "checkpoints" / "checkpoint_0"
     other, rec = context(tmp_path / "other", mode=RESUME_PATH, resume_path=first)
     acc = accelerator(other)
-    with ResumeCheck(other, acc) as check:
+    with AccelerateResumeCheck(other, acc) as check:
         assert check.resume_from == first
         loop(acc, check, batches=3, load=True)
     assert [e.step for e in rec.of(ev.RESUMED)] == [1]
@@ -252,13 +253,13 @@ def test_explicit_path_mode_loads_exactly_the_given_folder_and_refuses_an_unpubl
     (first / MARKER).unlink()
     again, _ = context(tmp_path / "again", mode=RESUME_PATH, resume_path=first)
     with pytest.raises(FileNotFoundError, match="run.resume_path to be a published checkpoint"):
-        print(ResumeCheck(again, accelerator(again)).resume_from)
+        print(AccelerateResumeCheck(again, accelerator(again)).resume_from)
     with pytest.raises(FileNotFoundError, match=f"holds no {MARKER}"):
         integration.read_marker(first)
 
 
 def reported(rec: Recorder) -> list[tuple[int, dict[str, str]]]:
-    """The state ResumeCheck reported, as (step, {component: digest}), without the generators the harness
+    """The state AccelerateResumeCheck reported, as (step, {component: digest}), without the generators the harness
     captures at step ends."""
     found = [(e.step, e.extra[ev.STATE_DIGESTS]) for e in rec.of(ev.STATE)]
     return [(step, digests) for step, digests in found if not set(digests) <= CAPTURED]
@@ -267,14 +268,14 @@ def reported(rec: Recorder) -> list[tuple[int, dict[str, str]]]:
 def test_the_restored_state_is_reported_right_after_load_state(tmp_path):
     run, first = context(tmp_path, checkpoints=(2,), report_state=True)
     acc = accelerator(run)
-    with ResumeCheck(run, acc) as check:
+    with AccelerateResumeCheck(run, acc) as check:
         loop(acc, check, batches=4, stop_after=2)
     folder = run.checkpoint_dir / "checkpoints" / "checkpoint_0"
     assert integration.read_marker(folder)[KEY_AT_STEP_END] == 1  # saved as step 2 ended
 
     resumed, rec = context(tmp_path / "r", mode=RESUME_PATH, resume_path=folder, report_state=True)
     acc = accelerator(resumed)
-    with ResumeCheck(resumed, acc) as check:
+    with AccelerateResumeCheck(resumed, acc) as check:
         loop(acc, check, batches=4, load=True)
     after = rec.events[rec.events.index(rec.of(ev.RESUMED)[0]) + 1]
     assert (after.kind, after.step) == (ev.STATE, 2)  # before any batch
@@ -291,7 +292,7 @@ def test_a_folder_saved_after_its_step_moved_on_reports_no_restored_state(tmp_pa
     # (an epoch-end save) holds what its code did since, so the restored step is not compared from it.
     run, _ = context(tmp_path, checkpoints=(3,), report_state=True)
     acc = accelerator(run)
-    with ResumeCheck(run, acc) as check:
+    with AccelerateResumeCheck(run, acc) as check:
         loop(acc, check, batches=3)
         acc.save_state()
     in_step, after_pass = (run.checkpoint_dir / "checkpoints" / f"checkpoint_{n}" for n in (0, 1))
@@ -300,7 +301,7 @@ def test_a_folder_saved_after_its_step_moved_on_reports_no_restored_state(tmp_pa
     for folder, restored_steps in ((after_pass, []), (in_step, [3])):
         resumed, rec = context(tmp_path / folder.name, mode=RESUME_PATH, resume_path=folder, report_state=True)
         acc = accelerator(resumed)
-        with ResumeCheck(resumed, acc) as check:
+        with AccelerateResumeCheck(resumed, acc) as check:
             loop(acc, check, batches=3, load=True)
         assert [e.step for e in rec.of(ev.RESUMED)] == [3]
         assert [step for step, _ in reported(rec) if step == 3] == restored_steps
@@ -309,7 +310,7 @@ def test_a_folder_saved_after_its_step_moved_on_reports_no_restored_state(tmp_pa
 def test_leaving_the_block_reports_the_models_as_the_final_output(tmp_path):
     run, rec = context(tmp_path, report_state=True)
     acc = accelerator(run)
-    with ResumeCheck(run, acc) as check:
+    with AccelerateResumeCheck(run, acc) as check:
         loop(acc, check, batches=2)
     finals = rec.of(ev.FINAL)
     assert [sorted(e.extra[ev.STATE_DIGESTS]) for e in finals] == [["model"]]
@@ -317,14 +318,14 @@ def test_leaving_the_block_reports_the_models_as_the_final_output(tmp_path):
 
     run, rec = context(tmp_path / "off", report_state=True)
     acc = accelerator(run)
-    with ResumeCheck(run, acc, report_final=False) as check:
+    with AccelerateResumeCheck(run, acc, report_final=False) as check:
         loop(acc, check, batches=2)
     assert rec.of(ev.FINAL) == [] and reported(rec)
 
     run, rec = context(tmp_path / "raised", report_state=True)
     acc = accelerator(run)
     with pytest.raises(ZeroDivisionError):
-        with ResumeCheck(run, acc) as check:
+        with AccelerateResumeCheck(run, acc) as check:
             loop(acc, check, batches=2)
             print(1 / 0)
     assert rec.of(ev.FINAL) == []  # training did not end: nothing was delivered
@@ -334,15 +335,15 @@ def test_mistakes_get_one_error_naming_the_fix(tmp_path):
     run, _ = context(tmp_path)
     acc = accelerator(run)
     acc.prepare(torch.utils.data.DataLoader([1, 2]))
-    with pytest.raises(RuntimeError, match=r"create ResumeCheck\(run, accelerator\) before calling"):
-        ResumeCheck(run, acc)
+    with pytest.raises(RuntimeError, match=r"create AccelerateResumeCheck\(run, accelerator\) before calling"):
+        AccelerateResumeCheck(run, acc)
 
     acc = accelerator(run)
     with pytest.raises(TypeError, match="ids must be a batch key"):
-        ResumeCheck(run, acc, ids=3)
-    check = ResumeCheck(run, acc, ids="row")
-    with pytest.raises(RuntimeError, match="already watched by another ResumeCheck"):
-        ResumeCheck(run, acc)
+        AccelerateResumeCheck(run, acc, ids=3)
+    check = AccelerateResumeCheck(run, acc, ids="row")
+    with pytest.raises(RuntimeError, match="already watched by another AccelerateResumeCheck"):
+        AccelerateResumeCheck(run, acc)
     with pytest.raises(TypeError, match=r"cannot read input ids .* ids='row'.*pass ids="):
         with check:
             loop(acc, check, batches=1)
@@ -351,7 +352,7 @@ def test_mistakes_get_one_error_naming_the_fix(tmp_path):
     elsewhere = Accelerator(cpu=True, project_config=ProjectConfiguration(project_dir=str(tmp_path / "elsewhere"),
                                                                           automatic_checkpoint_naming=True))
     with pytest.raises(ValueError, match="project_dir=run.checkpoint_dir"):
-        ResumeCheck(run, elsewhere)
+        AccelerateResumeCheck(run, elsewhere)
 
 
 def test_warm_up_leaves_no_accelerator_for_the_runs_to_inherit():
@@ -415,12 +416,12 @@ class StubbornLambdaLR(torch.optim.lr_scheduler.LambdaLR):
 
 
 def train_planted(run):
-    """A plain Accelerate loop: a stateful loader, AdamW and a LambdaLR, prepared inside ``ResumeCheck``, a
+    """A plain Accelerate loop: a stateful loader, AdamW and a LambdaLR, prepared inside ``AccelerateResumeCheck``, a
     resume with ``load_state``. ``run.case["plant"]``: ``optimizer`` or ``scheduler`` ignores the state
     ``load_state`` gives it; ``average`` delivers the average of the weights after each step, which the
     checkpoint does not hold; absent: correct."""
     plant = run.case.get("plant")
-    set_seed(run.seed)  # Python's, NumPy's and torch's generators: ResumeCheck reports all three
+    set_seed(run.seed)  # Python's, NumPy's and torch's generators: AccelerateResumeCheck reports all three
     acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
                       project_config=ProjectConfiguration(project_dir=str(run.checkpoint_dir),
                                                           automatic_checkpoint_naming=True))
@@ -430,7 +431,7 @@ def train_planted(run):
     scheduler = scheduler_class(optimizer, lambda step: 1 / (1 + step))
     data = [{"x": torch.full((2,), float(i)), "input_id": i} for i in range(2 * PLANTED_STEPS)]
     total, count = [torch.zeros_like(p) for p in model.parameters()], 0
-    with ResumeCheck(run, acc) as check:
+    with AccelerateResumeCheck(run, acc) as check:
         # The loader's own generator: without it, it draws its seed from the RNG load_state restored.
         loader = torch.utils.data.DataLoader(data, batch_size=2, generator=torch.Generator().manual_seed(run.seed))
         model, optimizer, scheduler, loader = acc.prepare(model, optimizer, scheduler, loader)
@@ -512,7 +513,7 @@ def test_optimizer_not_prepared_diverges_the_model(engine):
 
 
 def test_finding_accelerate_numbering_is_not_continued_after_load_state(engine):
-    # ResumeCheck(continue_naming=False): Accelerate's own numbering. The resumed run's first save fails.
+    # AccelerateResumeCheck(continue_naming=False): Accelerate's own numbering. The resumed run's first save fails.
     result = judge(engine, ex.train_raw_naming, GA2, KillSpec(2), KillSpec(4, 1))
     assert result.verdict.categories == [vd.RESUME_ERROR]
     assert "checkpoint_0 (0) already exists" in result.verdict.headline

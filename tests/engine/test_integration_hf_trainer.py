@@ -31,7 +31,7 @@ from pytest_resume_check.builtin import hf_trainer_example as ex  # noqa: E402
 from pytest_resume_check.cells.matrix import QUICK, Cell, cells  # noqa: E402
 from pytest_resume_check.engine import Engine  # noqa: E402
 from pytest_resume_check.integrations import hf_trainer  # noqa: E402
-from pytest_resume_check.integrations.hf_trainer import ResumeCheck  # noqa: E402
+from pytest_resume_check.integrations.hf_trainer import HFTrainerResumeCheck  # noqa: E402
 from pytest_resume_check.judge import verdict as vd  # noqa: E402
 from pytest_resume_check.records import events as ev  # noqa: E402
 from pytest_resume_check.records.state import CAPTURED  # noqa: E402
@@ -137,10 +137,11 @@ class UnsavedAverage(TrainerCallback):
 
 def train_with(run, *, scheduler=None, callbacks=(), trainer_class=Trainer, extra=None):
     """The example's fine-tuning (no Trainer saves of its own), with an optimizer and a ``scheduler(optimizer)``
-    of the test's making, ``callbacks`` called before ResumeCheck, and ``extra(trainer)`` as its extra state."""
+    of the test's making, ``callbacks`` called before HFTrainerResumeCheck, and
+    ``extra(trainer)`` as its extra state."""
     p = ex.params(run.case)
     holder = {}
-    check = ResumeCheck(run, extra_state=None if extra is None else lambda: extra(holder["trainer"]))
+    check = HFTrainerResumeCheck(run, extra_state=None if extra is None else lambda: extra(holder["trainer"]))
     set_seed(run.seed)
     model, dataset, collator = ex.model_and_data(p)
     optimizers = (None, None)
@@ -423,7 +424,7 @@ def tiny_trainer(run, check, **overrides):
 
 def test_report_final_false_reports_no_final_model(tmp_path):
     run, recorder = context(tmp_path, {}, report_state=True)
-    tiny_trainer(run, ResumeCheck(run, report_final=False)).train()
+    tiny_trainer(run, HFTrainerResumeCheck(run, report_final=False)).train()
     assert recorder.of(ev.FINAL) == [] and reported(recorder)
 
 
@@ -431,19 +432,19 @@ def test_dropped_id_column_names_the_argument_to_change(tmp_path):
     run, _ = context(tmp_path, {})
     with pytest.raises(ValueError, match=r"remove_unused_columns=True\) drops the 'input_id' column.*"
                                          r"pass remove_unused_columns=False"):
-        tiny_trainer(run, ResumeCheck(run), remove_unused_columns=True).train()
+        tiny_trainer(run, HFTrainerResumeCheck(run), remove_unused_columns=True).train()
 
 
 def test_another_output_directory_names_the_argument_to_change(tmp_path):
     run, _ = context(tmp_path, {})
-    check = ResumeCheck(run)
+    check = HFTrainerResumeCheck(run)
     with pytest.raises(ValueError, match=re.escape("pass TrainingArguments(output_dir=str(run.checkpoint_dir))")):
         tiny_trainer(run, check, output_dir=str(tmp_path / "elsewhere")).train()
 
 
 def test_ids_function_with_one_id_per_token_is_refused(tmp_path):
     run, _ = context(tmp_path, {})
-    check = ResumeCheck(run, ids=lambda batch: batch["input_ids"][0])  # a row of tokens, not one id a row
+    check = HFTrainerResumeCheck(run, ids=lambda batch: batch["input_ids"][0])  # a row of tokens, not one id a row
     with pytest.raises(ValueError, match=r"returned 8 ids for a batch of 2 examples.*one id per example"):
         tiny_trainer(run, check).train()
 
@@ -451,13 +452,13 @@ def test_ids_function_with_one_id_per_token_is_refused(tmp_path):
 def test_missing_id_key_and_wrong_arguments_are_named(tmp_path):
     run, _ = context(tmp_path, {})
     with pytest.raises(KeyError, match=r"has no 'idx' key.*WithIds"):
-        tiny_trainer(run, ResumeCheck(run, ids="idx")).train()
+        tiny_trainer(run, HFTrainerResumeCheck(run, ids="idx")).train()
     with pytest.raises(TypeError, match=r"pass the `run` your target function receives"):
-        ResumeCheck(tmp_path)
+        HFTrainerResumeCheck(tmp_path)
     with pytest.raises(TypeError, match=r"give the batch key that holds the ids"):
-        ResumeCheck(run, ids=3)
+        HFTrainerResumeCheck(run, ids=3)
     path_run, _ = context(tmp_path, {}, resume_mode=RESUME_PATH, resume_path=str(tmp_path), folder="p")
-    check = ResumeCheck(path_run)  # choosing is the job's: only the helper looks at the folder
+    check = HFTrainerResumeCheck(path_run)  # choosing is the job's: only the helper looks at the folder
     with pytest.raises(FileNotFoundError, match=r"is not a complete Trainer checkpoint \(no trainer_state.json\)"):
         print(check.resume_from_checkpoint)
 

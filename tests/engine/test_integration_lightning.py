@@ -1,6 +1,6 @@
 """The PyTorch Lightning integration works as documented.
 
-The ``ResumeCheck`` callback reports a real ``Trainer.fit`` (steps on optimizer steps, checkpoints in
+The ``LightningResumeCheck`` callback reports a real ``Trainer.fit`` (steps on optimizer steps, checkpoints in
 place before they are published, the checkpoint and step Lightning restored whoever chose it, the state it
 restored, the module the fit delivers); the bundled example, which chooses its checkpoint itself, passes a
 representative set of matrix cells run for real (forked children, SIGKILL, checkpoints on disk); each
@@ -39,7 +39,7 @@ from pytest_resume_check.integrations.lightning import (  # noqa: E402
     STATE_MODEL,
     STATE_OPTIMIZERS,
     EpochEndResumeFix,
-    ResumeCheck,
+    LightningResumeCheck,
 )
 from pytest_resume_check.judge import verdict as vd  # noqa: E402
 from pytest_resume_check.records import events as ev  # noqa: E402
@@ -168,7 +168,7 @@ def fit_module(run, module_class):
     """The example's fit with another LightningModule class."""
     p = ex.params(run.case)
     L.seed_everything(run.seed, verbose=False)
-    check = ResumeCheck(run, ids=lambda batch: batch[ex.ID_KEY])
+    check = LightningResumeCheck(run, ids=lambda batch: batch[ex.ID_KEY])
     trainer = ex.make_trainer(p, [check])
     trainer.fit(module_class(), train_dataloaders=ex.make_loader(p), ckpt_path=ex.checkpoint_to_resume(run))
 
@@ -257,7 +257,7 @@ def fit_from_lightning_last(run):
     published: a resume between two of its saves goes back to an older one (docs/recipes/lightning.md, Limits)."""
     p = ex.params(run.case)
     L.seed_everything(run.seed, verbose=False)
-    check = ResumeCheck(run, ids=lambda batch: batch[ex.ID_KEY])
+    check = LightningResumeCheck(run, ids=lambda batch: batch[ex.ID_KEY])
     own = ModelCheckpoint(dirpath=run.checkpoint_dir, every_n_train_steps=5, save_top_k=-1, save_last=True)
     trainer = ex.make_trainer(p, [check, EpochEndResumeFix()])  # a resume from step 5 keeps epoch 1
     trainer.callbacks.append(own)  # make_trainer turns Lightning's default checkpointing off
@@ -299,7 +299,7 @@ class Recorder:
 
 def fit_in_process(folder, case, *, resume_mode="disabled", resume_path=None, checkpoint_steps=(), sink=None,
                    callbacks=(), report_state=False, latest=ex.latest_checkpoint, **options):
-    """One fit of the example's trainer in this process, with a ResumeCheck reporting to ``sink``
+    """One fit of the example's trainer in this process, with a LightningResumeCheck reporting to ``sink``
     (``report_state``: as in a run whose state is compared), resuming from what ``latest`` picks in auto mode."""
     sink = sink or Recorder()
     plan = RunPlan("unit", ("", "", ""), case, 7, str(folder), str(folder / "run.log"), resume_mode=resume_mode,
@@ -308,7 +308,7 @@ def fit_in_process(folder, case, *, resume_mode="disabled", resume_path=None, ch
     run = RunContext(plan, sink)
     p = ex.params(case)
     torch.manual_seed(7)
-    check = ResumeCheck(run, ids=options.pop("ids", lambda batch: batch[ex.ID_KEY]), **options)
+    check = LightningResumeCheck(run, ids=options.pop("ids", lambda batch: batch[ex.ID_KEY]), **options)
     trainer = ex.make_trainer(p, [check, *callbacks])
     model = ex.regressor_class()()
     trainer.fit(model, train_dataloaders=ex.make_loader(p), ckpt_path=ex.checkpoint_to_resume(run, latest))
@@ -429,22 +429,22 @@ def context(tmp_path, resume_mode="auto", resume_path=None):
 def test_the_ckpt_path_helper_chooses_the_newest_complete_checkpoint_by_step(tmp_path):
     for name in ("step_9.ckpt", "step_10.ckpt", ".step_11.ckpt.partial", "notes.txt"):
         (tmp_path / name).write_bytes(b"")
-    assert ResumeCheck(context(tmp_path), ids=list).ckpt_path() == str(tmp_path / "step_10.ckpt")
-    assert ResumeCheck(context(tmp_path / "empty"), ids=list).ckpt_path() is None
-    assert ResumeCheck(context(tmp_path, "disabled"), ids=list).ckpt_path() is None
+    assert LightningResumeCheck(context(tmp_path), ids=list).ckpt_path() == str(tmp_path / "step_10.ckpt")
+    assert LightningResumeCheck(context(tmp_path / "empty"), ids=list).ckpt_path() is None
+    assert LightningResumeCheck(context(tmp_path, "disabled"), ids=list).ckpt_path() is None
 
 
 def test_a_missing_resume_path_is_a_clear_error(tmp_path):
-    check = ResumeCheck(context(tmp_path, "path", str(tmp_path / "step_3.ckpt")), ids=list)
+    check = LightningResumeCheck(context(tmp_path, "path", str(tmp_path / "step_3.ckpt")), ids=list)
     with pytest.raises(FileNotFoundError, match=r"step_3\.ckpt, which is not a checkpoint file"):
         check.ckpt_path()
 
 
 def test_mistakes_in_the_arguments_name_the_fix(tmp_path):
     with pytest.raises(TypeError, match=r"ids must be a function of a batch .* ids=lambda batch"):
-        ResumeCheck(context(tmp_path), ids="input_id")
+        LightningResumeCheck(context(tmp_path), ids="input_id")
     with pytest.raises(ValueError, match=r"keep_last must be a whole number of at least 1"):
-        ResumeCheck(context(tmp_path), ids=list, keep_last=0)
+        LightningResumeCheck(context(tmp_path), ids=list, keep_last=0)
     with pytest.raises(ValueError, match=r"ids\(batch\) raised KeyError: 'id' on a dict batch with keys "
                                          r"\['input_id', 'x', 'y'\]; .* ids=lambda batch: batch\['input_id'\]"):
         fit_in_process(tmp_path, {}, ids=lambda batch: batch["id"])
@@ -481,7 +481,7 @@ def test_the_loader_and_the_workaround_are_reported_as_settings(tmp_path):
     sink = Recorder()  # a plain DataLoader, whose position Lightning cannot save, and the workaround
     p = ex.params({"epochs": 1})
     run = RunContext(RunPlan("unit", ("", "", ""), {}, 7, str(tmp_path), str(tmp_path / "run.log")), sink)
-    trainer = ex.make_trainer(p, [ResumeCheck(run, ids=lambda batch: batch[ex.ID_KEY]), EpochEndResumeFix()])
+    trainer = ex.make_trainer(p, [LightningResumeCheck(run, ids=lambda batch: batch[ex.ID_KEY]), EpochEndResumeFix()])
     trainer.fit(ex.regressor_class()(), train_dataloaders=ex.make_loader(p, stateful=False))
     assert [e.extra for e in sink.of(ev.SETTINGS)] == [{SETTING_STATEFUL_LOADER: False, SETTING_EPOCH_END_FIX: True}]
 

@@ -91,13 +91,13 @@ def fit_remaining_epochs(run):
     import torch
 
     from pytest_resume_check.builtin import lightning_example as ex
-    from pytest_resume_check.integrations.lightning import EpochEndResumeFix, ResumeCheck
+    from pytest_resume_check.integrations.lightning import EpochEndResumeFix, LightningResumeCheck
 
     p = ex.params(run.case)
     L.seed_everything(run.seed, verbose=False)
     resume = ex.checkpoint_to_resume(run)
     done = torch.load(resume, weights_only=False)["global_step"] // ex.steps_per_epoch(run.case) if resume else 0
-    check = ResumeCheck(run, ids=lambda batch: batch[ex.ID_KEY])
+    check = LightningResumeCheck(run, ids=lambda batch: batch[ex.ID_KEY])
     trainer = ex.make_trainer({**p, "epochs": p["epochs"] - done}, [check, EpochEndResumeFix()])
     trainer.fit(ex.regressor_class()(), train_dataloaders=ex.make_loader(p), ckpt_path=resume)
 

@@ -23,7 +23,7 @@ from pytest_resume_check.plugin import items, settings, summary
 from pytest_resume_check.process import fork_server, layout
 from pytest_resume_check.process.layout import Layout, check_inside, remove_inside
 from pytest_resume_check.process.runner import MAX_HANG_TIMEOUT, hang_limit
-from pytest_resume_check.records import names
+from pytest_resume_check.records import declaration, names
 
 #: Two steps, a JSON checkpoint per step: three cells in quick mode with auto resume only.
 TRAINER = """
@@ -145,11 +145,11 @@ def test_a_target_whose_functions_raise_gets_one_failing_item_and_the_other_targ
     result.assert_outcomes(passed=GOOD_CELLS, failed=4)
     raised = "{} (at *conftest.py:*)"
     result.stdout.fnmatch_lines_random([
-        targets.ERR_RAISED.format(name="bad_steps", function="steps", case_id="default",
+        declaration.ERR_RAISED.format(name="bad_steps", function="steps", case_id="default",
                                   error=raised.format("ValueError: no steps today")),
-        targets.ERR_RAISED.format(name="bad_boundaries", function="boundaries", case_id="default",
+        declaration.ERR_RAISED.format(name="bad_boundaries", function="boundaries", case_id="default",
                                   error=raised.format("KeyError: 'epochs'")),
-        targets.ERR_STEPS_RETURNED.format(name="zero_steps", case_id="default", value=0),
+        declaration.ERR_STEPS_RETURNED.format(name="zero_steps", case_id="default", value=0),
         items.ERR_CASES_HOOK.format(name="hooked", error=raised.format("RuntimeError: no cases for you")),
     ])
     assert "INTERNALERROR" not in result.stdout.str()
@@ -231,7 +231,7 @@ def test_the_longest_hang_limit_is_one_a_wait_for_events_accepts():
 def test_a_number_of_steps_below_one_is_refused_at_declaration(steps):
     with pytest.raises(targets.TargetError) as raised:
         targets.resume_target(some_target, name="few", steps=steps)
-    assert str(raised.value) == targets.ERR_STEPS.format(name="few", steps=steps)
+    assert str(raised.value) == declaration.ERR_STEPS.format(name="few", steps=steps)
 
 
 @pytest.mark.parametrize(("name", "problem"), [
@@ -241,7 +241,7 @@ def test_a_number_of_steps_below_one_is_refused_at_declaration(steps):
 def test_a_target_name_that_is_not_a_plain_folder_name_is_refused_at_declaration(name, problem):
     with pytest.raises(targets.TargetError) as raised:
         targets.resume_target(some_target, name=name, steps=2)
-    assert str(raised.value) == targets.ERR_TARGET_NAME.format(name=name, problem=problem)
+    assert str(raised.value) == declaration.ERR_TARGET_NAME.format(name=name, problem=problem)
 
 
 @pytest.mark.parametrize("case_id", ["..", "../escape", ""])
@@ -281,8 +281,8 @@ def test_names_that_would_leave_the_session_root_fail_their_target_and_delete_no
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.assert_outcomes(passed=GOOD_CELLS, failed=2)
     result.stdout.fnmatch_lines_random([
-        targets.ERR_TARGET_NAME.format(name="..", problem="is '..'"),
-        targets.ERR_CASE_ID.format(name="sneaky", case_id="..", problem="is '..'"),
+        declaration.ERR_TARGET_NAME.format(name="..", problem="is '..'"),
+        declaration.ERR_CASE_ID.format(name="sneaky", case_id="..", problem="is '..'"),
     ])
     assert all(canary.read_text() == "still here" for canary in canaries)
 

@@ -9,7 +9,8 @@ import threading
 
 import pytest
 
-from pytest_resume_check.targets import ERR_CASE_NOT_SENT, TargetError, resume_target
+from pytest_resume_check.records.declaration import ERR_CASE_NOT_SENT
+from pytest_resume_check.targets import TargetError, resume_target
 
 
 def train(run):  # never run: declaring the targets is the test

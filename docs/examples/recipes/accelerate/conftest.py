@@ -1,4 +1,4 @@
-"""Makes the Accelerate trainer of trainer.py a resume-check target: ResumeCheck watches the trainer's
+"""Makes the Accelerate trainer of trainer.py a resume-check target: AccelerateResumeCheck watches the trainer's
 Accelerator (batches, optimizer steps, save_state / load_state); the trainer's own --resume_from_checkpoint
 chooses the checkpoint to resume from, and the matrix checks that choice too."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import trainer
 
 from pytest_resume_check import resume_target
-from pytest_resume_check.integrations.accelerate import MARKER, ResumeCheck
+from pytest_resume_check.integrations.accelerate import MARKER, AccelerateResumeCheck
 from pytest_resume_check.integrations.durable import leaves_incomplete
 
 # Two ways to skip the batches already trained on: the loader's saved state, or skip_first_batches.
@@ -22,9 +22,10 @@ CASES = [
 def accelerate_regression(run):  # the target's name
     args = trainer.parse_args([*run.case["argv"], f"--output_dir={run.checkpoint_dir}", f"--seed={run.seed}"])
     accelerator = trainer.build_accelerator(args)
-    # The trainer's own choice of checkpoint, by the run's resume mode (disabled: none); ResumeCheck reports it.
+    # The trainer's own choice of checkpoint, by the run's resume mode (disabled: none); AccelerateResumeCheck
+    # reports it.
     args.resume_from_checkpoint = {"auto": "latest", "path": run.resume_path}.get(run.resume_mode)
-    with ResumeCheck(run, accelerator, ids="idx"):
+    with AccelerateResumeCheck(run, accelerator, ids="idx"):
         trainer.training_function(accelerator, args)
 
 
@@ -34,8 +35,8 @@ def epoch_ends(case):  # the last optimizer step of each epoch
 
 
 # A finding of the default crash smoke cells: load_state() without a folder takes the highest-numbered
-# checkpoint_<n>, finished or not. A power loss before the save's last file (ResumeCheck's marker, written last)
-# is durable leaves a folder it still takes.
+# checkpoint_<n>, finished or not. A power loss before the save's last file (AccelerateResumeCheck's marker, written
+# last) is durable leaves a folder it still takes.
 UNFINISHED = ("Accelerate: load_state() takes the highest-numbered checkpoint folder, finished or not "
               "(docs/recipes/accelerate.md#crash-smoke-cells)")
 

@@ -9,7 +9,7 @@ import trainer
 
 from pytest_resume_check import resume_target
 from pytest_resume_check.integrations.durable import leaves_incomplete
-from pytest_resume_check.integrations.hf_trainer import ResumeCheck
+from pytest_resume_check.integrations.hf_trainer import HFTrainerResumeCheck
 
 # A finding of the default crash smoke cells (docs/recipes/hf-trainer.md#crash-smoke-cells): the Trainer writes
 # checkpoint-N in place and never fsyncs it, and get_last_checkpoint takes a folder whatever its trainer_state.json
@@ -21,10 +21,10 @@ KNOWN = [(lambda cell: leaves_incomplete(cell, "trainer_state.json"),
 
 # --8<-- [start:glue]
 def train(run):
-    check = ResumeCheck(run, ids="idx")  # the dataset's own id column
+    check = HFTrainerResumeCheck(run, ids="idx")  # the dataset's own id column
     job = trainer.build_trainer(str(run.checkpoint_dir), seed=run.seed, callbacks=[check],
                                 remove_unused_columns=False, **run.case["args"])  # keep "idx" for the callback
-    # The job's own choice of checkpoint, by the run's resume mode (disabled: none); ResumeCheck reports it.
+    # The job's own choice of checkpoint, by the run's resume mode (disabled: none); HFTrainerResumeCheck reports it.
     resume = {"auto": trainer.last_checkpoint(run.checkpoint_dir), "path": run.resume_path}.get(run.resume_mode)
     job.train(resume_from_checkpoint=resume)
 

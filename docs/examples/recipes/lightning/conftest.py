@@ -1,4 +1,4 @@
-"""Makes the Lightning trainer of trainer.py a resume-check target: the ResumeCheck callback reports
+"""Makes the Lightning trainer of trainer.py a resume-check target: the LightningResumeCheck callback reports
 what the fit consumes and restores, and checkpoints (step_N.ckpt) when the harness asks; the trainer's own
 latest_checkpoint chooses the checkpoint to resume from, so the matrix tests that choice too."""
 
@@ -7,15 +7,16 @@ from __future__ import annotations
 import trainer
 
 from pytest_resume_check import resume_target
-from pytest_resume_check.integrations.lightning import ResumeCheck
+from pytest_resume_check.integrations.lightning import LightningResumeCheck
 
 
 # --8<-- [start:glue]
 def fit(run):
-    # The trainer's own choice of checkpoint, by the run's resume mode (disabled: none); ResumeCheck reports it.
+    # The trainer's own choice of checkpoint, by the run's resume mode (disabled: none); LightningResumeCheck
+    # reports it.
     resume = {"auto": trainer.latest_checkpoint(run.checkpoint_dir), "path": run.resume_path}.get(run.resume_mode)
     trainer.train(shuffle=run.case["shuffle"], seed=run.seed, ckpt_path=resume, logger=False, enable_progress_bar=False,
-                  enable_model_summary=False, callbacks=[ResumeCheck(run, ids=lambda batch: batch["index"])])
+                  enable_model_summary=False, callbacks=[LightningResumeCheck(run, ids=lambda batch: batch["index"])])
 
 
 lightning_regression = resume_target(
