@@ -27,6 +27,7 @@ from pytest_resume_check.records.declaration import (
     ERR_ZERO_CHANGE_RANKS,
     checked_options,
     read_cases,
+    refuse_unknown,
 )
 from pytest_resume_check.records.errors import TargetError
 from pytest_resume_check.records.faults import leaves_incomplete as fault_leaves_incomplete
@@ -208,38 +209,6 @@ class TargetOptions(TypedDict, total=False):
     pass_env: Iterable[str]
 
 
-@overload
-def resume_target(fn: TargetFunction, *, name: str | None = None, steps: Steps,
-                  **options: Unpack[TargetOptions]) -> Target: ...
-
-
-@overload
-def resume_target(fn: None = None, *, name: str | None = None, steps: Steps,
-                  **options: Unpack[TargetOptions]) -> Callable[[TargetFunction], Target]: ...
-
-
-def resume_target(fn: TargetFunction | None = None, *, name: str | None = None, steps: Steps,
-                  **options: Unpack[TargetOptions]) -> Target | Callable[[TargetFunction], Target]:
-    """Declare a target; usable as ``@resume_target(steps=...)`` or ``resume_target(fn, steps=...)``.
-
-    ``name`` defaults to the function's name; ``options`` are :class:`TargetOptions`. A wrong value raises
-    :class:`TargetError` saying what to fix."""
-    _refuse_unknown("resume_target", options)
-
-    def build(func: TargetFunction) -> Target:
-        declared = {**options, "name": name or func.__name__, "steps": steps}
-        return Target(fn=func, **checked_options(func, declared, _contract))
-
-    return build(fn) if fn is not None else build
-
-
-def _refuse_unknown(function: str, options: Mapping[str, Any]) -> None:
-    """A keyword that is no option fails as Python fails a call with an unknown keyword."""
-    for key in options:
-        if key not in TargetOptions.__optional_keys__:
-            raise TypeError(f"{function}() got an unexpected keyword argument {key!r}")
-
-
 def command_target(
     argv: Sequence[str],
     *,
@@ -290,8 +259,39 @@ def command_target(
     return target.with_options(command=spec)
 
 
-#: ``resume_target.command([...], ...)``: the same declaration for a program instead of a function.
-resume_target.command = command_target  # type: ignore[attr-defined]
+class _Declaration:
+    """The type of :data:`resume_target`: a decorator typed for both call forms, whose ``command`` declares a
+    program (a function object cannot carry a typed attribute)."""
+
+    @overload
+    def __call__(self, fn: TargetFunction, *, name: str | None = None, steps: Steps,
+                 **options: Unpack[TargetOptions]) -> Target: ...
+
+    @overload
+    def __call__(self, fn: None = None, *, name: str | None = None, steps: Steps,
+                 **options: Unpack[TargetOptions]) -> Callable[[TargetFunction], Target]: ...
+
+    def __call__(self, fn: TargetFunction | None = None, *, name: str | None = None, steps: Steps,
+                 **options: Unpack[TargetOptions]) -> Target | Callable[[TargetFunction], Target]:
+        """Declare a target; usable as ``@resume_target(steps=...)`` or ``resume_target(fn, steps=...)``.
+
+        ``name`` defaults to the function's name; ``options`` are :class:`TargetOptions`. A wrong value raises
+        :class:`TargetError` saying what to fix."""
+        refuse_unknown("resume_target", options, TargetOptions.__optional_keys__)
+
+        def build(func: TargetFunction) -> Target:
+            declared = {**options, "name": name or func.__name__, "steps": steps}
+            return Target(fn=func, **checked_options(func, declared, _contract))
+
+        return build(fn) if fn is not None else build
+
+    #: ``resume_target.command([...], ...)``: :func:`command_target`, the same declaration for a program.
+    command = staticmethod(command_target)
+
+
+resume_target = _Declaration()
+"""Declare a target: ``@resume_target(steps=..., **options)`` or ``resume_target(fn, steps=...)`` (options:
+:class:`TargetOptions`); ``resume_target.command([...], ...)`` declares a program (:func:`command_target`)."""
 
 
 def run_resources(target: Target) -> dict[str, float]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pickle
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from pytest_resume_check.records.environ import parse_names
@@ -94,6 +94,13 @@ ERR_RESOURCES = ("target {name!r}: resources={value!r} must map resource names t
 DEFAULT_RESOURCES = {"CPU": 1.0}
 ERR_PASS_ENV = ("target {name!r}: pass_env={value!r} must name environment variables (letters, digits and '_', not "
                 "starting with a digit), e.g. pass_env=['TRAINER_MODE']; {bad!r} is not one")
+
+
+def refuse_unknown(function: str, options: Mapping[str, Any], known: Collection[str]) -> None:
+    """A keyword that is no option (not in ``known``) fails as Python fails a call with an unknown keyword."""
+    for key in options:
+        if key not in known:
+            raise TypeError(f"{function}() got an unexpected keyword argument {key!r}")
 
 
 def name_problem(text: str) -> str | None:
