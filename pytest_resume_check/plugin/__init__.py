@@ -23,7 +23,7 @@ import pytest
 # The fixture for hand-written tests lives in its own module; importing it here registers it.
 from pytest_resume_check.plugin.fixtures import ResumeCheck, resume_check  # noqa: F401
 from pytest_resume_check.plugin.options import HELP_MARKER, add_options
-from pytest_resume_check.plugin.settings import SETTINGS_KEY, read_settings, warn_of_old_mode
+from pytest_resume_check.plugin.settings import SETTINGS_KEY, read_settings
 
 #: The name of the object that hands xdist workers the controller's seed.
 XDIST_HANDOFF = "resume_check_xdist"
@@ -46,7 +46,6 @@ def pytest_configure(config: pytest.Config) -> None:
     matrix is on; with xdist, the seed goes to every worker either way."""
     config.addinivalue_line("markers", HELP_MARKER)
     settings = read_settings(config)
-    warn_of_old_mode(config)
     config.stash[SETTINGS_KEY] = settings
     if settings.mode:
         # Imported only now: the session imports the items, the reports and the summary, which a pytest run

@@ -9,8 +9,6 @@ options' spellings are :mod:`pytest_resume_check.records.names`'s; reading and c
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from pytest_resume_check.records.names import (
@@ -92,9 +90,6 @@ ERR_SEED = ("{opt}={value!r} is not a seed; give a whole number from 0 to " + f"
 ERR_SEED_LAST = "{opt}=last: no previous seed is cached in this project; run once without it first"
 ERR_SEED_NO_CACHE = ("{opt}=last: pytest's cache is disabled (-p no:cacheprovider), so no previous seed can be read; "
                      "give the seed itself (the header of the earlier run printed it: {opt}=N)")
-#: The old spelling of the mode, ``--resume-matrix=full``: still accepted, with this note.
-DEPRECATED_MODE = ("{old} is deprecated: use {new} (a bare {opt} can no longer swallow the path after it); "
-                   "the old spelling still works for now")
 ERR_HANG = ("{opt}={value!r} is not a hang limit; give a number of seconds from 0 to inf (e.g. {opt}=60; 0 or inf: "
             "no limit; limits longer than about 23 days are cut to that)")
 ERR_BUDGET = ("{opt}={value!r} is not a budget; give the most trainer runs the matrix may make, a whole number from "
@@ -119,9 +114,6 @@ def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("resume-check", "pytest-resume-check: kill, resume and compare training runs")
     group.addoption(OPT_MATRIX, action="store_true", default=False, dest="resume_matrix", help=HELP_MATRIX)
     group.addoption(OPT_MODE, default=None, dest="resume_matrix_mode", help=HELP_MODE)
-    for mode in MODES:  # the old spelling: argparse matches these whole strings before splitting at "="
-        group.addoption(f"{OPT_MATRIX}={mode}", action="store_const", const=mode, dest="resume_matrix_old_mode",
-                        default=None, help=argparse.SUPPRESS)
     group.addoption(OPT_SEED, default=None, dest="resume_matrix_seed", help=HELP_SEED)
     group.addoption(OPT_TARGET, action="append", default=[], dest="resume_matrix_target", help=HELP_TARGET)
     group.addoption(OPT_CELL, action="append", default=[], dest="resume_matrix_cell", help=HELP_CELL)

@@ -25,7 +25,6 @@ from pytest_resume_check.records.names import (
     OPT_ENV,
     OPT_HANG,
     OPT_ISOLATION,
-    OPT_MATRIX,
     OPT_MODE,
     OPT_RAY,
     OPT_RAY_COPY,
@@ -154,14 +153,6 @@ def read_settings(config: pytest.Config) -> Settings:
     )
 
 
-def warn_of_old_mode(config: pytest.Config) -> None:
-    """The deprecation note for ``--resume-matrix=MODE`` (said once, by the controller)."""
-    old = config.getoption("resume_matrix_old_mode")
-    if old and not hasattr(config, "workerinput"):
-        config.issue_config_time_warning(pytest.PytestDeprecationWarning(options.DEPRECATED_MODE.format(
-            old=f"{OPT_MATRIX}={old}", new=f"{OPT_MATRIX} {OPT_MODE}={old}", opt=OPT_MATRIX)), stacklevel=3)
-
-
 def _take_node_ids(config: pytest.Config) -> tuple[str, ...]:
     """Move cell node ids out of ``config.args`` (pytest would look for a file named ``resume-matrix``).
     With only such ids given, nothing else is collected."""
@@ -183,8 +174,8 @@ def _setting(config: pytest.Config, name: str) -> Any:
 
 def _mode(config: pytest.Config, node_ids_given: bool) -> str | None:
     """The matrix mode, or None when the matrix is off. On: ``--resume-matrix``, ``--resume-matrix-mode``,
-    the old ``--resume-matrix=MODE``, a pasted cell node id, or the ``resume_matrix`` ini value."""
-    mode = config.getoption("resume_matrix_mode") or config.getoption("resume_matrix_old_mode")
+    a pasted cell node id, or the ``resume_matrix`` ini value."""
+    mode = config.getoption("resume_matrix_mode")
     on = bool(mode or config.getoption("resume_matrix") or node_ids_given)
     ini = config.getini("resume_matrix") or None
     if ini is not None and ini not in MODES:
