@@ -10,7 +10,19 @@ Public API (imported lazily, so ``import pytest_resume_check`` stays cheap)::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what a type checker sees of the lazy exports below (the ``as`` form re-exports them)
+    from pytest_resume_check.ids import WithIds as WithIds
+    from pytest_resume_check.ids import ids_of as ids_of
+    from pytest_resume_check.records.state_walk import state_of as state_of
+    from pytest_resume_check.run import KillSpec as KillSpec
+    from pytest_resume_check.run import RunContext as RunContext
+    from pytest_resume_check.targets import EXACTLY_ONCE as EXACTLY_ONCE
+    from pytest_resume_check.targets import EXACTLY_ONCE_ORDERED as EXACTLY_ONCE_ORDERED
+    from pytest_resume_check.targets import Contract as Contract
+    from pytest_resume_check.targets import Target as Target
+    from pytest_resume_check.targets import resume_target as resume_target
 
 _EXPORTS = {
     "resume_target": "pytest_resume_check.targets",

@@ -130,6 +130,9 @@ resume_target(fn, steps=2, world_sise=2)
 resume_target(fn, steps=2, capture_rng="no")
 assert_type(resume_target.command(["{python}", "train.py"], name="script", steps=2, checkpoints="*.pt"), Target)
 resume_target.command(["{python}", "train.py"], name="script", steps=2, world_sise=2)
+import pytest_resume_check as package
+assert_type(package.resume_target.command(["{python}", "train.py"], name="script", steps=2), package.Target)
+package.resume_target(fn, steps=2, world_sise=2)
 '''
 
 
@@ -141,4 +144,4 @@ def test_a_type_checker_sees_a_target_and_refuses_a_misspelt_or_mistyped_option(
     out, _, _ = api.run([str(probe), "--python-version", "3.10", "--no-incremental", "--follow-imports=silent",
                          "--ignore-missing-imports", "--no-error-summary", "--hide-error-context"])
     errors = sorted(line.split(":", 1)[1].split(":", 1)[0] for line in out.splitlines() if ": error:" in line)
-    assert sorted(set(errors)) == ["11", "12", "14"], out
+    assert sorted(set(errors)) == ["11", "12", "14", "17"], out
