@@ -15,7 +15,8 @@ server (an authentication key, ``forkserver`` the default start method) and is n
 ``sys._getframe`` and ``sys._current_frames`` are documented functions of ``sys`` and are used where
 they are needed; ``os._exit`` is public.
 
-Importing this module imports nothing beyond the standard library's ``sys`` and ``os``.
+Importing this module imports only small standard-library modules; ``multiprocessing`` is imported by the
+functions that need it.
 """
 
 from __future__ import annotations
