@@ -31,8 +31,7 @@ from typing import Any
 #: looks for, and what no other module of the package may name.
 PRIVATE_NAMES: dict[tuple[str, str], tuple[str, ...]] = {
     ("multiprocessing.forkserver", ""): ("_forkserver",),
-    ("multiprocessing.forkserver", "ForkServer"): ("_forkserver_pid", "_forkserver_address", "_forkserver_alive_fd",
-                                                   "_stop"),
+    ("multiprocessing.forkserver", "ForkServer"): ("_forkserver_pid", "_forkserver_address", "_forkserver_alive_fd"),
     ("multiprocessing.resource_tracker", ""): ("_resource_tracker",),
     ("multiprocessing.resource_tracker", "ResourceTracker"): ("_pid", "_fd"),
     ("multiprocessing.util", ""): ("_exit_function",),
@@ -54,12 +53,14 @@ def forkserver_pid() -> int | None:
 
 
 def stop_forkserver() -> bool:
-    """Ask the fork server to end (close its liveness pipe), reap it and forget it, as multiprocessing's own
-    tests do; False where this Python has no way to (its runs then import what the server lacks)."""
-    stop = getattr(_server(), "_stop", None)
-    if stop is None:
+    """End the fork server so that the next start begins a new one, never waiting on it: its liveness pipe
+    closed, SIGKILLed, reaped and forgotten (:func:`kill_forkserver`). multiprocessing's own stop waits until
+    the server sees the pipe close, which it never does while a process forked from this one after the server
+    started (a loader's worker, a test's child) holds the pipe's other end: a restart hung there. False where
+    this Python keeps no pid for its server (its runs then import what the server lacks)."""
+    if not hasattr(_server(), "_forkserver_pid"):
         return False
-    stop()
+    kill_forkserver()
     return True
 
 

@@ -110,3 +110,50 @@ def test_an_engine_owns_one_fork_server_its_runs_start_from_and_stops_it(tmp_pat
     finally:
         engine.stop_server()
     assert engine.fork_server.pid is None and gone(pid)
+
+
+#: A process forked from this one after its fork server started holds the server's liveness pipe (a loader's
+#: worker left running, a test's child); a second server object that must start the server again then asks
+#: for another preload. Run in an interpreter of its own, so a restart that waits on the server cannot hang
+#: the suite: it prints the two pids when the restart returns.
+HOLDER = """
+import os
+from pytest_resume_check.process.fork_server import ForkServer
+
+
+def main():
+    first = ForkServer()
+    first.add_preload(["json"])
+    old = first.ensure()
+    read, write = os.pipe()
+    holder = os.fork()
+    if holder == 0:  # keeps every descriptor it inherited, the server's liveness pipe among them
+        os.close(write)
+        os.read(read, 1)
+        os._exit(0)
+    os.close(read)
+    second = ForkServer()
+    second.add_preload(["csv"])
+    new = second.ensure()
+    print(old, new, flush=True)
+    os.close(write)
+    os.waitpid(holder, 0)
+    second.stop()
+
+
+if __name__ == "__main__":  # the fork server imports this file again as its main module
+    main()
+"""
+
+
+def test_starting_the_server_again_does_not_wait_on_one_a_forked_process_keeps_alive(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER)
+    # The limit only keeps a hang from stopping the suite: the restart takes well under a second.
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    old, new = map(int, done.stdout.split())
+    assert new != old and gone(old)
