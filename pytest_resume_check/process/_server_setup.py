@@ -72,6 +72,7 @@ def finish() -> None:
         _call(work.get("call", []))
         if work.get("warm_torch") and not AUTO_UNSAFE:
             _warm_torch()
+        _seed_torch(work.get("torch_seed"))
     finally:
         _restore_output()
     READS.seal()  # what the imports above read: a run whose env= differs there runs fresh (child.command)
@@ -206,6 +207,21 @@ def _import_declaring(modules: list[tuple[str, str]]) -> None:
 #: reference runs differed (NONDETERMINISTIC); forked from a server that imported them, every child would
 #: start from one seed. (Python's ``random`` reseeds itself in a forked child.)
 _SEEDED_AT_IMPORT = ("torch", "numpy.random")
+
+
+def _seed_torch(seed: int | None) -> None:
+    """Seed torch's global generator with the starter's seed once the imports and warm-ups are done, so every
+    server one engine starts gives its runs the same start (each import of torch seeds it at random: a server
+    started again for a later target gave the runs after it another start than the reference runs before it,
+    and an unseeded trainer's restored step differed only for that). A child that reseeds at random
+    (:func:`_reseed`) still does."""
+    torch = sys.modules.get("torch")
+    if seed is None or torch is None or not hasattr(torch, "default_generator"):
+        return
+    try:
+        torch.default_generator.manual_seed(int(seed))
+    except Exception:  # a half-imported torch: its import error is recorded already
+        pass
 
 
 def _reseed(names: tuple[str, ...], server: int, /) -> None:

@@ -25,6 +25,7 @@ import multiprocessing.context
 import multiprocessing.forkserver
 import multiprocessing.spawn
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -156,6 +157,10 @@ class ForkServer:
 
     def __init__(self) -> None:
         self._preload: list[str] = list(_CHILD_MODULES)
+        #: torch's global generator is seeded with this in every server this object starts (or adopts): a
+        #: server started again (a later target's preload) would otherwise import torch with a new random seed,
+        #: and a run forked from it would start from another state than the reference runs forked before.
+        self._torch_seed = secrets.randbits(63)
         self._warmups: list[str] = []
         #: The modules that declare the targets (``auto_preload``): (module name, file), in the order asked for.
         self._auto: list[tuple[str, str]] = []
@@ -295,6 +300,7 @@ class ForkServer:
         if not _covers(started_for["wanted"], wanted):
             return False
         self._fatal.update(started_for.get("fatal") or {})
+        self._torch_seed = started_for.get("torch_seed", self._torch_seed)  # its runs' start, kept on a restart
         self._pid, self._served = current, started_for["wanted"]
         self._take(ctx, found)
         return True
@@ -308,9 +314,10 @@ class ForkServer:
         modules = [m for m in self._preload if m not in self._fatal]
         auto, warm_torch = self._auto_work()
         wanted = self._wanted()
-        started_for = {"wanted": wanted, "fatal": self._fatal, "auto_off": self._auto_off}
+        started_for = {"wanted": wanted, "fatal": self._fatal, "auto_off": self._auto_off,
+                       "torch_seed": self._torch_seed}
         work = {"import": modules, "call": self._warmups, "path": _sys_path(), "auto": auto, "warm_torch": warm_torch,
-                "started_for": started_for}
+                "started_for": started_for, "torch_seed": self._torch_seed}
         with environment(WARMUP_ENV, json.dumps(work)):
             multiprocessing.forkserver.ensure_running()
         self._pid, self._served = cpython.forkserver_pid(), wanted

@@ -203,3 +203,18 @@ def test_stock_verl_replays_epoch_zero_order_after_an_epoch_end_checkpoint(engin
     assert "loader differs (_num_yielded)" in result.verdict.headline
     ours = run(engine, rt.agentlightning_sync, case, KillSpec(4))
     assert ours.passed, ours.verdict.headline
+
+
+def test_a_fork_server_started_again_between_the_reference_and_a_cell_gives_its_runs_the_same_start(tmp_path):
+    # The reference of (agentlightning_async, CASE) comes from the first server; the unfixed target's module
+    # (this one) then joins the preload, so the server starts again, and importing torch there seeds its global
+    # generator anew. The two-kill cell's first run, forked from that second server, saved another generator
+    # state than the reference had: STATE_DIVERGED at the restored step of a correct trainer.
+    engine = Engine(tmp_path, seed=0, hang_timeout=60)
+    try:
+        run(engine, rt.agentlightning_async, CASE, KillSpec(1), mode="path")
+        run(engine, unfixed, CASE, KillSpec(1))
+        result = run(engine, rt.agentlightning_async, CASE, KillSpec(3), KillSpec(5, 1))
+        assert result.passed, result.verdict.headline
+    finally:
+        engine.close()
