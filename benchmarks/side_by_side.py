@@ -24,9 +24,10 @@ def ckpt_chaos_executable(given: str | None, scratch: Path) -> str:
     return str(venv / "bin" / "ckpt-chaos")
 
 
-def resume_check(script: Path, conftest: str, target: str, folder: Path) -> tuple[dict, str]:
+def resume_check(script: Path, conftest: str, target: str, folder: Path,
+                 env: dict[str, str] | None = None) -> tuple[dict, str]:
     """The default quick matrix (serial, seed 1) of a project holding ``script`` as ``train.py`` and
-    ``conftest``; the figures, and pytest's output."""
+    ``conftest``; the figures, and pytest's output. ``env``: pytest's environment (default: this one's)."""
     folder.mkdir(parents=True)
     (folder / "train.py").write_text(script.read_text())
     (folder / "conftest.py").write_text(conftest)
@@ -35,7 +36,7 @@ def resume_check(script: Path, conftest: str, target: str, folder: Path) -> tupl
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "pytest", "--resume-matrix", "-q", "-p", "no:cacheprovider",
                            "--resume-matrix-seed=1", f"--resume-matrix-json={report}", f"--basetemp={folder / 'tmp'}"],
-                          cwd=folder, capture_output=True, text=True)
+                          cwd=folder, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - started
     cells = json.loads(report.read_text())["cells"]
     failing = [c for c in cells if not c["passed"]]

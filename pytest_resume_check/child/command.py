@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_resume_check import client
-from pytest_resume_check.child import cpython, in_process
+from pytest_resume_check.child import cpython, imports, in_process
 from pytest_resume_check.child.environ import READS
 from pytest_resume_check.child.watch import CALL_WATCHED, CONTEXT_CHECKPOINTS, CONTEXT_COMMIT
 from pytest_resume_check.client import CONTEXT_ENV, FD_ENV, PROTOCOL_VERSION
@@ -324,7 +324,7 @@ def python_program(spec: CommandSpec) -> tuple[str, str] | None:
     source = _source(spec, named)
     if source is None:
         return None
-    if spec.checkpoints is None and CLIENT_PACKAGE not in _imported(source[1], anywhere=True):
+    if spec.checkpoints is None and CLIENT_PACKAGE not in imports.imported_names(source[1], anywhere=True):
         return None
     return named
 
@@ -356,47 +356,20 @@ def _source(spec: CommandSpec, named: tuple[str, str]) -> tuple[Path, ast.Module
         return None
 
 
-def _imported(tree: ast.Module, anywhere: bool = False) -> list[str]:
-    """The top-level names of the absolute imports of a module: its top-level statements (also inside a
-    top-level ``try``), or ``anywhere`` in it."""
-    names: list[str] = []
-    nodes = list(ast.walk(tree)) if anywhere else list(tree.body)
-    while nodes:
-        node = nodes.pop(0)
-        if isinstance(node, ast.Try) and not anywhere:
-            nodes[:0] = node.body
-        elif isinstance(node, ast.Import):
-            names += [alias.name.split(".")[0] for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.append(node.module.split(".")[0])
-    return list(dict.fromkeys(names))
-
-
 @functools.lru_cache(maxsize=64)
 def program_imports(spec: CommandSpec) -> list[tuple[str, str]]:
-    """The installed packages a program that runs in the run's process (:func:`python_program`) imports at
-    its top level, as (top-level name, file): the fork server imports them for it, as it imports a Python
-    target's module (``auto_preload``). Its own modules (beside the script, or in the working folder) are
-    left to each run: importing them may have effects. Read from the source; nothing is imported here."""
+    """The installed packages a program that runs in the run's process (:func:`python_program`) imports
+    anywhere in its source, or in its own modules' (one level), as (top-level name, file): the fork server
+    imports them for it, as it imports a Python target's module (``auto_preload``); one that fails there is
+    left to the runs, as for any module ``auto_preload`` cannot import. Its own modules (beside the script, or
+    in the working folder) are left to each run: importing them may have effects. Read from the source;
+    nothing is imported here (:func:`~pytest_resume_check.child.imports.installed_imports`)."""
     named = python_program(spec)
     source = _source(spec, named) if named is not None else None
     if source is None:
         return []
     path, tree = source
-    local = {path.parent.resolve(), Path(spec.cwd or os.getcwd()).resolve()}
-    out: list[tuple[str, str]] = []
-    for top in _imported(tree):
-        try:
-            found = importlib.util.find_spec(top)
-        except (ImportError, ValueError):
-            continue
-        origin = found.origin if found is not None else None
-        if origin is None or origin in ("built-in", "frozen") or top == "__future__":
-            continue
-        where = Path(origin).resolve()
-        if not local & {where.parent, where.parent.parent}:
-            out.append((top, origin))
-    return out
+    return imports.installed_imports(tree, path, Path(spec.cwd or os.getcwd()))
 
 
 def _run_in_process(run: RunContext, spec: CommandSpec, program: tuple[str, str], argv: list[str],
@@ -432,8 +405,15 @@ def _run_in_process(run: RunContext, spec: CommandSpec, program: tuple[str, str]
     def start(executable: str, args: list[str], env: Mapping[str, str]) -> tuple[int, int]:
         return _run_process(run, spec, args, context, executable=executable, environ=env, cwd=os.getcwd())
 
+    watch_imports = None
+    if run.plan.report_imports:  # for the note naming what the runs import themselves, once per target
+        here = Path(os.getcwd())
+        watch_imports = imports.ImportWatch([here / Path(name).parent, here] if kind == SCRIPT else [here])
+        watch_imports.start()
     with in_process.OwnProcess(run.plan, run._sink, conclude, start) as own:
         code = in_process.run_main(name, kind == MODULE, own.home)
+        if watch_imports is not None and os.getpid() == own.home:  # not in a process the program forked
+            run._sink.send(ev.Event(ev.IMPORTED, extra={ev.IMPORTED_NAMES: watch_imports.stop()}))
         try:
             in_process.end_as_interpreter(before, hooks)
         finally:

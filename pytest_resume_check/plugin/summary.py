@@ -54,6 +54,12 @@ TIME_NOTE_COMMAND = ("resume-check: runs spent {share:.0%} of their time before 
                      "own imports every time, which no preload spares; a Python script that reports through "
                      "pytest_resume_check.client, started as {{python}} script.py, runs in the run's process with "
                      "its imports preloaded (docs/recipes/command.md, Cost)")
+#: The same, naming what the runs of the target that spent most imported themselves (the fork server had not):
+#: ``{preload}`` is the tuple to declare, ``("torch", "transformers")``.
+TIME_NOTE_IMPORTED = ("resume-check: runs spent {share:.0%} of their time before their first step "
+                      "(median {median:.1f} s{where}); its runs imported what the fork server had not: "
+                      "preload={preload} would import it once, and a warm-up for what it builds on first use "
+                      "spares that too (docs/writing-a-target.md){why}")
 TIME_NOTE_WHERE = ", most in target {target!r}"
 #: Appended when the fork server could not preload a target's module by itself (``auto_preload``).
 TIME_NOTE_WHY = "; not preloaded by itself: {notes}"
@@ -130,7 +136,8 @@ def _start_costs(config: pytest.Config) -> dict[str, Any] | None:
 
 def time_note(costs: dict[str, Any] | None) -> str | None:
     """The line saying where the runs' time went, when they spent most of it before their first step (see
-    :data:`NOTE_SHARE`, :data:`NOTE_MEDIAN`, :data:`NOTE_TOTAL`); None otherwise. ``costs``:
+    :data:`NOTE_SHARE`, :data:`NOTE_MEDIAN`, :data:`NOTE_TOTAL`), naming what the runs of the target that
+    spent most imported themselves when they told it (:data:`TIME_NOTE_IMPORTED`); None otherwise. ``costs``:
     :meth:`~pytest_resume_check.process.runner.Runner.start_costs`. It never changes a verdict."""
     targets = (costs or {}).get("targets", {})
     starts = [x for t in targets.values() for x in t["starts"]]
@@ -145,11 +152,21 @@ def time_note(costs: dict[str, Any] | None) -> str | None:
     where = TIME_NOTE_WHERE.format(target=slowest) if len(targets) > 1 else ""
     if targets[slowest].get("command"):
         return TIME_NOTE_COMMAND.format(share=started / seconds, median=median, where=where)
+    imported = targets[slowest].get("imported")
     notes = (costs or {}).get("not_preloaded", [])
     why = TIME_NOTE_WHY.format(notes="; ".join(notes)) if notes else ""
     manual = [repr(name) for name, t in targets.items() if not t.get("auto_preload", True)]
     why += TIME_NOTE_MANUAL.format(targets=", ".join(manual)) if manual else ""
+    if imported:
+        return TIME_NOTE_IMPORTED.format(share=started / seconds, median=median, where=where, why=why,
+                                         preload=preload_tuple(imported))
     return TIME_NOTE.format(share=started / seconds, median=median, where=where, why=why)
+
+
+def preload_tuple(modules: Sequence[str]) -> str:
+    """``modules`` as the ``preload=`` value to write: ``("torch",)``, ``("torch", "transformers")``."""
+    quoted = [f'"{name}"' for name in modules]
+    return "(" + ", ".join(quoted) + ("," if len(quoted) == 1 else "") + ")"
 
 
 def _write_json(tr: pytest.TerminalReporter, results: Sequence[CellJson], path: Path, seed: int) -> None:

@@ -53,9 +53,13 @@ class StartCosts:
     #: Command targets whose program is a process of its own each run (no preload of ours can spare its
     #: imports; a Python program run in the run's process gets them preloaded).
     commands: set[str] = field(default_factory=set)
+    #: target -> the packages its Python program imported in a run that the fork server had not (told once).
+    imported: dict[str, list[str]] = field(default_factory=dict)
 
     def add(self, target: Target, record: RunRecord) -> None:
         """Count one finished run of ``target``."""
+        if record.imported is not None:
+            self.imported.setdefault(target.name, record.imported)
         if record.outcome == Outcome.HUNG or record.seconds <= 0:
             return
         start = record.first_step_seconds if record.first_step_seconds is not None else record.seconds
@@ -68,11 +72,15 @@ class StartCosts:
 
     def to_json(self, notes: Sequence[str] = ()) -> dict[str, Any]:
         """Plain data (it may cross a process boundary): ``{"targets": {name: {"starts": [...], "seconds":
-        s, "auto_preload": bool, "command": bool}}, "not_preloaded": [what auto_preload could not do, one line
-        each]}``."""
-        targets = {name: {"starts": [round(x, 4) for x in starts], "seconds": round(self.seconds[name], 4),
-                          "auto_preload": name not in self.manual, "command": name in self.commands}
-                   for name, starts in self.starts.items()}
+        s, "auto_preload": bool, "command": bool, "imported": [package, ...]}}, "not_preloaded": [what
+        auto_preload could not do, one line each]}``; ``imported`` only for a target whose runs told it."""
+        targets: dict[str, dict[str, Any]] = {
+            name: {"starts": [round(x, 4) for x in starts], "seconds": round(self.seconds[name], 4),
+                   "auto_preload": name not in self.manual, "command": name in self.commands}
+            for name, starts in self.starts.items()}
+        for name, packages in self.imported.items():
+            if name in targets:
+                targets[name]["imported"] = list(packages)
         return {"targets": targets, "not_preloaded": list(notes)}
 
 
@@ -144,6 +152,7 @@ class Runner:
             state_values_dir=state_values_dir,
             state_reference_dir=state_reference_dir, token=uuid.uuid4().hex, step_limit=_step_limit(target, case),
             command=target.command, commit=self.commit_of(target, case),
+            report_imports=target.command is not None and target.name not in self.costs.imported,
             env={**_devices(target), **self.services.env_for(target, self.hang_limit_of(target))},
             world_size=world, master_port=free_port() if distributed else 0,
             step_ranks=self._step_ranks.get((target.name, world)), launcher=target.launcher,

@@ -73,6 +73,10 @@ ENVIRON = "environ"
 #: text: the ``env=`` variables (comma-separated) for which a command target's Python program ran in a fresh
 #: interpreter instead of the run's process: code the fork server imported read them with another value.
 RAN_FRESH = "ran_fresh"
+#: extra :data:`IMPORTED_NAMES`: the packages (top-level names, in the order imported) a command target's Python
+#: program imported in the run's process that the fork server had not, each as the program asked for it.
+IMPORTED = "imported"
+IMPORTED_NAMES = "names"
 
 #: Keys of a state event's ``extra``: component digests, their leaves' digests by path, and (under a
 #: tolerance) the first leaf per component that is not close to the reference's (None: all close).
@@ -85,7 +89,7 @@ STATE_BEFORE_NEXT = "before_next"
 
 KINDS = frozenset({CONSUMED, TRAINED, STEP_END, CHECKPOINT, RESUMED, KILL_READY, LOG, ERROR, DONE, STATE,
                    PAUSED, CONVERGED, FINAL, FILE_OP, VIOLATION, RANKS, SIGNALLED, SETTINGS, COMMIT, POINTER, IN_PLACE,
-                   ENVIRON, RAN_FRESH, LOG_LOST})
+                   ENVIRON, RAN_FRESH, IMPORTED, LOG_LOST})
 #: What the watcher reports (the kinds of its ``watched`` call, :mod:`pytest_resume_check.child.command`).
 WATCHED_KINDS = (COMMIT, POINTER, IN_PLACE)
 

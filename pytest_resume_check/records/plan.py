@@ -232,6 +232,9 @@ class RunPlan:
     #: Under torchrun: the nodes of a run, (least, most) as ``--nnodes=MIN:MAX``; a run starts an agent for
     #: each of the most on loopback, ``world_size // most`` workers each.
     nnodes: tuple[int, int] = (1, 1)
+    #: A command target's Python program run in the run's process tells which packages it imported that the
+    #: fork server had not (asked until one run of the target has told; :data:`~.events.IMPORTED`).
+    report_imports: bool = False
 
     @property
     def restarts_in_job(self) -> bool:

@@ -226,6 +226,12 @@ class RunRecord:
         return [name for e in self.events if e.kind == ev.RAN_FRESH and e.text for name in e.text.split(",")]
 
     @property
+    def imported(self) -> list[str] | None:
+        """The packages this run's Python program imported that the fork server had not (None: not told;
+        :data:`~pytest_resume_check.records.events.IMPORTED`)."""
+        return next((list(e.extra[ev.IMPORTED_NAMES]) for e in self.events if e.kind == ev.IMPORTED), None)
+
+    @property
     def converged_step(self) -> int | None:
         return next((e.step for e in self.events if e.kind == ev.CONVERGED), None)
 

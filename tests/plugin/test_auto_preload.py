@@ -246,3 +246,13 @@ def test_for_a_command_target_the_note_says_no_preload_helps():
     note = summary.time_note(figures)
     assert note == summary.TIME_NOTE_COMMAND.format(share=23 / 27, median=2.3, where="")
     assert "preload=" not in note and "no preload spares" in note
+
+
+def test_the_note_names_what_the_runs_of_the_slowest_target_imported_themselves():
+    figures = costs([2.0] * 10, 21.0)
+    figures["targets"]["t"]["imported"] = ["torch", "transformers"]
+    note = summary.time_note(figures)
+    assert note == summary.TIME_NOTE_IMPORTED.format(share=20 / 21, median=2.0, where="", why="",
+                                                     preload='("torch", "transformers")')
+    assert 'preload=("torch", "transformers") would import it once' in note
+    assert summary.preload_tuple(["torch"]) == '("torch",)'  # a tuple as written in Python

@@ -3,11 +3,14 @@ for them: decided from the command and the program's source, nothing imported or
 
 from __future__ import annotations
 
+import importlib
+import sys
 from pathlib import Path
 
 import pytest
 
 from pytest_resume_check.child.command import MODULE, SCRIPT, program_imports, python_program
+from pytest_resume_check.child.imports import ImportWatch
 from pytest_resume_check.records.plan import CommandSpec
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
@@ -55,3 +58,46 @@ def test_the_server_preloads_the_installed_packages_a_program_imports_not_its_ow
     imports = dict(program_imports(spec(["{python}", "train.py"], project)))
     assert set(imports) == {"json", "pytest_resume_check"}  # local_helper lies beside the script: left to runs
     assert imports["json"].endswith("json/__init__.py")
+
+
+def test_the_server_preloads_what_a_program_imports_anywhere_and_what_its_own_modules_import(tmp_path):
+    (tmp_path / "train.py").write_text(
+        "from typing import TYPE_CHECKING\n\nimport helpers\n\nif TYPE_CHECKING:\n    import decimal\n\n\n"
+        "def train():\n    import csv\n    if csv:\n        from email import message\n")
+    (tmp_path / "helpers.py").write_text("def load():\n    import fractions\n")
+    imports = program_imports(spec(["{python}", "train.py"], tmp_path, checkpoints="step_*.pt"))
+    # helpers lies beside the script (left to runs); decimal is imported only for a type checker
+    assert [name for name, _ in imports] == ["typing", "csv", "email", "fractions"]
+
+
+def test_a_module_beside_the_script_is_never_preloaded_in_its_place_by_an_installed_one(tmp_path):
+    (tmp_path / "train.py").write_text("def train():\n    import json\n    import csv\n")
+    (tmp_path / "json.py").write_text("")  # the script's own json, which a run imports from its folder
+    imports = program_imports(spec(["{python}", "train.py"], tmp_path, checkpoints="step_*.pt"))
+    assert [name for name, _ in imports] == ["csv"]
+
+
+def test_a_run_names_the_packages_the_program_imported_not_their_dependencies(tmp_path, monkeypatch):
+    site, own = tmp_path / "site", tmp_path / "program"
+    (site / "watched_top").mkdir(parents=True)
+    (site / "watched_top" / "__init__.py").write_text("import watched_dep\n")
+    for name in ("watched_dep", "watched_dynamic", "watched_own_dep"):
+        (site / f"{name}.py").write_text("")
+    own.mkdir()
+    (own / "watched_own.py").write_text("import watched_own_dep\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(own))
+    names = ("watched_top", "watched_dep", "watched_dynamic", "watched_own", "watched_own_dep")
+    watch = ImportWatch([own])
+    watch.start()
+    try:
+        importlib.import_module("watched_top")  # imports watched_dep: its dependency, preloaded with it
+        importlib.import_module("watched_dynamic")
+        importlib.import_module("watched_own")  # the program's own module: what it imports counts
+        importlib.import_module("json")  # the standard library: never named
+    finally:
+        seen = watch.stop()
+        for name in names:
+            sys.modules.pop(name, None)
+    assert seen == ["watched_top", "watched_dynamic", "watched_own_dep"]
+    assert watch not in sys.meta_path
