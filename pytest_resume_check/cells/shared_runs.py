@@ -72,11 +72,10 @@ class _Prefix:
 
 @dataclass(frozen=True)
 class _Loan:
-    """A file a cell's folder shares with later snapshots: the inode, one path of it there, what it was
-    when lent, its bytes' hash and the later steps that hold it."""
+    """A file a cell's folder shares with later snapshots: the inode, what it was when lent, its bytes' hash
+    and the later steps that hold it."""
 
     inode: Inode
-    path: str
     seen: Times
     digest: bytes
     steps: tuple[int, ...]
@@ -102,7 +101,7 @@ class SharedFirstRuns:
                         steps.append(step)
 
     def first_run(self, cell: Cell, workdir: Path) -> tuple[RunRecord, str | None] | None:
-        """The first run of ``cell`` cut from its group's run, its files copied into ``workdir``, and
+        """The first run of ``cell`` cut from its group's run, its snapshot moved into ``workdir``, and
         the checkpoint path it published last; None when the cell cannot share (it runs on its own)."""
         if not (cell.shares_prefix and cell.group in self._steps):
             return None
@@ -157,9 +156,9 @@ class SharedFirstRuns:
             return inode in prefix.digests and info.st_nlink <= mine and bool(later(inode))
 
         loans = []
-        for path, info in own_files(out, lendable):
+        for _, info in own_files(out, lendable):
             inode = (info.st_dev, info.st_ino)
-            loans.append(_Loan(inode, path, times_of(info), prefix.digests[inode], tuple(later(inode))))
+            loans.append(_Loan(inode, times_of(info), prefix.digests[inode], tuple(later(inode))))
         if loans:
             self._loans[str(workdir)] = (prefix, step, loans)
 
