@@ -1,162 +1,40 @@
 """The HTML report: one self-contained file with heatmaps per target (kill points, and crash-consistency
 cells apart), a summary table, and a timeline per failing cell that marks lost and duplicated inputs;
 every status and category of ``categories.TABLE`` shown with its mark, colour and label; escaped
-everywhere, small for 1,200 cells, and drawn without a script error by a real browser (headless
-Chromium, where it is installed)."""
+everywhere, and small for 1,200 cells. A real browser drawing pages of real runs:
+tests/engine/test_html_report_in_a_browser.py."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import re
-import shutil
-import subprocess
-import sys
 from html.parser import HTMLParser
 from importlib import resources
 from pathlib import Path
 
-import pytest
+from report_cells import (
+    PAYLOAD,
+    STATE_HEADLINE,
+    STORY,
+    cell,
+    crash_cell,
+    crash_matrix,
+    duplicated_cell,
+    embedded_timelines,
+    every_status_cells,
+    ledger,
+    lost_cell,
+    state_cell,
+    synthetic_matrix,
+    two_rank_cell,
+)
 
 from pytest_resume_check import categories
 from pytest_resume_check.judge import verdict
-from pytest_resume_check.records import kill_ids
-from pytest_resume_check.records.faults import ERRNOS, MODE_CRASH, MODE_ERROR, MODE_POWER, MODE_TORN, FaultPlan
+from pytest_resume_check.records.faults import MODE_POWER
 from pytest_resume_check.records.plan import KillSpec
 from pytest_resume_check.report import html, summary
-
-PAYLOAD = '</script><img src=x onerror="alert(1)">&amp; <b>'
-CHROMIUM = shutil.which("chromium")
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync")
-STORY = "run 1: killed right after checkpoint of step 1 was published -> run 2 (resume from step 1): done"
-
-
-def ledger(steps, take=2, n=8, run_of=lambda step: 0):
-    """``[id, step, epoch, run]`` rows of a loop taking ``take`` of ``n`` inputs per step, in order."""
-    rows = []
-    for i in range(steps * take):
-        step = i // take + 1
-        rows.append([i % n, step, i // n, run_of(step)])
-    return rows
-
-
-def cell(target="t", case="c", mode="auto", kill=None, passed=True, categories=(), headline="PASSED",
-         reference=None, composite=None, resumed_from=(), xfail_reason=None, **extra):
-    """A cell's JSON as ``report.cell_json`` gives it; ``kill`` is a KillSpec or a tuple of them."""
-    kill = KillSpec(1) if kill is None else kill
-    kills = (kill,) if isinstance(kill, KillSpec) else tuple(kill)
-    reference, composite = reference or [], composite or []
-    ref_marks, comp_marks = verdict.entry_marks(reference, composite)
-    runs = [{"outcome": "killed", "exitcode": -9, "seconds": 0.1}, {"outcome": "done", "exitcode": 0, "seconds": 0.2}]
-    data = {"target": target, "case": {"id": case}, "case_id": case, "resume_mode": mode,
-            "kill": kill_ids.kill_id(kills), "kills": [k.to_json() for k in kills], "passed": passed,
-            "xfail_reason": xfail_reason, "categories": list(categories), "headline": headline,
-            "resumed_from": list(resumed_from), "reference": reference, "composite": composite,
-            "marks": {"reference": ref_marks, "composite": comp_marks}, "story": STORY, "runs": runs, **extra}
-    data.setdefault("status", globals()["categories"].status(data))
-    return data
-
-
-def lost_cell(headline="LOST 2 inputs after resume from step_1: ids 2, 3", **kw):
-    """Killed after checkpoint 1; the resumed run skips ids 2 and 3 (a buffered tail not saved)."""
-    ref = ledger(4)
-    comp = [r for r in ref if r[1] == 1] + [[i, s, 0, 1] for i, s in ((4, 2), (5, 2), (6, 3), (7, 3))]
-    return cell(passed=False, categories=["LOST"], headline=headline, reference=ref, composite=comp,
-                resumed_from=[1], **kw)
-
-
-def duplicated_cell(**kw):
-    """Killed after checkpoint 1; the resumed run takes ids 0 and 1 again."""
-    ref = ledger(4)
-    comp = [r for r in ref if r[1] == 1] + [[i, s + 1, 0, 1] for i, s in ((0, 1), (1, 1), (2, 2), (3, 2))]
-    return cell(passed=False, categories=["DUPLICATED"], headline="DUPLICATED 2 inputs: ids 0, 1",
-                reference=ref, composite=comp, resumed_from=[1], **kw)
-
-
-STATE_HEADLINE = "STATE_DIVERGED at step 3 (2 steps after resume from step_1): optimizer differs (state.0.exp_avg)"
-
-
-def state_cell(**kw):
-    """Killed after checkpoint 1; the inputs agree, the optimizer's state differs from step 3."""
-    ref = ledger(4)
-    comp = [r for r in ref if r[1] == 1] + [[i, s, e, 1] for i, s, e, _ in ref if s > 1]
-    return cell(passed=False, categories=["STATE_DIVERGED"], headline=STATE_HEADLINE, reference=ref, composite=comp,
-                resumed_from=[1], state_diverged=3,
-                findings=[{"category": "STATE_DIVERGED", "headline": STATE_HEADLINE, "step": 3}], **kw)
-
-
-def every_status_cells(target="t"):
-    """One cell per row of ``categories.TABLE``, in table order (kill point i for row i)."""
-    cells = []
-    for i, c in enumerate(categories.TABLE, start=1):
-        kw = {"target": target, "kill": KillSpec(i)}
-        if c.name == categories.PASSED:
-            cells.append(cell(**kw))
-        elif c.name == categories.XFAIL:
-            cells.append(lost_cell(xfail_reason="known", **kw))
-        elif c.name == categories.XPASS:
-            cells.append(cell(xfail_reason="was known", **kw))
-        elif c.name == categories.LOST:
-            cells.append(lost_cell(**kw))
-        elif c.name == categories.DUPLICATED:
-            cells.append(duplicated_cell(**kw))
-        elif c.name == categories.STATE_DIVERGED:
-            cells.append(state_cell(**kw))
-        else:
-            cells.append(cell(passed=False, categories=[c.name], headline=f"{c.name}: planted", **kw))
-    assert [categories.status(c) for c in cells] == [c.name for c in categories.TABLE]
-    return cells
-
-
-def crash_cell(mode, op, errno=None, persistent=False, file=None, **kw):
-    """A crash-consistency cell: a fault at file operation ``op`` of the save of step 3 (5 ops)."""
-    return cell(kill=KillSpec(3, 0, FaultPlan(3, mode, op, errno, persistent, file, total=5)), **kw)
-
-
-def crash_matrix():
-    """Plain kill points 1-4 and the crash-consistency cells of one save, two of which fail."""
-    cells = [cell(kill=KillSpec(k)) for k in range(1, 5)]
-    cells += [crash_cell(MODE_CRASH, op) for op in range(6)] + [crash_cell(MODE_POWER, op) for op in (0, 5)]
-    cells += [crash_cell(MODE_POWER, 2, passed=False, categories=["STALE_RESUME"], headline="STALE_RESUME: planted")]
-    cells += [crash_cell(MODE_TORN, 4, file="model.pt")]
-    cells += [crash_cell(MODE_ERROR, op, ERRNOS["enospc"]) for op in range(5)]
-    cells += [crash_cell(MODE_ERROR, 2, ERRNOS["eio"], passed=False, categories=["SILENT_IO_ERROR"],
-                         headline="SILENT_IO_ERROR: planted")]
-    cells += [crash_cell(MODE_ERROR, 1, ERRNOS["enospc"], True)]
-    return cells
-
-
-def synthetic_matrix(n_cells=1200, failing_every=4, steps=60):
-    """A large matrix: 3 targets x 4 cases x 2 resume modes x 50 kill points; every 4th cell fails."""
-    cells = []
-    points = [(KillSpec(k),) for k in range(1, 46)] + [(KillSpec(k, 1),) for k in range(0, 4)]
-    points.append((KillSpec(1), KillSpec(40, 1)))
-    for t in range(3):
-        for c in range(4):
-            for mode in ("auto", "path"):
-                for kills in points:
-                    index = len(cells)
-                    if index % failing_every:
-                        cells.append(cell(f"target{t}", f"case{c}", mode, kills))
-                        continue
-                    ref = ledger(steps, take=4, n=40)
-                    at = max(1, kills[0].checkpoint_step)  # the checkpoint resumed from
-                    comp = [r for r in ref if r[1] <= at] + [[r[0], r[1], r[2], 1] for r in ref if r[1] > at + 1]
-                    name = f"target{t}[case{c}-{mode}-{kill_ids.kill_id(kills)}]"
-                    cells.append(cell(f"target{t}", f"case{c}", mode, kills, passed=False, categories=["LOST"],
-                                      headline=f"LOST 4 inputs after resume from step_{at}",
-                                      reference=ref, composite=comp, resumed_from=[at],
-                                      rerun=f"pytest --resume-matrix-cell={name}"))
-    assert len(cells) == n_cells
-    return cells
-
-
-def embedded_timelines(page):
-    """The JSON the page's script draws from, decoded."""
-    match = re.search(r'<script type="application/json" id="timelines">(.*?)</script>', page, re.S)
-    assert match, "no embedded timeline data"
-    return json.loads(match.group(1))
 
 
 class Node:
@@ -304,16 +182,6 @@ def test_failing_cells_fold_per_target_with_the_first_one_open():
     assert [o.split("[")[0] for o in opened] == ["a", "b", "c"]
     assert opened[0].startswith("a[c-auto-ckpt1]")  # the earliest kill point first, as in the heatmap
     assert "2 more failing cells of a</summary>" in page
-
-
-@pytest.mark.slow
-def test_html_module_needs_only_the_standard_library():
-    code = ("import sys; before = set(sys.modules); import pytest_resume_check.report.html; "
-            "print(sorted({m.split('.')[0] for m in set(sys.modules) - before}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    new = set(json.loads(out.stdout.replace("'", '"')))
-    assert "pytest" not in new and "_pytest" not in new
-    assert new - {"pytest_resume_check"} <= set(sys.stdlib_module_names)
 
 
 def test_cells_without_a_rerun_command_get_one_built_from_the_seed():
@@ -497,146 +365,6 @@ def test_1200_cells_give_a_small_file_with_capped_timelines(tmp_path):
     assert max(shown) <= html.MAX_STEPS and sorted(shown)[len(shown) // 2] <= 2 * html.CONTEXT_STEPS + 2
 
 
-# -- the real thing: planted bugs through the engine -----------------------------------------------------
-
-@pytest.fixture(scope="module")
-def planted_cells(tmp_path_factory):
-    """Cell JSON of real runs: a dropped buffer tail (LOST) and a tail read twice (DUPLICATED)."""
-    pytest.importorskip("torch")
-    pytest.importorskip("torchdata")
-    from pytest_resume_check.builtin import loop
-    from pytest_resume_check.cells.matrix import Cell
-    from pytest_resume_check.engine import Engine
-    from pytest_resume_check.report import text as report
-    from pytest_resume_check.targets import resume_target
-
-    engine = Engine(tmp_path_factory.mktemp("html-engine"), seed=7, hang_timeout=20)
-    case = {"id": "take2", "take": 2}
-    cells = []
-    runs = [(loop.loop_drop_buffer, (KillSpec(1),)), (loop.loop_buffer_and_reread, (KillSpec(1),)),
-            (loop.loop_buffer_and_reread, (KillSpec(1), KillSpec(5, 1))), (loop.correct_loop, (KillSpec(3),))]
-    for fn, kills in runs:
-        target = resume_target(fn, name=fn.__name__, steps=loop.total_steps, boundaries=loop.epoch_boundaries,
-                               preload=loop.PRELOAD)
-        cells.append(report.cell_json(engine.run_cell(Cell(target, case, "auto", kills, loop.total_steps(case)))))
-    return cells
-
-
-@pytest.mark.slow
-def test_planted_failures_show_lost_and_duplicated_inputs(planted_cells):
-    drop, reread, reread_twice, correct = planted_cells
-    assert correct["passed"] and not drop["passed"] and not reread["passed"]
-    page = html.render(planted_cells, seed=7)
-    timelines = embedded_timelines(page)
-    assert len(timelines) == 3  # one per failing cell, none for the passing one
-    by_name = {t["cell"]: t for t in timelines}
-
-    lost = by_name[summary.cell_name(drop)]
-    assert [(i, m) for g in lost["ref"] for i, m in zip(g[3], g[4]) if m != verdict.MARK_OK] == [(2, "L"), (3, "L")]
-    dup = by_name[summary.cell_name(reread)]
-    assert {i for g in dup["res"] for i, m in zip(g[3], g[4]) if m == "D"} >= {2, 3}
-    twice = by_name[summary.cell_name(reread_twice)]
-    assert len(twice["resumed"]) == 2 and [k[0] for k in twice["kills"]] == [0, 1]
-    assert summary.cell_name(drop) in page and drop["headline"] in page
-    assert drop["story"].replace(">", "&gt;") in page
-
-
-# -- a real browser ----------------------------------------------------------------------------------------
-
-def chromium(tmp_path, url, *args):
-    """Run headless Chromium on ``url`` and return its stdout."""
-    profile = tmp_path / "chromium-profile"
-    done = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
-
-
-def rendered_dom(tmp_path, path):
-    """The DOM after the page's script ran with every timeline drawn."""
-    return chromium(tmp_path, path.as_uri() + html.RENDER_ALL_HASH, "--dump-dom")
-
-
-def render_state(dom):
-    return re.search(r'<body data-render="([^"]*)"', dom).group(1)
-
-
-NO_CHROMIUM = "chromium is not installed (Debian: apt-get install chromium)"
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
-
-
-@pytest.mark.slow
-@needs_chromium
-def test_chromium_draws_every_timeline_without_a_script_error(tmp_path, planted_cells):
-    cells = [*planted_cells, lost_cell(target=f"t{PAYLOAD}", headline=f"LOST {PAYLOAD}")]
-    cells[-1]["reference"][2][0] = PAYLOAD
-    path = html.write_report(cells, tmp_path / "report.html", seed=7)
-    dom = rendered_dom(tmp_path, path)
-    assert render_state(dom) == html.RENDER_OK
-    svgs = re.findall(r'<svg [^>]*class="timeline"', dom)
-    assert len(svgs) == len(embedded_timelines(path.read_text())) == 4
-    assert dom.count('class="in m-L"') >= 2 and dom.count('class="in m-D"') >= 2
-    # The id went in as text: Chromium serialises it escaped, and no element came out of it.
-    assert "id &lt;/script&gt;&lt;img src=x" in dom and "<img" not in dom
-
-    png = tmp_path / "report.png"
-    chromium(tmp_path, path.as_uri(), f"--screenshot={png}", "--window-size=1400,1000")
-    data = png.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
-
-
-@pytest.mark.slow
-@needs_chromium
-def test_chromium_renders_a_page_with_every_category_and_crash_cells(tmp_path):
-    cells = every_status_cells() + [{**c, "target": "crashy"} for c in crash_matrix()]
-    path = html.write_report(cells, tmp_path / "every.html", seed=3)
-    dom = rendered_dom(tmp_path, path)
-    assert render_state(dom) == html.RENDER_OK
-    drawn = len(re.findall(r'<svg [^>]*class="timeline"', dom))
-    # Every failing cell is drawn: the unexpected and expected failures, and an XPASS (it fails too).
-    failing = sum(1 for c in cells if not c["passed"] or categories.fails(c))
-    assert drawn == len(embedded_timelines(path.read_text())) == failing
-    marks = html.entry_categories()
-    for m in (verdict.MARK_LOST, verdict.MARK_DUPLICATED):  # lost and duplicated inputs in their colours
-        assert re.search(rf'<rect [^>]*fill="{marks[m].colour}"[^>]*class="in m-{m}"', dom), marks[m].name
-    assert dom.count('data-kind="crash"') == 1 and dom.count('data-kind="kills"') == 2
-    # The STATE_DIVERGED cell's timeline marks the step where the state first differs.
-    assert dom.count('<g class="state">') == 1 and STATE_HEADLINE in dom
-
-
-@pytest.mark.slow
-@needs_chromium
-def test_chromium_renders_the_1200_cell_report(tmp_path):
-    path = html.write_report(synthetic_matrix(), tmp_path / "big.html", seed=1)
-    dom = rendered_dom(tmp_path, path)
-    assert render_state(dom) == html.RENDER_OK
-    assert len(re.findall(r'<svg [^>]*class="timeline"', dom)) == html.MAX_TIMELINES
-
-
-@pytest.mark.slow
-def test_the_page_reports_a_script_error_on_its_body(tmp_path):
-    """The marker the browser tests read is not vacuous: a broken timeline turns it into an error."""
-    if CHROMIUM is None:
-        pytest.skip(NO_CHROMIUM)
-    page = html.render([lost_cell()])
-    page = page.replace('id="timelines">[', 'id="timelines">[null,', 1)
-    path = Path(tmp_path / "broken.html")
-    broken = page.replace("if (drawn[i] || !data[i]) { return; }", "if (drawn[i]) { return; }")
-    assert broken != page
-    path.write_text(broken)
-    dom = chromium(tmp_path, path.as_uri() + html.RENDER_ALL_HASH, "--dump-dom")
-    assert render_state(dom).startswith(html.RENDER_ERROR)
-
-
-def two_rank_cell():
-    """A two-rank cell killed after checkpoint 1 whose resumed rank 1 takes rank 0's inputs (rows carry the
-    rank as a fifth item, as ``Ledger.to_json`` writes them for multi-rank runs)."""
-    ref = [[2 * (s - 1) + r, s, 0, 0, r] for s in (1, 2, 3) for r in (0, 1)]
-    comp = [row for row in ref if row[1] == 1] + [[2 * (s - 1), s, 0, 1, r] for s in (2, 3) for r in (0, 1)]
-    return cell(passed=False, categories=["LOST", "DUPLICATED"], headline="LOST 2 inputs on rank 1 after resume",
-                reference=ref, composite=comp, resumed_from=[1])
-
-
 def test_a_multi_rank_timeline_has_a_lane_per_rank_of_each_ledger():
     t = html.timeline(two_rank_cell())
     assert [lane[0] for lane in t["lanes"]] == ["reference r0", "reference r1", "resumed r0", "resumed r1"]
@@ -647,13 +375,3 @@ def test_a_multi_rank_timeline_has_a_lane_per_rank_of_each_ledger():
     assert [(i, m) for g in lanes["resumed r1"] for i, m in zip(g[3], g[4]) if m != verdict.MARK_OK] == \
         [(2, "D"), (4, "D")]
     assert [lane[0] for lane in html.timeline(lost_cell())["lanes"]] == ["reference", "resumed"]
-
-
-@pytest.mark.slow
-@needs_chromium
-def test_chromium_draws_the_rank_lanes(tmp_path):
-    path = html.write_report([two_rank_cell()], tmp_path / "ranks.html", seed=1)
-    dom = rendered_dom(tmp_path, path)
-    assert render_state(dom) == html.RENDER_OK
-    for label in ("reference r0", "reference r1", "resumed r0", "resumed r1"):
-        assert f">{label}</text>" in dom

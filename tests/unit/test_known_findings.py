@@ -436,32 +436,6 @@ def test_ids_are_unique_and_versions_read_as_the_page_writes_them():
     assert known_findings.release("2.13.0+cpu") == (2, 13, 0) and known_findings.release("dev") is None
 
 
-@pytest.mark.parametrize("module, constant, evidence", [
-    ("pytest_resume_check.integrations.lightning", "STATE_FIT_LOOP", "lightning-epoch-end-resume"),
-    ("pytest_resume_check.integrations.hf_trainer", "STATE_TRAINER", "hf-trainer-rng-after-collate"),
-    ("pytest_resume_check.integrations.hf_trainer", "STATE_TRAINER", "hf-trainer-state-not-durable"),
-])
-def test_the_evidence_is_the_integrations_own_component(module, constant, evidence):
-    integration = pytest.importorskip(module)
-    entry = next(k for k in known_findings.TABLE if k.id == evidence)
-    assert entry.evidence == getattr(integration, constant)
-
-
-@pytest.mark.parametrize("module, constant, copy", [
-    ("pytest_resume_check.integrations.hf_trainer", "SETTING_WORKERS", "SETTING_WORKERS"),
-    ("pytest_resume_check.integrations.hf_trainer", "STATE_BATCH", "BATCH"),
-    ("pytest_resume_check.integrations.hf_trainer", "STATE_MODEL", "MODEL"),
-    ("pytest_resume_check.integrations.hf_trainer", "STATE_RNG", "RNG"),
-    ("pytest_resume_check.integrations.hf_trainer", "TRAINER_STATE_FILE", "TRAINER_STATE_FILE"),
-    ("pytest_resume_check.integrations.lightning", "SETTING_STATEFUL_LOADER", "SETTING_STATEFUL_LOADER"),
-    ("pytest_resume_check.integrations.lightning", "SETTING_EPOCH_END_FIX", "SETTING_EPOCH_END_FIX"),
-    ("pytest_resume_check.integrations.accelerate", "SETTING_LOADER_GENERATOR", "SETTING_LOADER_GENERATOR"),
-])
-def test_what_the_conditions_read_is_what_the_integrations_report(module, constant, copy):
-    integration = pytest.importorskip(module)
-    assert getattr(known_findings, copy) == getattr(integration, constant)
-
-
 def test_the_components_the_conditions_name_are_the_integrations_own():
     accelerate = pytest.importorskip("pytest_resume_check.integrations.accelerate")
     assert {known_findings.MODEL, known_findings.OPTIMIZER, known_findings.RNG} <= set(accelerate.STATE_COMPONENTS)

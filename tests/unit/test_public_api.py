@@ -2,18 +2,17 @@
 
 README.md and docs/ name these paths; the package's layout behind them may change (docs/design.md,
 "Module map"), these may not. The client a program reports through offers what a Python target's
-``RunContext`` offers, or says here why not.
+``RunContext`` offers, or says here why not. The paths that import a framework (the integrations, the
+preload strings of the bundled targets) are checked in tests/engine/test_integration_modules.py, the options
+``pytest --help`` offers in tests/plugin/test_options_offered.py.
 """
 
 from __future__ import annotations
 
 import importlib
-import subprocess
-import sys
 from importlib.metadata import entry_points
 
 import pytest
-from optional import requires
 
 import pytest_resume_check
 
@@ -39,18 +38,6 @@ PUBLIC = {
     "pytest_resume_check.integrations.durable": (),
     "pytest_resume_check.builtin": (),
 }
-
-#: The integrations, each with the framework it needs.
-INTEGRATIONS = {"lightning": "lightning", "accelerate": "accelerate", "hf_trainer": "transformers"}
-
-#: Every option and ini key the docs name.
-OPTIONS = ("--resume-matrix", "--resume-matrix-mode", "--resume-matrix-seed", "--resume-matrix-target",
-           "--resume-matrix-cell", "--resume-matrix-hang-timeout", "--resume-matrix-json",
-           "--resume-matrix-isolation", "--resume-matrix-exhaustive", "--resume-matrix-html",
-           "--resume-matrix-repro", "--resume-matrix-step-summary")
-INI_KEYS = ("resume_matrix_targets", "resume_matrix_seed", "resume_matrix_hang_timeout", "resume_matrix_json",
-            "resume_matrix_isolation", "resume_matrix_exhaustive", "resume_matrix_html", "resume_matrix_repro",
-            "resume_matrix_step_summary")
 
 #: What one side has that the other has not, and why. A Python target can never be outside the
 #: harness; a program can (run by hand), so only it asks.
@@ -79,38 +66,11 @@ def test_the_command_declaration_hangs_off_resume_target():
     assert callable(resume_target.command)
 
 
-@pytest.mark.parametrize("name", sorted(INTEGRATIONS))
-def test_each_integration_imports_where_its_framework_is_installed(name):
-    pytest.importorskip("torch")
-    pytest.importorskip(INTEGRATIONS[name])
-    importlib.import_module(f"pytest_resume_check.integrations.{name}")
-
-
-@requires("torch", "torchdata")
-def test_the_preload_strings_users_copy_name_real_modules_and_functions():
-    from pytest_resume_check.builtin.targets import TARGETS
-
-    entries = {entry for target in TARGETS for entry in target.preload if entry.startswith("pytest_resume_check")}
-    assert "pytest_resume_check.builtin.loop:warm_up" in entries
-    for entry in sorted(entries):
-        module, _, function = entry.partition(":")
-        imported = importlib.import_module(module)
-        assert not function or callable(getattr(imported, function)), entry
-
-
 def test_the_entry_points_name_the_plugin_and_the_bundled_targets():
     plugins = {ep.name: ep.value for ep in entry_points(group="pytest11")}
     assert plugins.get("resume-check") == "pytest_resume_check.plugin"
     targets = {ep.name: ep.value for ep in entry_points(group="pytest_resume_check.targets")}
     assert targets.get("builtin") == "pytest_resume_check.builtin.targets:TARGETS"
-
-
-@pytest.mark.slow
-def test_every_option_and_ini_key_the_docs_name_is_offered():
-    shown = subprocess.run([sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"],
-                           capture_output=True, text=True, timeout=300, check=True).stdout
-    missing = [name for name in (*OPTIONS, *INI_KEYS) if name not in shown]
-    assert not missing, f"pytest --help does not offer {missing}"
 
 
 def public_names(obj) -> set[str]:
