@@ -7,15 +7,24 @@
     <root>/<target>/<case>/record-save<step>/  the run that recorded a save's file operations
     <root>/<target>/<case>/<mode>-<kill>/      one cell: out/ (auto) or out<i>/ (path mode), run<i>.log
 
+    <root>/#trash/                             folders being deleted (a name no target or case folder has)
+
 Every file and folder the harness deletes goes through :func:`remove_inside` (:meth:`Layout.fresh`,
 :meth:`Layout.remove`, the clean-up of old sessions), which refuses any path it cannot prove lies
-strictly inside the root it is given (a target named ``..`` pointed the harness outside).
+strictly inside the root it is given (a target named ``..`` pointed the harness outside). A passed cell's
+folder is deleted off the critical path (:class:`Trash`): renamed into the root's trash folder, which costs
+the same whatever it holds, and deleted by a background thread, each path proven inside the root again
+when it is deleted; :meth:`Layout.tidy` waits for that at the session's end and leaves no trash behind.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
+import itertools
+import os
 import shutil
+import threading
 from pathlib import Path
 
 from pytest_resume_check.records.names import REFERENCE
@@ -56,6 +65,88 @@ def remove_inside(path: Path, root: Path, ignore_errors: bool = False) -> None:
             raise
 
 
+#: The folder of a session's root that what is being deleted is moved into; ``#`` is a character
+#: :func:`safe_name` never keeps, so no target's or case's folder can be named so.
+TRASH = "#trash"
+
+
+#: Seconds the trash's thread waits for more to delete before it ends.
+IDLE = 1.0
+
+
+class Trash:
+    """Deletes folders of one root off the critical path. :meth:`discard` renames a folder into the root's
+    :data:`TRASH` folder (the same file system: a rename costs the same whatever the folder holds) and a
+    background thread deletes it; the thread lives while there is something to delete and :data:`IDLE`
+    seconds more (starting one for every cell cost milliseconds on a loaded machine). Every path is
+    proven to lie inside the root when it is moved and again when it is deleted (:func:`remove_inside`).
+    :meth:`empty` waits for the deletions and removes the trash folder."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.folder = self.root / TRASH
+        self._names = itertools.count()
+        self._pending: collections.deque[Path] = collections.deque()
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._ending = False  # the thread ends once nothing is pending, without waiting IDLE seconds
+        #: Why the background thread refused a deletion (:data:`ERR_OUTSIDE`), raised by :meth:`empty`.
+        self.refused: list[str] = []
+
+    def discard(self, path: Path) -> None:
+        """Delete ``path`` (a file, symlink or folder inside the root), soon: it is gone from where it was when
+        this returns. Where it cannot be renamed (another file system mounted inside the root), it is deleted
+        here and now."""
+        path = check_inside(path, self.root)
+        if not os.path.lexists(path):
+            return
+        aside = self.folder / f"{os.getpid()}-{id(self):x}-{next(self._names)}"
+        try:
+            self.folder.mkdir(mode=0o700, exist_ok=True)
+            os.rename(path, check_inside(aside, self.root))  # the trash folder may not lead out of the root
+        except OSError:
+            remove_inside(path, self.root, ignore_errors=True)
+            return
+        self.delete_later(aside)
+
+    def delete_later(self, path: Path) -> None:
+        """Queue ``path`` for the background thread, which proves it lies inside the root before it deletes it."""
+        with self._lock:
+            self._pending.append(Path(path))
+            self._lock.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name="resume-check-trash", daemon=True)
+                self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending and not self._ending:
+                    self._lock.wait(IDLE)
+                if not self._pending:
+                    self._thread = None
+                    return
+                path = self._pending.popleft()
+            try:
+                remove_inside(path, self.root, ignore_errors=True)
+            except ValueError as refused:  # a path outside the root: never deleted, and said at the end
+                self.refused.append(str(refused))
+
+    def empty(self) -> None:
+        """Wait until everything discarded so far is deleted and the thread has ended, then delete the trash
+        folder; raises ValueError when the background thread refused a path (see :func:`check_inside`)."""
+        with self._lock:
+            thread, self._ending = self._thread, True
+            self._lock.notify()
+        if thread is not None:
+            thread.join()
+        self._ending = False
+        remove_inside(self.folder, self.root, ignore_errors=True)
+        refused, self.refused = self.refused, []
+        if refused:
+            raise ValueError(refused[0])
+
+
 #: The longest folder name the harness makes, in bytes (file systems allow 255 bytes, not characters).
 MAX_NAME_BYTES = 120
 
@@ -79,6 +170,8 @@ class Layout:
     def __init__(self, root: Path):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        #: Where removed folders go to be deleted in the background.
+        self.trash = Trash(self.root)
 
     def _case(self, target: str, case_id: str) -> Path:
         return self.root / safe_name(target) / safe_name(case_id)
@@ -110,32 +203,36 @@ class Layout:
         return prefix / f"snapshot-{step}"
 
     def fresh(self, path: Path) -> Path:
-        """Delete ``path`` if it exists and create it empty; it must lie inside the root."""
+        """Delete ``path`` if it exists (in the background: :class:`Trash`) and create it empty; it must lie
+        inside the root."""
         path = Path(path)
-        remove_inside(path, self.root)
+        self.trash.discard(path)
         path.mkdir(parents=True)
         return path
 
     def remove(self, path: Path) -> None:
-        """Delete a folder of this session (a passed cell's files); it must lie inside the root."""
-        remove_inside(path, self.root, ignore_errors=True)
+        """Delete a folder of this session (a passed cell's files) in the background (:class:`Trash`): it is
+        gone from its place when this returns; it must lie inside the root."""
+        self.trash.discard(path)
 
     def tidy(self) -> None:
-        """End of a session: delete what only served its own runs (shared first runs with their
-        snapshots, recorded saves) and the references of cases that kept no failing cell. A failing
-        cell's folder holds its own checkpoints and logs and stays, with its case's reference beside it."""
+        """End of a session: wait for the deletions under way (:meth:`Trash.empty`), then delete what only
+        served its own runs (shared first runs with their snapshots, recorded saves) and the references of
+        cases that kept no failing cell. A failing cell's folder holds its own checkpoints and logs and stays,
+        with its case's reference beside it."""
+        self.trash.empty()
         for case in (c for t in self._folders(self.root) for c in self._folders(t)):
             kept_cells = False
             for folder in self._folders(case):
                 if folder.name.endswith("-prefix") or folder.name.startswith("record-save"):
-                    self.remove(folder)
+                    remove_inside(folder, self.root, ignore_errors=True)
                 elif folder.name != REFERENCE:
                     kept_cells = True
             if not kept_cells:
-                self.remove(case)
+                remove_inside(case, self.root, ignore_errors=True)
         for target in self._folders(self.root):
             if not any(target.iterdir()):
-                self.remove(target)
+                remove_inside(target, self.root, ignore_errors=True)
 
     @staticmethod
     def _folders(path: Path) -> list[Path]:

@@ -9,6 +9,7 @@ the harness (wait for the other ranks, snapshot, kill) and says whether the run'
 
 from __future__ import annotations
 
+import collections
 import errno
 import functools
 import os
@@ -41,7 +42,7 @@ def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HA
     record.pid = child.pid
     interrupted = True
     try:
-        _read_events(_Watch(child, record, hang_timeout, on_pause, started))
+        _read_events(_Watch(child, record, hang_timeout, on_pause, started, _Channel(child.conn.fileno())))
         interrupted = False
     except _BadFrame as bad:  # something wrote to the channel that is no event: the run's word is void
         record.events.append(ev.Event(ev.VIOLATION, text=ERR_BAD_FRAME.format(detail=bad)))
@@ -89,6 +90,8 @@ class _Watch:
     on_pause: Callable[[int], None] | None
     #: ``time.monotonic()`` when the child was started.
     started: float
+    #: The run's event channel, read in bulk.
+    channel: _Channel
 
 
 def _read_events(watch: _Watch) -> None:
@@ -100,7 +103,7 @@ def _read_events(watch: _Watch) -> None:
     while True:
         # Short waits: a process the run detached may hold the channel and the sentinel open after
         # the child died (spawn hands the sentinel down), so whether it lives is also asked directly.
-        ready = wait([child.conn, sentinel], timeout=LIVENESS_POLL)
+        ready = [child.conn] if watch.channel.queued else wait([child.conn, sentinel], timeout=LIVENESS_POLL)
         if not ready:
             if child.process.exitcode is not None:
                 ready = [sentinel]
@@ -117,7 +120,7 @@ def _read_events(watch: _Watch) -> None:
         elif sentinel in ready:
             # The child is gone; its loader workers may still hold the channel open. Drain what
             # was written before the exit, then decide.
-            _drain_written(child, record)
+            _drain_written(watch)
             _finish(record)
             return
 
@@ -126,7 +129,7 @@ def _dispatch_message(watch: _Watch) -> bool:
     """Read the channel message that is ready and hand each of its events to the handler of its kind; True
     when the run's reading ends (the channel closed, or a handler ended it)."""
     try:
-        received = _receive(watch.child, watch.hang_timeout)
+        received = watch.channel.receive(watch.hang_timeout)
     except (EOFError, OSError):
         _finish(watch.record)
         return True
@@ -160,7 +163,7 @@ def _on_paused(watch: _Watch, event: ev.Event) -> bool:
     kill = watch.record.plan.kill
     if event.attempt and kill is not None and kill.rejoin == step:
         return _rejoin(watch, event, kill.node)
-    if not _wait_for_peers(watch.child, watch.record, step, watch.hang_timeout, "paused for a snapshot"):
+    if not _wait_for_peers(watch, step, "paused for a snapshot"):
         return True
     watch.record.events.append(event)
     if watch.on_pause is not None:
@@ -181,8 +184,7 @@ def _rejoin(watch: _Watch, event: ev.Event, node: int | None) -> bool:
                   if e.kind == ev.RANKS and e.attempt == event.attempt and "world_size" in e.extra), 1)
     plan = record.plan
     awaited = [r for r in (range(1, world) if plan.step_ranks is None else plan.step_ranks) if 0 < r < world]
-    if not _wait_for_peers(watch.child, record, step, watch.hang_timeout, "waited to bring the lost node back",
-                           awaited, event.attempt):
+    if not _wait_for_peers(watch, step, "waited to bring the lost node back", awaited, event.attempt):
         return True
     reserve = [int(e.extra["agent"]) for e in record.events if e.kind == ev.RANKS and e.extra.get("reserve")]
     record.events.append(event)
@@ -197,12 +199,12 @@ def _on_kill_ready(watch: _Watch, event: ev.Event) -> bool:
     """The child is at the planned kill point: the run is ``KILLED``. A SIGTERM plan preempts every rank;
     a plan that kills one rank kills it alone; an all-ranks SIGKILL of a multi-rank run first waits for
     the other ranks to reach the kill point's step. The caller SIGKILLs what is left; the reading ends."""
-    child, record = watch.child, watch.record
+    record = watch.record
     record.events.append(event)
     record.outcome = Outcome.KILLED
     kill = record.plan.kill
     if kill is not None and event.extra.get("signal") == SIGNAL_TERM:
-        _preempt(child, record, kill.grace)
+        _preempt(watch, kill.grace)
     elif kill is not None and (kill.node is not None or kill.rank is not None and record.plan.restarts_in_job):
         # torchrun restarts the workers within the run (without a lost node's): what they do next is the
         # resume, and the run's last word decides its outcome.
@@ -215,12 +217,12 @@ def _on_kill_ready(watch: _Watch, event: ev.Event) -> bool:
                                       extra={"signal": "kill", **who, "restart": True}))
         return False
     elif kill is not None and kill.rank is not None and record.plan.world_size > 1:
-        _kill_one_rank(child, record, kill.rank, int(event.extra["pid"]))
+        _kill_one_rank(watch, kill.rank, int(event.extra["pid"]))
     elif kill is not None and kill.agent:
-        if _wait_for_peers(child, record, kill.kill_step, watch.hang_timeout, "waited at the kill point"):
-            _kill_agent(child, record)
+        if _wait_for_peers(watch, kill.kill_step, "waited at the kill point"):
+            _kill_agent(watch)
     elif kill is not None and kill.fault is None and record.plan.world_size > 1:
-        if _wait_for_peers(child, record, kill.kill_step, watch.hang_timeout, "waited at the kill point"):
+        if _wait_for_peers(watch, kill.kill_step, "waited at the kill point"):
             record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL",
                                           extra={"signal": "kill", "ranks_past": _awaited(record)}))
     return True
@@ -367,26 +369,28 @@ def _signal(pids: list[int], signum: int) -> None:
             pass
 
 
-def _preempt(child: starter.Child, record: RunRecord, grace: float) -> None:
+def _preempt(watch: _Watch, grace: float) -> None:
     """Preemption: SIGTERM to every rank (to torchrun's agent, which forwards it to its workers), let the
     reporting call return, and keep recording what the run does until it exits or ``grace`` seconds have
     passed (the caller then SIGKILLs its group)."""
+    child, record = watch.child, watch.record
     pids = _agent_pids(child, record) if record.plan.launcher == LAUNCHER_TORCHRUN else _rank_pids(child, record)
     _signal(pids, signal.SIGTERM)
     record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGTERM",
                                   extra={"signal": SIGNAL_TERM, "grace": grace, "pids": pids}))
     child.resume()
-    _drain_until(child, record, time.monotonic() + grace)
+    _drain_until(watch, time.monotonic() + grace)
 
 
-def _kill_one_rank(child: starter.Child, record: RunRecord, rank: int, pid: int) -> None:
+def _kill_one_rank(watch: _Watch, rank: int, pid: int) -> None:
     """SIGKILL one rank alone and give the launcher :data:`TEARDOWN_TIMEOUT` to end the others, as
     torchrun's agent does; ``record.teardown`` says who ended them (the caller kills what is left)."""
+    child, record = watch.child, watch.record
     _signal([pid], signal.SIGKILL)
     started = time.monotonic()
     record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL",
                                   extra={"signal": "kill", "rank": rank, "pid": pid}))
-    _drain_until(child, record, started + TEARDOWN_TIMEOUT)
+    _drain_until(watch, started + TEARDOWN_TIMEOUT)
     if child.process.exitcode is not None:
         took = time.monotonic() - started
         record.teardown = f"the launcher ended the other ranks {took:.2f} s after rank {rank} died"
@@ -395,19 +399,20 @@ def _kill_one_rank(child: starter.Child, record: RunRecord, rank: int, pid: int)
                            "the harness killed them")
 
 
-def _kill_agent(child: starter.Child, record: RunRecord) -> None:
+def _kill_agent(watch: _Watch) -> None:
     """SIGKILL torchrun's agent alone (the run's process) and give its workers :data:`TEARDOWN_TIMEOUT` to end
     by themselves: torch gives each the parent-death signal SIGINT; ``record.teardown`` says whether and how
     fast they ended (the caller kills what is left)."""
+    child, record = watch.child, watch.record
     workers = _rank_pids(child, record)
     _signal([child.pid], signal.SIGKILL)
     started = time.monotonic()
     record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL",
                                   extra={"signal": "kill", "agent": child.pid, "ranks_past": _awaited(record)}))
     while time.monotonic() < started + TEARDOWN_TIMEOUT and not all(map(_ended, workers)):
-        _drain_written(child, record)
+        _drain_written(watch)
         time.sleep(0.01)
-    _drain_written(child, record)
+    _drain_written(watch)
     if all(map(_ended, workers)):
         record.teardown = f"the workers ended {time.monotonic() - started:.2f} s after their agent died"
     else:
@@ -436,8 +441,8 @@ def _awaited(record: RunRecord) -> list[int]:
     return sorted(r for r in ranks if 0 < r < plan.world_size and resumed.get(r, (lead, None))[0] == lead)
 
 
-def _wait_for_peers(child: starter.Child, record: RunRecord, step: int, hang_timeout: float, doing: str,
-                    peers: Iterable[int] | None = None, attempt: int | None = None) -> bool:
+def _wait_for_peers(watch: _Watch, step: int, doing: str, peers: Iterable[int] | None = None,
+                    attempt: int | None = None) -> bool:
     """Before killing every rank at once, or copying what a shared first run saved: wait until every other
     rank that reports steps has reported the end of ``step`` (the kill point's), so all their reports up
     to the kill point are on the channel and their part of its checkpoint is written (a fixed
@@ -446,6 +451,7 @@ def _wait_for_peers(child: starter.Child, record: RunRecord, step: int, hang_tim
     happened instead (it ended by itself, or a rank did not get there within the hang limit: ``HUNG``).
     ``peers``: those ranks (else :func:`_awaited`); ``attempt``: only the reports of that attempt of a torchrun
     job count."""
+    child, record, hang_timeout = watch.child, watch.record, watch.hang_timeout
     awaited = set(_awaited(record) if peers is None else peers)
 
     def missing() -> list[int]:
@@ -454,7 +460,7 @@ def _wait_for_peers(child: starter.Child, record: RunRecord, step: int, hang_tim
 
     if not missing():
         return True
-    _drain_until(child, record, time.monotonic() + hang_timeout, lambda: not missing())
+    _drain_until(watch, time.monotonic() + hang_timeout, lambda: not missing())
     late = missing()
     if not late:
         return True
@@ -473,28 +479,29 @@ ERR_PEERS = ("rank{s} {ranks} did not report the end of step {step} within the h
              "next step's collectives), or raise the limit with " + OPT_HANG)
 
 
-def _drain_until(child: starter.Child, record: RunRecord, deadline: float,
-                 until: Callable[[], bool] | None = None) -> None:
+def _drain_until(watch: _Watch, deadline: float, until: Callable[[], bool] | None = None) -> None:
     """Record the run's events until its process exits, ``deadline`` passes or ``until()`` holds."""
+    child, record, channel = watch.child, watch.record, watch.channel
     sentinel = child.process.sentinel
     while time.monotonic() < deadline and not (until is not None and until()):
-        ready = wait([child.conn, sentinel], timeout=min(LIVENESS_POLL, max(0.0, deadline - time.monotonic())))
+        ready = [child.conn] if channel.queued else wait(
+            [child.conn, sentinel], timeout=min(LIVENESS_POLL, max(0.0, deadline - time.monotonic())))
         if child.conn in ready:
             try:
-                record.events.extend(_receive(child, max(LIVENESS_POLL, deadline - time.monotonic())))
+                record.events.extend(channel.receive(max(LIVENESS_POLL, deadline - time.monotonic())))
             except (EOFError, OSError):  # every process of the run closed the channel: it is exiting
                 child.wait_exit(max(0.0, deadline - time.monotonic()))
                 return
         elif sentinel in ready or child.process.exitcode is not None:
-            _drain_written(child, record)
+            _drain_written(watch)
             return
 
 
-def _drain_written(child: starter.Child, record: RunRecord) -> None:
+def _drain_written(watch: _Watch) -> None:
     """Record what an exited child wrote to the channel before it went (without waiting for more)."""
-    while child.conn.poll(0):
+    while watch.channel.queued or watch.child.conn.poll(0):
         try:
-            record.events.extend(_receive(child, LIVENESS_POLL, alive=False))
+            watch.record.events.extend(watch.channel.receive(LIVENESS_POLL, alive=False))
         except (EOFError, OSError):
             break
 
@@ -510,41 +517,88 @@ class _BadFrame(Exception):
     """What came over the channel is not a message of events."""
 
 
-def _receive(child: starter.Child, timeout: float, alive: bool = True) -> list[ev.Event]:
-    """The events of the next channel message (one is ready to be read); raises EOFError when the channel
-    is closed and :class:`_BadFrame` when the message is no events: a length beyond :data:`MAX_FRAME`, bytes
-    that do not decode, or a message that does not arrive in full within ``timeout`` seconds while the run
-    lives (a length made up by something else writing to the channel). Read from the descriptor itself, as
-    multiprocessing frames it (a 4-byte big-endian length, -1 and 8 more bytes for longer ones), so no read
-    waits longer than ``timeout``. Of a run that exited (``alive`` False), a cut message is its end."""
-    fd = child.conn.fileno()
-    deadline = time.monotonic() + timeout
-    size = struct.unpack("!i", _read_exactly(fd, 4, deadline, alive))[0]
-    if size == -1:
-        size = struct.unpack("!Q", _read_exactly(fd, 8, deadline, alive))[0]
-    if not 0 <= size <= MAX_FRAME:
-        raise _BadFrame(f"a message length of {size} bytes")
-    raw = _read_exactly(fd, size, deadline, alive)
-    try:
-        return _decode(raw)
-    except (ValueError, TypeError, AttributeError, RecursionError) as exc:
-        raise _BadFrame(f"{len(raw)} bytes: {type(exc).__name__}: {str(exc)[:120]}") from None
+#: Bytes one read of the event channel takes at most: every message written since the last read, at once.
+CHUNK = 1 << 20
 
 
-def _read_exactly(fd: int, n: int, deadline: float, alive: bool) -> bytes:
-    chunks, got = [], 0
-    while got < n:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+class _Channel:
+    """The read end of a run's event channel, read in bulk: one read takes every message written so far (a
+    trivial step's few events are several messages), and :meth:`receive` hands them out one at a time, in
+    order, so a handler that reads on (waiting for the other ranks) sees what it saw when each read took one
+    message. Messages are framed as multiprocessing frames them (a 4-byte big-endian length, -1 and 8 more
+    bytes for longer ones); a message cut at the end of a read stays in the buffer for the next."""
+
+    def __init__(self, fd: int, chunk: int = CHUNK):
+        self.fd = fd
+        self.chunk = chunk
+        self._buffer = bytearray()
+        self._messages: collections.deque[bytes | _BadFrame] = collections.deque()
+        self._broken = False
+
+    @property
+    def queued(self) -> bool:
+        """Whether a message read already waits to be received (the descriptor may have nothing more)."""
+        return bool(self._messages)
+
+    def receive(self, timeout: float, alive: bool = True) -> list[ev.Event]:
+        """The events of the next message (one is queued, or ready to be read); raises EOFError when the
+        channel is closed and :class:`_BadFrame` when the message is no events: a length beyond
+        :data:`MAX_FRAME`, bytes that do not decode, or a message that does not arrive in full within
+        ``timeout`` seconds while the run lives (a length made up by something else writing to the channel),
+        so no read waits longer than ``timeout``. Of a run that exited (``alive`` False), a cut message is its
+        end."""
+        deadline = time.monotonic() + timeout
+        while not self._messages:
+            self._read(deadline, alive)
+        message = self._messages.popleft()
+        if isinstance(message, _BadFrame):
+            raise message
+        try:
+            return _decode(message)
+        except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+            raise _BadFrame(f"{len(message)} bytes: {type(exc).__name__}: {str(exc)[:120]}") from None
+
+    def _read(self, deadline: float, alive: bool) -> None:
+        ready, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
         if not ready:
             if alive:
-                raise _BadFrame(f"a message of {n} bytes that did not arrive in full")
+                raise _BadFrame(f"a message of {self._wanted()} bytes that did not arrive in full")
             raise EOFError("the run ended in the middle of a message")
-        chunk = os.read(fd, min(n - got, 1 << 20))
+        chunk = os.read(self.fd, self.chunk)
         if not chunk:
-            raise EOFError("the channel closed in the middle of a message")
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
+            raise EOFError("the channel closed in the middle of a message" if self._buffer else "the channel closed")
+        if not self._broken:
+            self._buffer += chunk
+            self._split()
+
+    def _split(self) -> None:
+        """Move every whole message of the buffer to the queue; a cut one stays."""
+        buffer, start = self._buffer, 0
+        while len(buffer) - start >= 4:
+            size, head = struct.unpack_from("!i", buffer, start)[0], 4
+            if size == -1:
+                if len(buffer) - start < 12:
+                    break
+                size, head = struct.unpack_from("!Q", buffer, start + 4)[0], 12
+            if not 0 <= size <= MAX_FRAME:  # nothing after it can be framed: the run's word ends here
+                self._messages.append(_BadFrame(f"a message length of {size} bytes"))
+                self._broken, start = True, len(buffer)
+                break
+            if len(buffer) - start < head + size:
+                break
+            self._messages.append(bytes(buffer[start + head:start + head + size]))
+            start += head + size
+        del buffer[:start]
+
+    def _wanted(self) -> int:
+        """The length of the message cut at the end of the buffer (of its length field while that is cut)."""
+        buffer = self._buffer
+        if len(buffer) < 4:
+            return 4
+        size = struct.unpack_from("!i", buffer)[0]
+        if size != -1:
+            return size
+        return struct.unpack_from("!Q", buffer, 4)[0] if len(buffer) >= 12 else 8
 
 
 def _decode(raw: bytes) -> list[ev.Event]:

@@ -5,20 +5,27 @@ A run's process group covers the child and what it forks, but not a helper that 
 double-forks into a daemon. Such escapees are found two ways after every run (Linux only: ``/proc``;
 elsewhere the process group is all there is):
 
-- **By parent.** The fork server is a subreaper: an orphan of a run it forked is re-parented to it,
-  not to PID 1. Between runs the server has no children of its own, so every child it has then
-  escaped a run.
+- **By descent.** The fork server is a subreaper: an orphan of a run it forked is re-parented to it,
+  not to PID 1, and a process that escaped the run's group but still has a live parent stays below it.
+  Between runs the server has no children of its own, so every descendant it has then escaped a run.
+  They are read from the kernel's lists of each process's children (``/proc/PID/task/TID/children``),
+  so the sweep after a run reads only the server's own tree, however many processes the machine runs.
 - **By environment.** Each run carries a token in its environment (:data:`RUN_TOKEN_ENV`); a process
   that was *exec*'d from a run (a ``subprocess``, a spawned run's interpreter) shows it in
   ``/proc/PID/environ``, which holds the environment a process was exec'd with (forked children without
-  an exec show their ancestor's, hence the first way).
+  an exec show their ancestor's, hence the first way). This reads every process of ``/proc``: it is
+  the search for spawned runs (their orphans go to PID 1, not to a server), and for forked ones when the
+  server's tree cannot be read (a kernel without the children lists, a server that died: its orphans
+  went elsewhere too).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -29,10 +36,66 @@ PROC = "/proc"
 
 
 def escaped(token: str, server_pid: int | None = None, variable: str = RUN_TOKEN_ENV) -> list[int]:
-    """Live pids (never this process, never zombies) carrying ``token`` in their environment (as
-    ``variable``), or children of ``server_pid``."""
+    """Live pids (never this process, never zombies) that escaped a run: with ``server_pid``, the
+    descendants of that fork server (:func:`descendants`); without it, or when the server's tree cannot be
+    read, those carrying ``token`` in their environment (as ``variable``) or children of ``server_pid``,
+    searched in all of ``/proc``."""
     if not os.path.isdir(PROC):
         return []
+    if server_pid:
+        below = descendants(server_pid)
+        if below is not None:
+            return [pid for pid in below if pid != os.getpid() and _alive(pid)]
+    return _search(token, server_pid, variable)
+
+
+def descendants(pid: int) -> list[int] | None:
+    """Every process below ``pid`` (children before grandchildren, zombies included), from the kernel's
+    lists of children; None when they cannot be read: no such process, or a kernel without the lists
+    (``CONFIG_PROC_CHILDREN``). A list is read per thread (a child belongs to the thread that forked it,
+    an adopted orphan to any thread of its new parent)."""
+    if not _children_listed():
+        return None
+    found: list[int] = []
+    parents = [pid]
+    while parents:
+        parent = parents.pop(0)
+        try:
+            tasks = os.listdir(f"{PROC}/{parent}/task")
+        except OSError:
+            if parent == pid:
+                return None
+            continue  # gone meanwhile, with its children re-parented to one already read or to be read
+        for task in tasks:
+            try:
+                with open(f"{PROC}/{parent}/task/{task}/children", "rb") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):  # the thread ended meanwhile
+                continue
+            new = [k for k in kids if k not in found]
+            found += new
+            parents += new
+    return found
+
+
+@functools.cache
+def _children_listed() -> bool:
+    """Whether this kernel lists each thread's children in ``/proc`` (Linux 3.5 with ``CONFIG_PROC_CHILDREN``)."""
+    return os.path.exists(f"{PROC}/self/task/{threading.get_native_id()}/children")
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie has: its parent reaps it)."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def _search(token: str, server_pid: int | None, variable: str) -> list[int]:
+    """Live pids carrying ``token`` in their environment (as ``variable``), or children of ``server_pid``:
+    every process of ``/proc`` read."""
     needle = f"{variable}={token}".encode() + b"\0" if token else None
     me = os.getpid()
     found = []
