@@ -28,9 +28,11 @@ from pytest_resume_check.records.names import RUN_TOKEN_ENV
 PROC = "/proc"
 
 
-def escaped(token: str, server_pid: int | None = None, variable: str = RUN_TOKEN_ENV) -> list[int]:
+def escaped(token: str, server_pid: int | None = None, variable: str = RUN_TOKEN_ENV,
+            shared: bool = False) -> list[int]:
     """Live pids (never this process, never zombies) carrying ``token`` in their environment (as
-    ``variable``), or children of ``server_pid``."""
+    ``variable``), or children of ``server_pid``; of a server ``shared`` by sessions, not those in another
+    session's live run (:func:`_in_live_run`)."""
     if not os.path.isdir(PROC):
         return []
     needle = f"{variable}={token}".encode() + b"\0" if token else None
@@ -45,7 +47,8 @@ def escaped(token: str, server_pid: int | None = None, variable: str = RUN_TOKEN
             if fields[0] == b"Z":
                 continue  # dead already; its parent reaps it
             if server_pid and int(fields[1]) == server_pid:
-                found.append(int(name))
+                if not (shared and _in_live_run(int(name), fields, server_pid)):
+                    found.append(int(name))
             elif needle is not None:
                 with open(f"{PROC}/{name}/environ", "rb") as f:
                     if needle in f.read() + b"\0":
@@ -53,6 +56,26 @@ def escaped(token: str, server_pid: int | None = None, variable: str = RUN_TOKEN
         except (OSError, IndexError, ValueError):  # gone, or another user's process
             continue
     return found
+
+
+def _in_live_run(pid: int, fields: list[bytes], server: int) -> bool:
+    """Whether ``pid``, a child of a fork server shared by sessions, belongs to a run still going on (another
+    session's): a run leads a process group of its own, and a process orphaned under the server is in a live
+    run's group only while that run's leader lives; one forked a moment ago is still in the server's group. A
+    session leader (``setsid``) escaped a run."""
+    pgid, sid = int(fields[2]), int(fields[3])
+    if sid == pid:
+        return False
+    if pgid == pid:
+        return True
+    try:
+        with open(f"{PROC}/{pgid}/stat", "rb") as f:
+            leader = f.read().rsplit(b")", 1)[-1].split()
+        with open(f"{PROC}/{server}/stat", "rb") as f:
+            server_group = int(f.read().rsplit(b")", 1)[-1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return False  # its run's leader is gone: an orphan of a finished run
+    return pgid == server_group or (int(leader[1]) == server and leader[0] not in (b"Z", b"X"))
 
 
 def group_members(pgid: int) -> list[int]:
@@ -95,9 +118,9 @@ def group_not_stopped(pgid: int) -> list[int]:
     return running
 
 
-def sweep(token: str, server_pid: int | None = None, timeout: float = 10.0) -> int:
+def sweep(token: str, server_pid: int | None = None, timeout: float = 10.0, shared: bool = False) -> int:
     """SIGKILL every process :func:`escaped` finds until none is left; return how many there were."""
-    return kill_until_gone(lambda: escaped(token, server_pid), timeout)
+    return kill_until_gone(lambda: escaped(token, server_pid, shared=shared), timeout)
 
 
 def kill_until_gone(find: Callable[[], Iterable[int]], timeout: float = 10.0, reap: bool = False) -> int:
