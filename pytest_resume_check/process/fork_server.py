@@ -375,6 +375,10 @@ class ForkServer:
                 if record is None or not slot.lease():
                     self._unshare()
                     return None
+                if slot.server() is None:  # its keeper ended it meanwhile (it took the lease to do so)
+                    slot.release()
+                    record = None
+                    continue
                 cpython.attach_forkserver(record["address"], int(record["pid"]), os.open(os.devnull, os.O_RDONLY))
                 self._slot = slot
                 found = self._probe(ctx)

@@ -22,7 +22,7 @@ from typing import Any
 
 from pytest_resume_check.child.main import child_main
 from pytest_resume_check.process.fork_server import ForkServer, ForkServerDied, ServerEnd, server_end
-from pytest_resume_check.process.sweep import environment
+from pytest_resume_check.process.sweep import environment, name_process, run_name
 from pytest_resume_check.records.names import ISOLATION_FORKSERVER, ISOLATIONS, RUN_TOKEN_ENV
 from pytest_resume_check.records.plan import SIGNAL_TERM, RunPlan
 
@@ -185,10 +185,13 @@ def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER, fork_server: For
 
 def child_in(environ: dict[str, str], plan: RunPlan, conn: Any, control: Any = None) -> None:
     """Entry point of a run forked from a shared fork server: the environment of the session that started the
-    run (the server has the one of the session that started it), then :func:`~.child.main.child_main`."""
+    run (the server has the one of the session that started it) and the process name every process it forks
+    inherits (:func:`~.sweep.run_name`), then :func:`~.child.main.child_main`."""
     for name in [name for name in os.environ if name not in environ]:
         del os.environ[name]
     os.environ.update(environ)
+    # The server's other children may be other sessions' runs: what this run detaches is found by its name.
+    name_process(run_name(plan.token))
     child_main(plan, conn, control)
 
 

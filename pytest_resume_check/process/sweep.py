@@ -26,16 +26,18 @@ from pytest_resume_check.records.names import RUN_TOKEN_ENV
 
 #: The environment variable that marks every process of one run (value: the run's token).
 PROC = "/proc"
+PR_SET_NAME = 15
 
 
 def escaped(token: str, server_pid: int | None = None, variable: str = RUN_TOKEN_ENV,
             shared: bool = False) -> list[int]:
     """Live pids (never this process, never zombies) carrying ``token`` in their environment (as
-    ``variable``), or children of ``server_pid``; of a server ``shared`` by sessions, not those in another
-    session's live run (:func:`_in_live_run`)."""
+    ``variable``), or children of ``server_pid``; of a server ``shared`` by sessions (whose other children
+    may be other sessions' live runs), those named :func:`run_name` instead."""
     if not os.path.isdir(PROC):
         return []
     needle = f"{variable}={token}".encode() + b"\0" if token else None
+    comm = run_name(token).encode()
     me = os.getpid()
     found = []
     for name in os.listdir(PROC):
@@ -46,10 +48,15 @@ def escaped(token: str, server_pid: int | None = None, variable: str = RUN_TOKEN
                 fields = f.read().rsplit(b")", 1)[-1].split()
             if fields[0] == b"Z":
                 continue  # dead already; its parent reaps it
-            if server_pid and int(fields[1]) == server_pid:
-                if not (shared and _in_live_run(int(name), fields, server_pid)):
-                    found.append(int(name))
-            elif needle is not None:
+            if shared and token:
+                with open(f"{PROC}/{name}/comm", "rb") as f:
+                    if f.read().rstrip(b"\n") == comm:
+                        found.append(int(name))
+                        continue
+            elif server_pid and int(fields[1]) == server_pid:
+                found.append(int(name))
+                continue
+            if needle is not None:
                 with open(f"{PROC}/{name}/environ", "rb") as f:
                     if needle in f.read() + b"\0":
                         found.append(int(name))
@@ -58,24 +65,20 @@ def escaped(token: str, server_pid: int | None = None, variable: str = RUN_TOKEN
     return found
 
 
-def _in_live_run(pid: int, fields: list[bytes], server: int) -> bool:
-    """Whether ``pid``, a child of a fork server shared by sessions, belongs to a run still going on (another
-    session's): a run leads a process group of its own, and a process orphaned under the server is in a live
-    run's group only while that run's leader lives; one forked a moment ago is still in the server's group. A
-    session leader (``setsid``) escaped a run."""
-    pgid, sid = int(fields[2]), int(fields[3])
-    if sid == pid:
-        return False
-    if pgid == pid:
-        return True
+def run_name(token: str) -> str:
+    """The process name (``comm``, 15 bytes at most) a run forked from a shared server takes: every process
+    it forks inherits it, so what the run detached without an ``exec`` is found by it (:func:`escaped`)."""
+    return f"rc-{token}"[:15]
+
+
+def name_process(name: str) -> None:
+    """Give this process the name ``name`` (``prctl(PR_SET_NAME)``; nothing where that does not exist)."""
+    import ctypes
+
     try:
-        with open(f"{PROC}/{pgid}/stat", "rb") as f:
-            leader = f.read().rsplit(b")", 1)[-1].split()
-        with open(f"{PROC}/{server}/stat", "rb") as f:
-            server_group = int(f.read().rsplit(b")", 1)[-1].split()[2])
-    except (OSError, IndexError, ValueError):
-        return False  # its run's leader is gone: an orphan of a finished run
-    return pgid == server_group or (int(leader[1]) == server and leader[0] not in (b"Z", b"X"))
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def group_members(pgid: int) -> list[int]:

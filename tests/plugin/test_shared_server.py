@@ -14,9 +14,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
+from leftovers import settle
 from project_session import pytest_in, write_project
 
 from pytest_resume_check.process import shared_server
@@ -173,3 +175,23 @@ def test_xdist_workers_fork_from_one_server_with_the_verdicts_of_their_own(tmp_p
                           for cell in json.loads(path.read_text())["cells"]}
     assert len(verdicts["on"]) > 10
     assert verdicts["on"] == verdicts["off"]
+
+
+def test_daemons_runs_detach_under_a_shared_server_are_killed_and_other_runs_are_not(tmp_path, private):
+    """Two workers fork from one server at once: each run's sweep kills what its run detached (a daemon in a
+    session of its own, reparented to the server) and never the other worker's live run."""
+    pytest.importorskip("xdist")
+    canary, report = uuid.uuid4().hex, tmp_path / "verdicts.json"
+    cases = "[{'id': 'daemon', 'daemon': True}, {'id': 'other', 'daemon': True}]"
+    project = write_project(tmp_path / "p", cases=cases)
+    code, output = pytest_in(project, "--resume-matrix", "-n", "2", ON, "-k", "ckpt2] or ckpt3]",
+                             f"--resume-matrix-json={report}", env={**private, "LEFTOVER_CANARY": canary})
+    assert code == 0, output
+    (record,) = servers(root_of(private))
+    left = settle(canary)  # only the warm server is left: its keeper, the server, the keeper's resource tracker
+    assert record["pid"] in left and not children(record["pid"])
+    assert all(pid in (record["keeper"], record["pid"]) or pid in children(record["keeper"]) for pid in left), left
+    stories = [cell["story"] for cell in json.loads(report.read_text())["cells"]]
+    assert len(stories) == 6
+    assert all(re.search(r"run 2 \(resume from s\d\): ran to the end \(\d+ process(es)? it detached killed", story)
+               for story in stories), stories
