@@ -3,9 +3,10 @@ private attribute of ``multiprocessing``, ``atexit`` or ``threading`` (tests/uni
 walks the package and fails when one does).
 
 Why private names at all: ``multiprocessing`` keeps its fork server and resource tracker as hidden singletons
-with no public way to learn the server's pid, stop it, or close the liveness pipe every child forked from it
-inherits; a program run in a run's process (``child.in_process``) must end as a fresh interpreter ends, which
-takes the exit functions ``atexit`` and ``threading`` keep and ``multiprocessing.util``'s own exit function.
+with no public way to learn the server's pid, stop it, fork from a server another process started (one shared
+by sessions), or close the liveness pipe every child forked from it inherits; a program run in a run's process
+(``child.in_process``) must end as a fresh interpreter ends, which takes the exit functions ``atexit`` and
+``threading`` keep and ``multiprocessing.util``'s own exit function.
 
 Checked on CPython 3.10.13, 3.11.7, 3.12.1 and 3.13.0: each name below exists there with the meaning used
 here (tests/engine/test_cpython_versions.py starts, reads and stops a fork server through this module in
