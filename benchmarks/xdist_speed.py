@@ -8,11 +8,13 @@ The user's projects are a plain PyTorch loop declared the obvious way (the conft
 with 2 cases (31 cells) and 6 cases (87 cells); its ``latest`` pointer is made durable (fsync) so the
 smoke cells pass. The main job is ``pytest --resume-matrix -m
 resume_matrix`` from this checkout (its ``tests/conftest.py`` declares the bundled targets; ``--target``
-narrows it). Each is run once without xdist (``-p no:xdist``) and once with ``-n 2`` per repetition,
-alternating which goes first, with one seed and a private TMPDIR per invocation. Prints each
-invocation's wall and CPU seconds (its own and its children's) and cells, the load, and the median of
-the per-repetition ratios serial / ``-n 2`` (the goals on two cores: at least 1.2 at 30 cells, 1.5
-at 100).
+narrows it). Each is run without xdist (``-p no:xdist``), with ``-n 2`` (each worker its own fork server, as before
+``--resume-matrix-server``) and with ``-n 2 --resume-matrix-server=on`` (the workers share one server, started
+cold: each invocation has a private TMPDIR, and the server ends 1 s after it) per repetition, in an order that
+rotates, with one seed. Prints each
+invocation's wall and CPU seconds (its own and its children's; the shared server's are not among them) and
+cells, the load, and the median of the per-repetition ratios serial / each ``-n 2`` variant (the goals on two
+cores: at least 1.3 at 30 cells, 1.6 at 100).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE / "benchmarks"))
 from untuned_cost import CONFTEST  # noqa: E402  (the plain torch loop, declared as a user would)
 
+from pytest_resume_check.records.names import SERVER_IDLE_ENV  # noqa: E402
+
 #: The user's projects: name -> cases of the plain loop (each case 14 cells, plus the first case's smoke cells).
 PROJECTS = {"small": 2, "medium": 6}
 
@@ -48,7 +52,7 @@ def run(args: list[str], seed: int, cwd: Path, extra: list[str]) -> tuple[float,
                    "-p", "no:cacheprovider", f"--resume-matrix-seed={seed}", *extra, *args]
         started, cpu = time.monotonic(), children_cpu()
         done = subprocess.run(command, cwd=cwd, capture_output=True, text=True,
-                              env={**os.environ, "TMPDIR": tmp, "PYTHONPATH": str(cwd)})
+                              env={**os.environ, "TMPDIR": tmp, "PYTHONPATH": str(cwd), SERVER_IDLE_ENV: "1"})
         seconds, cpu = time.monotonic() - started, children_cpu() - cpu
     found = re.search(r"resume matrix: (\d+) cells", done.stdout)
     last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-300:]
@@ -82,25 +86,27 @@ def main() -> None:
     parser.add_argument("--only", default="small,medium,main", help="which matrices, comma-separated")
     parser.add_argument("--target", action="append", default=[], help="the main job: only these bundled targets")
     options = parser.parse_args()
-    modes = {"serial": ["-p", "no:xdist"], "-n 2": ["-n", "2"]}
+    modes = {"serial": ["-p", "no:xdist"], "-n 2": ["-n", "2"], "-n 2 shared": ["-n", "2", "--resume-matrix-server=on"]}
     print(f"cores: {os.cpu_count()}; seed {options.seed}; load {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="xdist-projects-") as tmp:
         matrices = {name: (user_project(Path(tmp), name, cases), []) for name, cases in PROJECTS.items()}
         matrices["main"] = (HERE, [f"--resume-matrix-target={t}" for t in options.target])
         for name in options.only.split(","):
             cwd, extra = matrices[name]
-            ratios = []
+            ratios: dict[str, list[float]] = {mode: [] for mode in modes if mode != "serial"}
             for rep in range(options.reps):
-                order = list(modes) if rep % 2 == 0 else list(reversed(modes))
+                order = list(modes)[rep % len(modes):] + list(modes)[:rep % len(modes)]
                 times = {}
                 for mode in order:
                     seconds, cpu, cells, last = run(modes[mode], options.seed, cwd, extra)
                     times[mode] = seconds
-                    print(f"{name} rep {rep + 1} {mode:>6}: {seconds:6.1f} s wall, {cpu:6.1f} s CPU, {cells} cells "
+                    print(f"{name} rep {rep + 1} {mode:>11}: {seconds:6.1f} s wall, {cpu:6.1f} s CPU, {cells} cells "
                           f"({last})")
-                ratios.append(times["serial"] / times["-n 2"])
-            print(f"{name}: serial / -n 2: median {statistics.median(ratios):.2f}x over {len(ratios)} repetitions "
-                  f"({', '.join(f'{r:.2f}' for r in ratios)}); load {os.getloadavg()[0]:.1f}")
+                for mode in ratios:
+                    ratios[mode].append(times["serial"] / times[mode])
+            for mode, values in ratios.items():
+                print(f"{name}: serial / {mode}: median {statistics.median(values):.2f}x over {len(values)} "
+                      f"repetitions ({', '.join(f'{r:.2f}' for r in values)}); load {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -60,10 +60,13 @@ class Engine:
 
     def __init__(self, root: Path, seed: int, hang_timeout: float = DEFAULT_HANG_TIMEOUT,
                  isolation: str | None = None, check_determinism: bool = True, share: bool = True,
-                 hang_forced: bool = False):
+                 hang_forced: bool = False, server: bool = False):
         self.layout = Layout(root)
-        #: The fork server this engine's runs start from (started at the first run that needs it).
+        #: The fork server this engine's runs start from (started at the first run that needs it; ``server``:
+        #: shared with other sessions, see :meth:`.ForkServer.share`).
         self.fork_server = ForkServer()
+        if server:
+            self.fork_server.share()
         self.runner = Runner(seed, hang_timeout, isolation, hang_forced, self.fork_server)
         self.references = References(self.runner, self.layout, check_determinism)
         self.shared = SharedFirstRuns(self.runner, self.layout) if share else None

@@ -3,9 +3,10 @@ private attribute of ``multiprocessing``, ``atexit`` or ``threading`` (tests/uni
 walks the package and fails when one does).
 
 Why private names at all: ``multiprocessing`` keeps its fork server and resource tracker as hidden singletons
-with no public way to learn the server's pid, stop it, or close the liveness pipe every child forked from it
-inherits; a program run in a run's process (``child.in_process``) must end as a fresh interpreter ends, which
-takes the exit functions ``atexit`` and ``threading`` keep and ``multiprocessing.util``'s own exit function.
+with no public way to learn the server's pid, stop it, fork from a server another process started (one shared
+by sessions), or close the liveness pipe every child forked from it inherits; a program run in a run's process
+(``child.in_process``) must end as a fresh interpreter ends, which takes the exit functions ``atexit`` and
+``threading`` keep and ``multiprocessing.util``'s own exit function.
 
 Checked on CPython 3.10.13, 3.11.7, 3.12.1 and 3.13.0: each name below exists there with the meaning used
 here (tests/engine/test_cpython_versions.py starts, reads and stops a fork server through this module in
@@ -48,8 +49,54 @@ def _server() -> Any:
 
 
 def forkserver_pid() -> int | None:
-    """The pid multiprocessing keeps for its fork server (None before it starts and after it is stopped)."""
+    """The pid multiprocessing keeps for its fork server (None before it starts and after it is stopped), or
+    that of the server another process started that this one is attached to (:func:`attach_forkserver`)."""
+    if _ATTACHED:
+        return _ATTACHED[0]
     return getattr(_server(), "_forkserver_pid", None)
+
+
+def forkserver_address() -> str | None:
+    """The address of the fork server multiprocessing forks this process's children from."""
+    return getattr(_server(), "_forkserver_address", None)
+
+
+#: While this process forks its runs from a fork server it did not start: that server's pid.
+_ATTACHED: list[int] = []
+
+
+def attach_forkserver(address: str, pid: int, alive_fd: int) -> None:
+    """Make multiprocessing fork this process's ``forkserver`` children from the server listening at ``address``
+    (pid ``pid``), which another process started: CPython's client protocol needs only the socket and a
+    descriptor to hand each child as its liveness pipe (``alive_fd``, which the child closes). multiprocessing
+    asks ``waitpid`` whether its server lives, which only the server's parent may ask: while attached, only its
+    resource tracker is made sure of. Stops this process's own server first."""
+    import multiprocessing.resource_tracker
+
+    kill_forkserver()
+    server = _server()
+    server._forkserver_address = address
+    server._forkserver_alive_fd = alive_fd
+    server._forkserver_pid = None
+    server.ensure_running = multiprocessing.resource_tracker.ensure_running  # an instance attribute: see detach
+    _ATTACHED[:] = [pid]
+
+
+def detach_forkserver() -> None:
+    """Undo :func:`attach_forkserver` (the server is left running: it is not this process's); the descriptor
+    handed to it is closed."""
+    if not _ATTACHED:
+        return
+    server = _server()
+    vars(server).pop("ensure_running", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    server._forkserver_alive_fd = server._forkserver_address = server._forkserver_pid = None
+    _ATTACHED.clear()
 
 
 def stop_forkserver() -> bool:
@@ -60,13 +107,18 @@ def stop_forkserver() -> bool:
     this Python keeps no pid for its server (its runs then import what the server lacks)."""
     if not hasattr(_server(), "_forkserver_pid"):
         return False
+    detach_forkserver()
     kill_forkserver()
     return True
 
 
 def kill_forkserver() -> None:
     """Close the fork server's liveness pipe, SIGKILL it, reap it and forget it (and its socket file), without
-    waiting on a server that something else keeps alive."""
+    waiting on a server that something else keeps alive. One this process is only attached to is left
+    running (:func:`detach_forkserver`)."""
+    if _ATTACHED:
+        detach_forkserver()
+        return
     server = _server()
     address = getattr(server, "_forkserver_address", None)
     _kill(server, "_forkserver_pid", "_forkserver_alive_fd")

@@ -57,7 +57,7 @@ class Reads:
         """Make ``os.environ`` note reads (once; not when something else already replaced its class)."""
         if type(os.environ) is not os._Environ:
             return
-        self._outside = _library_folders()  # reads the environment itself: before the class changes
+        self._outside = library_folders()  # reads the environment itself: before the class changes
         # A process forked while another thread held the lock (a loader's worker) gets a lock of its own.
         os.register_at_fork(after_in_child=self._fresh_lock)
         os.environ.__class__ = _NotingEnviron
@@ -80,6 +80,10 @@ class Reads:
         (libraries included) with its value then, for :meth:`read_when_imported`."""
         every, self._every = self._every or set(), None
         self._sealed = {name: os.environ.get(name) for name in sorted(every)}
+
+    def sealed(self) -> dict[str, str | None]:
+        """What :meth:`seal` kept: every name read before it, with its value then (None: unset)."""
+        return dict(self._sealed)
 
     def read_when_imported(self, env: Iterable[tuple[str, str]]) -> list[str]:
         """The names among ``env`` (a command target's ``env=``) that code the fork server imported read, when
@@ -137,7 +141,7 @@ class _NotingEnviron(os._Environ[str]):
 _INSTALLED = ("site-packages", "dist-packages")
 
 
-def _library_folders() -> tuple[str, ...]:
+def library_folders() -> tuple[str, ...]:
     """Folders whose code is not the project's: the standard library, the installed distributions (the
     environment's and the user's) and this package, each resolved and ending in a separator."""
     paths = sysconfig.get_paths()

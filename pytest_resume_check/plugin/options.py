@@ -13,6 +13,7 @@ import pytest
 
 from pytest_resume_check.records.names import (
     DEFAULT_HANG_TIMEOUT,
+    DEFAULT_SERVER_IDLE,
     ISOLATIONS,
     MODES,
     OPT_BUDGET,
@@ -30,9 +31,14 @@ from pytest_resume_check.records.names import (
     OPT_RAY_RETRIES,
     OPT_REPRO,
     OPT_SEED,
+    OPT_SERVER,
     OPT_STEP_SUMMARY,
     OPT_TARGET,
     QUICK,
+    SERVER_IDLE_ENV,
+    SERVER_MODES,
+    SERVER_OFF,
+    SERVER_ON,
 )
 
 #: The marker every cell of the matrix carries (``-m resume_matrix`` selects them).
@@ -59,6 +65,9 @@ HELP_EXHAUSTIVE = ("run every cell from scratch to the end: no shared first runs
                    "runs whose reported state equals the reference's (slower; a check on those shortcuts)")
 HELP_HTML = "write a self-contained HTML report (heatmaps, timelines of failing cells) to this file"
 HELP_ISOLATION = "how children start for every target: 'forkserver' (preloaded) or 'spawn'"
+HELP_SERVER = (f"'{SERVER_ON}': fork the runs from one server per project shared by the xdist workers and kept warm "
+               "for the next session (ended when idle for ${idle_env}, default {idle:g} s, seconds, or by the next "
+               f"session that needs another); '{SERVER_OFF}' (default): each session starts and ends its own")
 HELP_REPRO = ("write a standalone reproduction of each failing cell into DIR/<cell>: the declaring conftest "
               "(and the project modules it uses), a pytest.ini, and a README.md with the headline and the command")
 HELP_BUDGET = ("spend at most RUNS trainer runs: the matrix's cells that reveal most (epoch boundaries, first and "
@@ -102,6 +111,7 @@ ERR_RAY_XDIST = ("{opt} runs the cells on the Ray cluster, and -n {n} would run 
                  "drop -n (the cluster's nodes run the groups in parallel)")
 ERR_ENV = ("{opt}={value!r}: {bad!r} is not the name of an environment variable; give names of letters, digits and "
            "'_' separated by commas (e.g. {opt}=TRAINER_MODE,DATA_ROOT)")
+ERR_SERVER = "{opt}={value!r} is not a server mode; use " + " or ".join(map(repr, SERVER_MODES))
 ERR_ISOLATION = "{opt}={value!r} is not an isolation; use " + " or ".join(map(repr, ISOLATIONS))
 #: The session's folder could not be made in pytest's base temporary directory (a ``--basetemp`` whose parent
 #: folder is missing, a read-only disk): one usage error, not pytest's INTERNALERROR traceback.
@@ -121,6 +131,8 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(OPT_JSON, default=None, dest="resume_matrix_json", help=HELP_JSON)
     group.addoption(OPT_HTML, default=None, dest="resume_matrix_html", help=HELP_HTML)
     group.addoption(OPT_ISOLATION, default=None, dest="resume_matrix_isolation", help=HELP_ISOLATION)
+    group.addoption(OPT_SERVER, default=None, dest="resume_matrix_server", metavar="on|off",
+                    help=HELP_SERVER.format(idle_env=SERVER_IDLE_ENV, idle=DEFAULT_SERVER_IDLE))
     group.addoption(OPT_EXHAUSTIVE, action="store_true", default=False, dest="resume_matrix_exhaustive",
                     help=HELP_EXHAUSTIVE)
     group.addoption(OPT_REPRO, default=None, dest="resume_matrix_repro", metavar="DIR", help=HELP_REPRO)
@@ -140,6 +152,7 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("resume_matrix_json", HELP_JSON)
     parser.addini("resume_matrix_html", HELP_HTML)
     parser.addini("resume_matrix_isolation", HELP_ISOLATION)
+    parser.addini("resume_matrix_server", HELP_SERVER.format(idle_env=SERVER_IDLE_ENV, idle=DEFAULT_SERVER_IDLE))
     parser.addini("resume_matrix_exhaustive", HELP_EXHAUSTIVE, type="bool", default=False)
     parser.addini("resume_matrix_repro", HELP_REPRO)
     parser.addini("resume_matrix_step_summary", HELP_STEP_SUMMARY)

@@ -33,8 +33,9 @@ if TYPE_CHECKING:  # made at their first use
 PLUGIN_NAME = "resume_check_matrix"
 #: The session's folder in pytest's base temporary directory (``resume-matrix0``, ...).
 SESSION_FOLDER = "resume-matrix"
-#: Key of ``config.workeroutput``: what went wrong when an xdist worker stopped its services.
-WORKER_PROBLEMS = "resume_check_problems"
+#: Keys of ``config.workeroutput``: what went wrong when an xdist worker stopped its services, and whether its
+#: shared fork server was warm (``--resume-matrix-server``).
+WORKER_PROBLEMS, WORKER_SERVER = "resume_check_problems", "resume_check_server"
 
 REPORT_HEADER = "resume-check: matrix={mode} seed={seed} (rerun with {opt}={seed})"
 ERR_NO_CELL = ("{opt} {value!r}: no such cell in this matrix (mode {mode}, seed {seed}); check the mode and seed "
@@ -87,7 +88,7 @@ class MatrixSession:
 
             s = self.settings
             self._engine = Engine(self.root, s.seed, s.hang_timeout, s.isolation, share=not s.exhaustive,
-                                  hang_forced=s.hang_forced)
+                                  hang_forced=s.hang_forced, server=s.server)
             self._engine.register(self.cells)
             self._engine.add_preload(self._preload)
         return self._engine
@@ -263,7 +264,7 @@ class MatrixSession:
         problems += self._engine.close()  # services first: they may use the server
         worker_output = getattr(self.config, "workeroutput", None)
         if worker_output is not None:  # an xdist worker's output is not shown: its controller prints them
-            worker_output[WORKER_PROBLEMS] = problems
+            worker_output.update({WORKER_PROBLEMS: problems, WORKER_SERVER: self._engine.fork_server.server_line})
         else:
             summary.print_problems(self.config, problems)
         self._engine.stop_server()
@@ -279,6 +280,7 @@ class MatrixSession:
             summary.write_summary(terminalreporter, self.results, self.broken, self.settings)
         if self.left_out:
             terminalreporter.write_line(summary.left_out_line(self.budget_reason, self.left_out))
+        summary.print_server_line(self.config, self._engine.fork_server.server_line if self._engine else None)
         placement = self._executor.placement() if self._executor is not None else None
         if placement:
             terminalreporter.write_line(placement)
@@ -288,7 +290,9 @@ class MatrixSession:
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         """A worker's services that failed to stop (or left processes running), said by the controller."""
-        summary.print_problems(self.config, list(getattr(node, "workeroutput", {}).get(WORKER_PROBLEMS, ())))
+        output = getattr(node, "workeroutput", {})
+        summary.print_problems(self.config, list(output.get(WORKER_PROBLEMS, ())))
+        summary.print_server_line(self.config, output.get(WORKER_SERVER), node.workerinput.get("workerid"))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:

@@ -30,7 +30,10 @@ from pytest_resume_check.records.names import (
     OPT_RAY_COPY,
     OPT_RAY_RETRIES,
     OPT_SEED,
+    OPT_SERVER,
     QUICK,
+    SERVER_MODES,
+    SERVER_ON,
 )
 
 #: Where ``--resume-matrix-seed=last`` finds the previous seed in pytest's cache.
@@ -75,6 +78,8 @@ class Settings:
     ray_copy_bytes: int = int(options.DEFAULT_RAY_COPY_MB * 2**20)
     #: Variables every target's runs take from this environment (``--resume-matrix-env``).
     env: tuple[str, ...] = ()
+    #: Fork the runs from a server shared with xdist's workers and kept warm for the next session.
+    server: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,7 @@ def read_settings(config: pytest.Config) -> Settings:
     mode = _mode(config, bool(node_ids))  # checked in this order: the first bad value is the one named
     hang = _hang_timeout(config)
     isolation = _isolation(config)
+    server = _server(config)
     budget = _budget(config)
     return Settings(
         mode=mode,
@@ -149,6 +155,7 @@ def read_settings(config: pytest.Config) -> Settings:
                       or None),
         budget=budget,
         env=_env(config),
+        server=server,
         **_ray(config),
     )
 
@@ -279,3 +286,11 @@ def _seed(config: pytest.Config) -> int:
 
 def _rerunning_failures(config: pytest.Config) -> bool:
     return any(config.getoption(name, False) for name in ("lf", "failedfirst"))
+
+
+def _server(config: pytest.Config) -> bool:
+    """Whether ``--resume-matrix-server`` (or the ini key) turns the shared fork server on."""
+    server = _setting(config, "resume_matrix_server")
+    if server is not None and server not in SERVER_MODES:
+        raise pytest.UsageError(options.ERR_SERVER.format(opt=OPT_SERVER, value=server))
+    return server == SERVER_ON

@@ -256,3 +256,11 @@ def print_problems(config: pytest.Config, problems: Sequence[str]) -> None:
             reporter.write_line(problem, red=True)
         else:
             print(problem, file=sys.stderr)
+
+
+def print_server_line(config: pytest.Config, line: str | None, worker: str | None = None) -> None:
+    """Say whether the shared fork server (``--resume-matrix-server=on``) was found warm or started cold, and
+    why: this session's, or an xdist ``worker``'s (said by its controller)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if line and reporter is not None:
+        reporter.write_line(f"resume-check: {worker + ': ' if worker else ''}{line}")

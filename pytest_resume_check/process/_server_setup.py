@@ -56,12 +56,16 @@ AUTO_UNSAFE: list[str] = []
 #: Name of torch's warm-up in the messages.
 TORCH_WARM_UP = "torch's warm-up"
 PR_SET_CHILD_SUBREAPER = 36
+#: A server shared by sessions (:mod:`.shared_server`): what it imported and the environment that read, for a
+#: session to check the server is still what it would start (empty in a session's own server).
+FINGERPRINT: dict[str, Any] = {}
 
 
 def finish() -> None:
     """Called once, in the fork server, after its preload imports."""
     _become_subreaper()
     work = json.loads(os.environ.pop(WARMUP_ENV, "") or "{}")
+    inherited = dict(os.environ) if work.get("shared") else {}  # imports may set some (torch does)
     STARTED_FOR.update(work.get("started_for") or {})
     READS.install()  # what the targets' modules read when imported here, each run forked from here read too
     try:
@@ -76,6 +80,10 @@ def finish() -> None:
     finally:
         _restore_output()
     READS.seal()  # what the imports above read: a run whose env= differs there runs fresh (child.command)
+    if work.get("shared"):
+        from pytest_resume_check.process.shared_server import fingerprint
+
+        FINGERPRINT.update(fingerprint({name: inherited.get(name) for name in READS.sealed()}))
     # Without this the first garbage collection in every forked child walks (and so copies) every
     # object torch and verl left in the server: about 0.4 s per run with verl 0.8.
     gc.collect()
@@ -131,7 +139,8 @@ def send_failures(conn: Any) -> None:
     """In a child forked from the server: send what the server was started for, and its failed imports and
     warm-ups, to the starter."""
     conn.send({"import": dict(FAILED), "warmup": dict(WARMUP_FAILED), "threads": dict(WARMUP_THREADS),
-               "auto": dict(AUTO_FAILED), "unsafe": list(AUTO_UNSAFE), "started_for": dict(STARTED_FOR)})
+               "auto": dict(AUTO_FAILED), "unsafe": list(AUTO_UNSAFE), "started_for": dict(STARTED_FOR),
+               "fingerprint": FINGERPRINT})
     conn.close()
 
 

@@ -29,19 +29,22 @@ import secrets
 import signal
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from pytest_resume_check.child import cpython
-from pytest_resume_check.process import _server_setup
+from pytest_resume_check.process import _server_setup, shared_server
 from pytest_resume_check.process._server_setup import WARMUP_ENV
 from pytest_resume_check.process.sweep import environment
 from pytest_resume_check.records.names import ISOLATION_FORKSERVER, OPT_ISOLATION
 from pytest_resume_check.targets import TargetError
 
-_CHILD_MODULES = ("pytest_resume_check.child.main",)
+#: What every run's process runs: imported by the server, not by each run (the starter's entry point gives a
+#: run forked from a shared server the environment of the session that starts it).
+_CHILD_MODULES = ("pytest_resume_check.child.main", "pytest_resume_check.process.starter")
 #: The server's own preload entries: the first silences its output, the last does its work
 #: (:mod:`._server_setup`); multiprocessing's preload would die of the first target module that raises.
 _SERVER_PRELOAD = ["pytest_resume_check.process._preload_begin", "pytest_resume_check.process._preload_end"]
@@ -182,6 +185,15 @@ class ForkServer:
         #: Why ``auto_preload`` is off for the rest of this object's life (None: it is on): what it did made
         #: the server unsafe to fork from, or the server died with it.
         self._auto_off: str | None = None
+        #: Share servers with other sessions (:meth:`share`): the idle limit of those this object starts;
+        #: None: this object starts its own (also after sharing failed once).
+        self._share_idle: float | None = None
+        #: The slot of the shared server this object forks from now, and whether a run was forked yet (its torch
+        #: seed is then this object's for good: a shared server started with another is not used).
+        self._slot: shared_server.Slot | None = None
+        self._seeded = False
+        #: Whether the shared server was found warm or started cold, and why, for the session's line.
+        self.server_line: str | None = None
 
     # -- what is asked for ----------------------------------------------------------------------------
 
@@ -230,6 +242,17 @@ class ForkServer:
                 warnings.warn(warmup_warning(target, entry, self._warmup_failed[entry]), ResumeCheckWarning,
                               stacklevel=2)
 
+    def share(self, idle: float | None = None) -> None:
+        """Fork from a server shared with this user's other sessions of this project (xdist's workers, the
+        next session), started if none runs, ended by its keeper ``idle`` seconds after the last session
+        left (default: :func:`.shared_server.idle_limit`; :mod:`.shared_server`)."""
+        self._share_idle = idle if idle is not None else shared_server.idle_limit()
+
+    @property
+    def shared(self) -> bool:
+        """Whether the runs are forked from a server other sessions may fork from too."""
+        return self._slot is not None and self.pid is not None
+
     # -- the server process ---------------------------------------------------------------------------
 
     @property
@@ -252,6 +275,12 @@ class ForkServer:
         otherwise pay the second target's imports in every child). Its pid."""
         ctx = multiprocessing.get_context("forkserver")
         wanted = self._wanted()
+        if self._share_idle is not None:
+            pid = self._ensure_shared(ctx, wanted)
+            if pid is not None:
+                self._seeded = True
+                return pid
+        self._seeded = True
         current = cpython.forkserver_pid()
         if _running(current):
             if current == self._pid and self._served is not None and _covers(self._served, wanted):
@@ -267,7 +296,10 @@ class ForkServer:
     def stop(self) -> None:
         """End of a session: stop the process's fork server (and the resource tracker) if this object started
         or found one; another engine's runs in this process then start a new one."""
-        if self._pid is not None:
+        if self._slot is not None:
+            self._leave()
+            cpython.kill_resource_tracker()
+        elif self._pid is not None:
             cpython.kill_forkserver()
             cpython.kill_resource_tracker()
         self._pid = self._served = None
@@ -305,23 +337,106 @@ class ForkServer:
         self._take(ctx, found)
         return True
 
+    def _work(self) -> dict[str, Any]:
+        """What a server started now does (:mod:`._server_setup`'s work, as JSON values)."""
+        modules = [m for m in self._preload if m not in self._fatal]
+        auto, warm_torch = self._auto_work()
+        started_for = {"wanted": self._wanted(), "fatal": self._fatal, "auto_off": self._auto_off,
+                       "torch_seed": self._torch_seed}
+        work: dict[str, Any] = json.loads(json.dumps({
+            "import": modules, "call": self._warmups, "path": _sys_path(), "auto": auto, "warm_torch": warm_torch,
+            "started_for": started_for, "torch_seed": self._torch_seed}))
+        return work
+
+    def _ensure_shared(self, ctx: Any, wanted: dict[str, Any]) -> int | None:
+        """Fork from the shared server of what is asked for now: the one running (checked to be still what
+        this session would start, and to give its runs this object's torch seed once a run was forked), else
+        a new one. Its pid; None when sharing is not possible here (this object then starts its own)."""
+        if self._slot is not None:
+            if self.pid is not None and _running(self._pid) and self._served is not None and _covers(self._served,
+                                                                                                    wanted):
+                return self._pid
+            self._leave()
+        root = shared_server.private_root()
+        if root is None:
+            self._unshare()
+            return None
+        work = {**self._work(), "shared": True}
+        slot = shared_server.Slot(root / shared_server.slot_name(work))
+        with slot.starting() as got:
+            if not got:
+                self._unshare()
+                return None
+            record, line = slot.server(), None
+            for _ in range(2):
+                if record is None:
+                    line = line or shared_server.COLD_NEW
+                    record = slot.start(_SERVER_PRELOAD, {WARMUP_ENV: json.dumps(work)}, self._share_idle or 0.0)
+                if record is None or not slot.lease():
+                    self._unshare()
+                    return None
+                if slot.server() is None:  # its keeper ended it meanwhile (it took the lease to do so)
+                    slot.release()
+                    record = None
+                    continue
+                cpython.attach_forkserver(record["address"], int(record["pid"]), os.open(os.devnull, os.O_RDONLY))
+                self._slot = slot
+                found = self._probe(ctx)
+                if found is None:  # it died while importing: this object's own server finds out why
+                    self._leave()
+                    self._unshare()
+                    return None
+                why = shared_server.stale(found.get("fingerprint") or {})
+                seed = (found.get("started_for") or {}).get("torch_seed")
+                if why is None and (seed == self._torch_seed or not self._seeded):
+                    break
+                self._leave()
+                why = why or "its runs start from another torch seed than this session's"
+                if not slot.end():
+                    self.server_line = shared_server.COLD_BUSY.format(why=why)
+                    self._unshare()
+                    return None
+                record, line = None, shared_server.COLD_CHANGED.replace("{why}", why)
+            else:
+                self._unshare()
+                return None
+        self.server_line = (line or shared_server.WARM).format(pid=record["pid"],
+                                                               age=time.time() - float(record.get("started", 0)))
+        started_for = found["started_for"]
+        self._torch_seed = started_for.get("torch_seed", self._torch_seed)
+        self._pid, self._served = int(record["pid"]), started_for["wanted"]
+        self._take(ctx, found)
+        if self._slot is slot:
+            shared_server.end_others(root, slot.folder)
+        return self.pid
+
+    def _leave(self) -> None:
+        """Stop forking from the shared server (it keeps running for other sessions) and give its lease back."""
+        cpython.detach_forkserver()
+        if self._slot is not None:
+            self._slot.release()
+        self._slot = None
+        self._pid = self._served = None
+
+    def _unshare(self) -> None:
+        """Sharing failed here: this object starts its own servers from now on."""
+        self._leave()
+        self._share_idle = None
+        if self.server_line is None:
+            self.server_line = shared_server.COLD_OWN
+        return None
+
     def _start(self, ctx: Any) -> None:
         # The server imports the targets' modules itself (multiprocessing's preload would die of the first
         # one that raises); they, the warm-ups and this sys.path reach it through its environment, set only
         # while it starts: a later subprocess of this process (a test's interpreter, a user's script) must
         # not inherit it.
         ctx.set_forkserver_preload(_SERVER_PRELOAD)
-        modules = [m for m in self._preload if m not in self._fatal]
-        auto, warm_torch = self._auto_work()
-        wanted = self._wanted()
-        started_for = {"wanted": wanted, "fatal": self._fatal, "auto_off": self._auto_off,
-                       "torch_seed": self._torch_seed}
-        work = {"import": modules, "call": self._warmups, "path": _sys_path(), "auto": auto, "warm_torch": warm_torch,
-                "started_for": started_for, "torch_seed": self._torch_seed}
+        work = self._work()
         with environment(WARMUP_ENV, json.dumps(work)):
             multiprocessing.forkserver.ensure_running()
-        self._pid, self._served = cpython.forkserver_pid(), wanted
-        self._learn_failures(ctx, modules, bool(auto))
+        self._pid, self._served = cpython.forkserver_pid(), work["started_for"]["wanted"]
+        self._learn_failures(ctx, work["import"], bool(work["auto"]))
 
     def _probe(self, ctx: Any) -> dict[str, Any] | None:
         """What the running server reports through a child forked from it (which starts once its imports are

@@ -22,7 +22,7 @@ from typing import Any
 
 from pytest_resume_check.child.main import child_main
 from pytest_resume_check.process.fork_server import ForkServer, ForkServerDied, ServerEnd, server_end
-from pytest_resume_check.process.sweep import environment
+from pytest_resume_check.process.sweep import environment, name_process, run_name
 from pytest_resume_check.records.names import ISOLATION_FORKSERVER, ISOLATIONS, RUN_TOKEN_ENV
 from pytest_resume_check.records.plan import SIGNAL_TERM, RunPlan
 
@@ -155,8 +155,13 @@ def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER, fork_server: For
     wants_control = plan.pause_steps or (plan.kill is not None and (plan.kill.signal == SIGNAL_TERM
                                                                     or plan.kill.rejoin is not None))
     control_reader, control_writer = ctx.Pipe(duplex=False) if wants_control else (None, None)
-    process = ctx.Process(target=child_main, args=(plan, writer, control_reader),
-                          name=f"resume-check:{plan.target_name}")
+    if fork_server is not None and isolation == ISOLATION_FORKSERVER and fork_server.shared:
+        # A shared server was started with another session's environment: the run gets this one's.
+        process = ctx.Process(target=child_in, args=(dict(os.environ), plan, writer, control_reader),
+                              name=f"resume-check:{plan.target_name}")
+    else:
+        process = ctx.Process(target=child_main, args=(plan, writer, control_reader),
+                              name=f"resume-check:{plan.target_name}")
     if isolation == ISOLATION_FORKSERVER:
         try:
             process.start()
@@ -176,6 +181,18 @@ def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER, fork_server: For
     if control_reader is not None:
         control_reader.close()
     return Child(process, reader, control_writer, server)
+
+
+def child_in(environ: dict[str, str], plan: RunPlan, conn: Any, control: Any = None) -> None:
+    """Entry point of a run forked from a shared fork server: the environment of the session that started the
+    run (the server has the one of the session that started it) and the process name every process it forks
+    inherits (:func:`~.sweep.run_name`), then :func:`~.child.main.child_main`."""
+    for name in [name for name in os.environ if name not in environ]:
+        del os.environ[name]
+    os.environ.update(environ)
+    # The server's other children may be other sessions' runs: what this run detaches is found by its name.
+    name_process(run_name(plan.token))
+    child_main(plan, conn, control)
 
 
 def _context(isolation: str) -> multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext:

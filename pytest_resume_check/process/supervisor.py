@@ -59,7 +59,7 @@ def supervise(plan: RunPlan, *, isolation: str, hang_timeout: float = DEFAULT_HA
             else:
                 record.exitcode = child.reap()
             server = fork_server.pid if fork_server is not None and isolation == starter.ISOLATION_FORKSERVER else None
-            record.leftovers = sweep(plan.token, server)
+            record.leftovers = sweep(plan.token, server, shared=fork_server is not None and fork_server.shared)
             record.seconds = time.monotonic() - started
     lost = next((e for e in record.events if e.kind == ev.LOG_LOST), None)
     if lost is not None:  # the run's log sits on a full disk: its evidence is lost, and so is its verdict

@@ -33,20 +33,23 @@ from pytest_resume_check.records.names import RUN_TOKEN_ENV
 
 #: The environment variable that marks every process of one run (value: the run's token).
 PROC = "/proc"
+PR_SET_NAME = 15
 
 
-def escaped(token: str, server_pid: int | None = None, variable: str = RUN_TOKEN_ENV) -> list[int]:
+def escaped(token: str, server_pid: int | None = None, variable: str = RUN_TOKEN_ENV,
+            shared: bool = False) -> list[int]:
     """Live pids (never this process, never zombies) that escaped a run: with ``server_pid``, the
     descendants of that fork server (:func:`descendants`); without it, or when the server's tree cannot be
     read, those carrying ``token`` in their environment (as ``variable``) or children of ``server_pid``,
-    searched in all of ``/proc``."""
+    searched in all of ``/proc``. Of a server ``shared`` by sessions (whose other descendants may be other
+    sessions' live runs), those named :func:`run_name` or carrying the token, searched in all of ``/proc``."""
     if not os.path.isdir(PROC):
         return []
-    if server_pid:
+    if server_pid and not shared:
         below = descendants(server_pid)
         if below is not None:
             return [pid for pid in below if pid != os.getpid() and _alive(pid)]
-    return _search(token, server_pid, variable)
+    return _search(token, server_pid, variable, shared)
 
 
 def descendants(pid: int) -> list[int] | None:
@@ -93,10 +96,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _search(token: str, server_pid: int | None, variable: str) -> list[int]:
-    """Live pids carrying ``token`` in their environment (as ``variable``), or children of ``server_pid``:
-    every process of ``/proc`` read."""
+def _search(token: str, server_pid: int | None, variable: str, shared: bool) -> list[int]:
+    """Live pids carrying ``token`` in their environment (as ``variable``), or children of ``server_pid``
+    (named :func:`run_name` instead when the server is ``shared``): every process of ``/proc`` read."""
     needle = f"{variable}={token}".encode() + b"\0" if token else None
+    comm = run_name(token).encode()
     me = os.getpid()
     found = []
     for name in os.listdir(PROC):
@@ -107,15 +111,37 @@ def _search(token: str, server_pid: int | None, variable: str) -> list[int]:
                 fields = f.read().rsplit(b")", 1)[-1].split()
             if fields[0] == b"Z":
                 continue  # dead already; its parent reaps it
-            if server_pid and int(fields[1]) == server_pid:
+            if shared and token:
+                with open(f"{PROC}/{name}/comm", "rb") as f:
+                    if f.read().rstrip(b"\n") == comm:
+                        found.append(int(name))
+                        continue
+            elif server_pid and int(fields[1]) == server_pid:
                 found.append(int(name))
-            elif needle is not None:
+                continue
+            if needle is not None:
                 with open(f"{PROC}/{name}/environ", "rb") as f:
                     if needle in f.read() + b"\0":
                         found.append(int(name))
         except (OSError, IndexError, ValueError):  # gone, or another user's process
             continue
     return found
+
+
+def run_name(token: str) -> str:
+    """The process name (``comm``, 15 bytes at most) a run forked from a shared server takes: every process
+    it forks inherits it, so what the run detached without an ``exec`` is found by it (:func:`escaped`)."""
+    return f"rc-{token}"[:15]
+
+
+def name_process(name: str) -> None:
+    """Give this process the name ``name`` (``prctl(PR_SET_NAME)``; nothing where that does not exist)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def group_members(pgid: int) -> list[int]:
@@ -158,9 +184,9 @@ def group_not_stopped(pgid: int) -> list[int]:
     return running
 
 
-def sweep(token: str, server_pid: int | None = None, timeout: float = 10.0) -> int:
+def sweep(token: str, server_pid: int | None = None, timeout: float = 10.0, shared: bool = False) -> int:
     """SIGKILL every process :func:`escaped` finds until none is left; return how many there were."""
-    return kill_until_gone(lambda: escaped(token, server_pid), timeout)
+    return kill_until_gone(lambda: escaped(token, server_pid, shared=shared), timeout)
 
 
 def kill_until_gone(find: Callable[[], Iterable[int]], timeout: float = 10.0, reap: bool = False) -> int:

@@ -36,6 +36,14 @@ OPT_CELL = "--resume-matrix-cell"
 OPT_HANG = "--resume-matrix-hang-timeout"
 OPT_JSON = "--resume-matrix-json"
 OPT_ISOLATION = "--resume-matrix-isolation"
+#: A fork server shared by xdist's workers and kept warm for the next session (docs/ci.md).
+OPT_SERVER = "--resume-matrix-server"
+SERVER_ON = "on"
+SERVER_OFF = "off"
+SERVER_MODES = (SERVER_ON, SERVER_OFF)
+#: Seconds a shared fork server stays without a session before it ends, and the variable that sets them.
+DEFAULT_SERVER_IDLE = 900.0
+SERVER_IDLE_ENV = "PYTEST_RESUME_CHECK_SERVER_IDLE"
 OPT_EXHAUSTIVE = "--resume-matrix-exhaustive"
 OPT_HTML = "--resume-matrix-html"
 #: GitHub's output: a reproduction folder per failing cell, the step summary, a budget of runs.

@@ -205,7 +205,7 @@ def test_only_the_projects_own_code_is_noted(tmp_path):
     from pytest_resume_check.child import environ as reads
 
     noted = reads.Reads()
-    noted._outside = reads._library_folders()
+    noted._outside = reads.library_folders()
     (tmp_path / "train.py").write_text("")
     assert noted._is_project(str(tmp_path / "train.py"))
     for library in (os.__file__, reads.__file__, ex.__file__, "/opt/env/lib/python3.11/site-packages/torch/a.py",
