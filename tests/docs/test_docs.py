@@ -471,11 +471,14 @@ def test_quickstart_figures_come_from_the_command_it_shows(tmp_path):
 
 
 @needs_verl
-def test_quickstart_counts_the_cells_of_the_main_job(tmp_path):
+def test_quickstart_counts_the_cells_of_the_main_job(tmp_path, request):
     """"719 cells, 48 of them expected failures with seed 1234": the matrix of this repository's targets, built
     as the plugin builds it with that seed (crash cells from each target's recorded save), without running a
     cell."""
-    from conftest import RESUME_TARGETS
+    # The suite's top conftest.py, as pytest loaded it: the name ``conftest`` alone may be another wing's.
+    top = Path(__file__).resolve().parents[1] / "conftest.py"
+    suite = next(m for m in request.config.pluginmanager.get_plugins() if getattr(m, "__file__", None) == str(top))
+    RESUME_TARGETS = suite.RESUME_TARGETS
 
     from pytest_resume_check.cells import matrix
     from pytest_resume_check.engine import Engine
