@@ -132,17 +132,6 @@ def _exists(pid: int) -> bool:
     return True
 
 
-def _running(pid: int | None) -> bool:
-    """Whether the fork server ``pid`` still runs (a dead one is a zombie until reaped)."""
-    if not pid:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
-    except OSError:
-        return _exists(pid)
-
-
 def _covers(served: dict[str, Any], wanted: dict[str, Any]) -> bool:
     """Whether a server started for ``served`` does all ``wanted`` asks (both as JSON values)."""
     def entries(work: dict[str, Any], key: str) -> set[Any]:
@@ -263,7 +252,7 @@ class ForkServer:
 
     def alive(self) -> bool:
         """Whether this object's server runs."""
-        return _running(self.pid)
+        return shared_server.running(self.pid)
 
     def ended(self) -> ServerEnd | None:
         """How this object's server ended, if it did (None while it runs or before it started)."""
@@ -282,7 +271,7 @@ class ForkServer:
                 return pid
         self._seeded = True
         current = cpython.forkserver_pid()
-        if _running(current):
+        if shared_server.running(current):
             if current == self._pid and self._served is not None and _covers(self._served, wanted):
                 return current
             if current != self._pid and self._adopt(ctx, current, wanted):
@@ -353,8 +342,8 @@ class ForkServer:
         this session would start, and to give its runs this object's torch seed once a run was forked), else
         a new one. Its pid; None when sharing is not possible here (this object then starts its own)."""
         if self._slot is not None:
-            if self.pid is not None and _running(self._pid) and self._served is not None and _covers(self._served,
-                                                                                                    wanted):
+            if (self.pid is not None and shared_server.running(self._pid) and self._served is not None
+                    and _covers(self._served, wanted)):
                 return self._pid
             self._leave()
         root = shared_server.private_root()

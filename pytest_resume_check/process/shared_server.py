@@ -116,7 +116,7 @@ class Slot:
             record: dict[str, Any] = json.loads((self.folder / SERVER_FILE).read_text())
         except (OSError, ValueError):
             return None
-        if not (_alive(record.get("pid")) and _alive(record.get("keeper"))):
+        if not (running(record.get("pid")) and running(record.get("keeper"))):
             return None
         return record
 
@@ -199,8 +199,9 @@ def _lock(fd: int, kind: int, timeout: float) -> bool:
             time.sleep(0.02)
 
 
-def _alive(pid: Any) -> bool:
-    """Whether ``pid`` is a live process (not a zombie)."""
+def running(pid: Any) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not: it ended and waits to be reaped); where ``/proc``
+    cannot tell, whether a signal reaches it."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
@@ -299,7 +300,7 @@ def _keep(folder: Path, idle: float, preload: list[str]) -> None:
     os.replace(temporary, folder / SERVER_FILE)
     lease = os.open(folder / LEASE_FILE, os.O_RDWR | os.O_CREAT, 0o600)
     idle_since: float | None = None
-    while not stop and pid is not None and _alive(pid):
+    while not stop and pid is not None and running(pid):
         time.sleep(KEEPER_POLL)
         if not _lock(lease, fcntl.LOCK_EX, 0):
             idle_since = None
@@ -314,7 +315,7 @@ def _keep(folder: Path, idle: float, preload: list[str]) -> None:
         from pytest_resume_check.process.sweep import PROC
 
         def under() -> list[int]:
-            return _children(PROC, pid) + ([pid] if _alive(pid) else [])
+            return _children(PROC, pid) + ([pid] if running(pid) else [])
 
         kill_until_gone(under, timeout=30.0)
     cpython.kill_forkserver()
