@@ -89,13 +89,8 @@ def detach_forkserver() -> None:
         return
     server = _server()
     vars(server).pop("ensure_running", None)
-    fd = getattr(server, "_forkserver_alive_fd", None)
-    if fd is not None:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    server._forkserver_alive_fd = server._forkserver_address = server._forkserver_pid = None
+    drop_forkserver_pipe()
+    server._forkserver_address = server._forkserver_pid = None
     _ATTACHED.clear()
 
 
