@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pytest_resume_check.records.environ import SHELL
 from pytest_resume_check.records.names import DEFAULT_SERVER_IDLE, SERVER_IDLE_ENV
 
 #: Seconds a session waits for another one starting the slot's server, or for a keeper to come up, before it
@@ -248,7 +249,8 @@ def fingerprint(read_env: dict[str, str | None]) -> dict[str, Any]:
 
 def stale(found: dict[str, Any]) -> str | None:
     """Why a server whose :func:`fingerprint` is ``found`` must not serve this session (a file it imported
-    changed, or a variable its imports read has another value here), None when it may."""
+    changed, or a variable its imports read has another value here; not the shell's own, :data:`SHELL`), None
+    when it may."""
     from pytest_resume_check.child.environ import library_folders
 
     library = library_folders()
@@ -256,7 +258,7 @@ def stale(found: dict[str, Any]) -> str | None:
         if _digest(file, library) != digest:
             return WHY_FILE.format(file=file)
     for name, value in (found.get("env") or {}).items():
-        if os.environ.get(name) != value:
+        if name not in SHELL and os.environ.get(name) != value:  # the working folder is in the slot's name
             return WHY_ENV.format(name=name)
     return None
 

@@ -35,6 +35,10 @@ NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 MACHINE = frozenset({"HOME", "PATH", "PWD", "OLDPWD", "USER", "USERNAME", "LOGNAME", "HOSTNAME", "SHELL", "SHLVL",
                      "TERM", "COLUMNS", "LINES", "TMPDIR", "TEMP", "TMP", "DISPLAY", "LANG", "LANGUAGE", "_"})
 MACHINE_PREFIXES = ("LC_", "SSH_", "XDG_")
+#: What the shell sets anew for every command it starts (the folder it was typed in and the one before, how deep
+#: the shell is nested, the command's own path): never a program's configuration, even where a library copied
+#: the whole environment while it was imported.
+SHELL = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
 #: What ``torch.distributed``'s rendezvous reads, which the harness (or torchrun) sets for each rank.
 RANK_NAMES = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 #: Variables the harness, pytest-xdist, torchrun or Ray set per process or per run: the same run gets them

@@ -49,3 +49,17 @@ def test_a_server_is_stale_when_a_file_it_imported_or_a_variable_its_imports_rea
     monkeypatch.setenv("SOME_SETTING", "1")
     module.write_text("x = 2\n")
     assert shared_server.stale(found) == shared_server.WHY_FILE.format(file=module)
+
+
+def test_the_shells_own_variables_leave_a_server_warm(monkeypatch):
+    """A library that copied the whole environment while the server imported it read every name, the shell's
+    bookkeeping too: the same rerun line typed after a ``cd`` elsewhere and back, or as ``python -m pytest``
+    instead of ``pytest``, must not find the server stale."""
+    found = {"files": {}, "env": {"OLDPWD": "/a", "_": "/usr/bin/pytest", "SHLVL": "1", "PWD": "/p",
+                                  "SOME_SETTING": "1"}}
+    monkeypatch.setenv("SOME_SETTING", "1")
+    for name, value in (("OLDPWD", "/b"), ("_", "/usr/bin/python3"), ("SHLVL", "2"), ("PWD", "/p/../p")):
+        monkeypatch.setenv(name, value)
+    assert shared_server.stale(found) is None
+    monkeypatch.setenv("SOME_SETTING", "2")
+    assert shared_server.stale(found) == shared_server.WHY_ENV.format(name="SOME_SETTING")
