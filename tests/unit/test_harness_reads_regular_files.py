@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_resume_check.cells.shared_runs import Unshareable, _snapshot
+from pytest_resume_check.cells.snapshots import Unshareable, take_snapshot
 from pytest_resume_check.child.command import MISSING, MSG_OUTPUT_REFUSED, REFUSED, output_digests
 from pytest_resume_check.child.watch import Watcher
 from pytest_resume_check.plugin.summary import ERR_STEP_SUMMARY_NOT_REGULAR, _write_step_summary
@@ -62,7 +62,7 @@ def test_a_fifo_in_the_checkpoint_folder_is_made_anew_in_the_snapshot_never_open
     live = _live(tmp_path)
     os.mkfifo(live / "progress.fifo", 0o640)
     writer = FifoWriter(live / "progress.fifo")
-    _snapshot(live, tmp_path / "snap", {})
+    take_snapshot(live, tmp_path / "snap", {})
     assert writer.finish() == writer.data  # nobody read it
     copy = os.lstat(tmp_path / "snap" / "progress.fifo")
     assert stat.S_ISFIFO(copy.st_mode) and stat.S_IMODE(copy.st_mode) == 0o640
@@ -75,7 +75,7 @@ def test_a_socket_in_the_checkpoint_folder_makes_the_snapshot_unshareable_naming
     with socket.socket(socket.AF_UNIX) as server:
         server.bind("control.sock")
         with pytest.raises(Unshareable) as refused:
-            _snapshot(live, tmp_path / "snap", {})
+            take_snapshot(live, tmp_path / "snap", {})
     assert (refused.value.rel, refused.value.kind) == ("step_1/control.sock", rf.KIND_SOCKET)
 
 
@@ -83,7 +83,7 @@ def test_links_in_the_checkpoint_folder_are_copied_as_links_and_never_read_throu
     live = _live(tmp_path)
     (live / "zeros").symlink_to("/dev/zero")
     (live / "latest").symlink_to("step_1")
-    _snapshot(live, tmp_path / "snap", {})
+    take_snapshot(live, tmp_path / "snap", {})
     assert os.readlink(tmp_path / "snap" / "zeros") == "/dev/zero"
     assert os.readlink(tmp_path / "snap" / "latest") == "step_1"
 

@@ -1,13 +1,18 @@
-"""The shared first run's snapshots of its checkpoint folder: a file that did not change since
-the previous snapshot is linked to that snapshot's copy, so a group's snapshots hold each checkpoint's
-bytes once; a cell that takes a snapshot over owns every file before its runs may write in place."""
+"""The shared first run's snapshots of its checkpoint folder: a file is cloned or linked to the run's live
+file where the file system allows it, proved unchanged once the run has ended; else copied, and a copy
+that did not change by the next snapshot is linked to it, so a group's snapshots hold each checkpoint's
+bytes once; a cell that takes a snapshot over owns every file it cannot borrow before its runs may write in
+place."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
-from pytest_resume_check.cells.shared_runs import _Copy, _own_files, _snapshot
+import pytest
+
+from pytest_resume_check.cells.snapshots import KIND_REWRITTEN, Copy, LiveLinks, own_files, take_snapshot
 
 
 def _inodes(folder: Path) -> dict[str, int]:
@@ -35,7 +40,7 @@ def test_checkpoints_kept_from_one_snapshot_to_the_next_are_linked_not_copied(tm
     live.mkdir()
     for step in (1, 2, 3, 4):
         _save(live, step)
-        _snapshot(live, tmp_path / f"snap{step}", seen)
+        take_snapshot(live, tmp_path / f"snap{step}", seen)
     first, last = _inodes(tmp_path / "snap1"), _inodes(tmp_path / "snap4")
     assert first["step_1/weights.bin"] == last["step_1/weights.bin"]
     assert first["latest"] != last["latest"]  # rewritten at every step
@@ -49,11 +54,11 @@ def test_a_file_rewritten_in_place_with_its_old_size_and_time_is_copied_again(tm
     live, seen = tmp_path / "live", {}
     live.mkdir()
     (live / "pointer").write_text("step_2")
-    _snapshot(live, tmp_path / "a", seen)
+    take_snapshot(live, tmp_path / "a", seen)
     before = os.stat(live / "pointer")
     (live / "pointer").write_text("step_4")
     os.utime(live / "pointer", ns=(before.st_atime_ns, before.st_mtime_ns))
-    _snapshot(live, tmp_path / "b", seen)
+    take_snapshot(live, tmp_path / "b", seen)
     assert (tmp_path / "a" / "pointer").read_text() == "step_2"
     assert (tmp_path / "b" / "pointer").read_text() == "step_4"
 
@@ -67,24 +72,102 @@ def test_times_modes_and_links_are_kept_as_a_kill_would_leave_them(tmp_path):
     os.utime(live / "step_2", ns=(2_000_000_000, 2_000_000_000))
     (live / "newest").symlink_to("step_2")
     os.chmod(live / "latest", 0o600)
-    _snapshot(live, tmp_path / "snap", seen)
+    take_snapshot(live, tmp_path / "snap", seen)
     snap = tmp_path / "snap"
     assert os.stat(snap / "step_1").st_mtime_ns < os.stat(snap / "step_2").st_mtime_ns  # sort by time still works
     assert os.readlink(snap / "newest") == "step_2"
     assert os.stat(snap / "latest").st_mode & 0o777 == 0o600
-    assert isinstance(seen["step_2/weights.bin"], _Copy)
+    assert isinstance(seen["step_2/weights.bin"], Copy)
 
 
 def test_a_cell_owns_its_snapshot_before_its_runs_write_in_place(tmp_path):
     live, seen = tmp_path / "live", {}
     live.mkdir()
     _save(live, 1)
-    _snapshot(live, tmp_path / "snap1", seen)
-    _snapshot(live, tmp_path / "snap2", seen)
+    take_snapshot(live, tmp_path / "snap1", seen)
+    take_snapshot(live, tmp_path / "snap2", seen)
     cell = tmp_path / "cell"
     os.replace(tmp_path / "snap1", cell)
-    _own_files(cell)
+    own_files(cell)
     with open(cell / "step_1" / "weights.bin", "r+b") as out:  # a resumed run rewriting in place
         out.write(b"x" * 10_000)
     assert (tmp_path / "snap2" / "step_1" / "weights.bin").read_bytes() == bytes([1]) * 10_000
     assert os.stat(tmp_path / "snap2" / "step_1" / "weights.bin").st_nlink == 1
+
+
+def _taken(live: Path, dest: Path, links: LiveLinks, step: int) -> None:
+    """One snapshot as a shared first run takes it: then the run goes on past the file clock's tick."""
+    links.step = step
+    take_snapshot(live, dest, {}, links)
+    links.past_the_tick(dest.parent)
+
+
+def _save_aside(live: Path, step: int) -> None:
+    """:func:`_save`, the pointer written aside and renamed over the old one (a new file, not a rewrite)."""
+    folder = live / f"step_{step}"
+    folder.mkdir()
+    (folder / "weights.bin").write_bytes(bytes([step]) * 10_000)
+    (live / "latest.tmp").write_text(str(step))
+    os.replace(live / "latest.tmp", live / "latest")
+
+
+def test_a_file_the_run_leaves_alone_is_held_without_a_copy(tmp_path):
+    live, links = tmp_path / "live", LiveLinks()
+    live.mkdir()
+    _save_aside(live, 1)
+    _taken(live, tmp_path / "snap1", links, 1)
+    _save_aside(live, 2)
+    _taken(live, tmp_path / "snap2", links, 2)
+    if links.clones:  # a file system that clones: no bytes copied, no link needed
+        assert links.links == 0
+    else:  # the snapshots hold the live inode itself, once
+        assert _inodes(tmp_path / "snap1")["step_1/weights.bin"] == _inodes(live)["step_1/weights.bin"]
+        assert _inodes(tmp_path / "snap2")["step_1/weights.bin"] == _inodes(live)["step_1/weights.bin"]
+    assert (tmp_path / "snap1" / "latest").read_text() == "1" and (tmp_path / "snap2" / "latest").read_text() == "2"
+    assert links.check() == {}
+
+
+def test_a_file_rewritten_in_place_after_its_snapshot_makes_that_snapshot_unusable(tmp_path):
+    """The planted case: the bytes a snapshot's link shows are no longer what a kill there left, and the
+    rewrite keeps the file's size and modification time: only the change time and the bytes tell."""
+    live, links = tmp_path / "live", LiveLinks()
+    live.mkdir()
+    (live / "pointer").write_text("step_2")
+    _taken(live, tmp_path / "a", links, 2)
+    if links.clones:
+        pytest.skip("this file system clones: a snapshot never shares the run's inode")
+    before = os.stat(live / "pointer")
+    (live / "pointer").write_text("step_4")
+    os.utime(live / "pointer", ns=(before.st_atime_ns, before.st_mtime_ns))
+    _taken(live, tmp_path / "b", links, 4)
+    broken = links.check()
+    assert list(broken) == [2] and (broken[2].rel, broken[2].kind) == ("pointer", KIND_REWRITTEN)
+    # From then on the file is copied: the later snapshot keeps its bytes whatever the run does next.
+    (live / "pointer").write_text("step_6")
+    assert (tmp_path / "b" / "pointer").read_text() == "step_4"
+    assert links.check() == broken
+
+
+def test_a_file_the_run_deletes_after_its_snapshot_leaves_that_snapshot_usable(tmp_path):
+    """Deleting an old checkpoint moves the change time of the inode the snapshot holds; its bytes decide."""
+    live, links = tmp_path / "live", LiveLinks()
+    live.mkdir()
+    _save(live, 1)
+    _taken(live, tmp_path / "snap1", links, 1)
+    (live / "step_1" / "weights.bin").unlink()
+    assert links.check() == {}
+    assert (tmp_path / "snap1" / "step_1" / "weights.bin").read_bytes() == bytes([1]) * 10_000
+
+
+def test_a_file_lent_to_a_cell_is_left_shared_and_the_others_are_owned(tmp_path):
+    live, links = tmp_path / "live", LiveLinks()
+    live.mkdir()
+    _save(live, 1)
+    _taken(live, tmp_path / "snap1", links, 1)
+    _taken(live, tmp_path / "snap2", links, 2)
+    shutil.rmtree(live)
+    cell = tmp_path / "cell"
+    os.replace(tmp_path / "snap1", cell)
+    lent = own_files(cell, lambda info: info.st_size == 10_000)
+    assert [os.path.relpath(path, cell) for path, _ in lent] == (["step_1/weights.bin"] if links.links else [])
+    assert os.stat(cell / "latest").st_nlink == 1  # shared, not lendable: made the cell's own
