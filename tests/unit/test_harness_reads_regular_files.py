@@ -273,3 +273,23 @@ def test_the_damage_after_a_kill_cuts_only_regular_files_inside_the_folder_and_n
                ("step_2/optim.bin", rf.KIND_LINK_OUT.format(target=outside, folder=run)),
                ("step_2", rf.KIND_FOLDER)]  # the files to make not durable in order, then the one to tear
     assert damage.describe()[1:] == [NOT_CUT.format(refusal=f"{rel} is {kind}") for rel, kind in refused]
+
+
+def test_the_damage_after_a_kill_never_cuts_a_file_another_path_shares_by_hard_link(tmp_path):
+    """A cell's folder shares files with a later snapshot, or with a resume's kept evidence, by hard link:
+    the damage cuts the run's name only, after giving it a copy of its own; the other link keeps its bytes."""
+    run, snapshot = tmp_path / "run", tmp_path / "snapshot"
+    (run / "step_2").mkdir(parents=True)
+    snapshot.mkdir()
+    (run / "latest").write_bytes(b"step_2")
+    (run / "step_2" / "model.bin").write_bytes(b"m" * 100)
+    os.chmod(run / "latest", 0o640)
+    os.link(run / "latest", snapshot / "latest")
+    os.link(run / "step_2" / "model.bin", snapshot / "model.bin")
+    damage = apply_after_kill(str(run), {EXTRA_UNSYNCED: {"latest": 0}, EXTRA_TORN: "step_2/model.bin"})
+    assert damage.not_durable == (("latest", 0),) and damage.torn == ("step_2/model.bin", 100, 50)
+    assert (run / "latest").read_bytes() == b"" and (run / "step_2" / "model.bin").read_bytes() == b"m" * 50
+    assert (snapshot / "latest").read_bytes() == b"step_2" and (snapshot / "model.bin").read_bytes() == b"m" * 100
+    assert os.stat(run / "latest").st_mode & 0o777 == 0o640
+    assert os.stat(snapshot / "latest").st_nlink == 1 and os.stat(run / "latest").st_nlink == 1
+    assert sorted(p.name for p in run.iterdir()) == ["latest", "step_2"]  # no copy left beside it
