@@ -2,13 +2,15 @@
 without copying bytes where the file system allows it, and proved still so when the run has ended.
 
 A regular file is cloned (a reflink, ``FICLONE``: the file system shares the blocks until either is written),
-else hard-linked to the run's live file, else copied (a copy whose bytes did not change by the next snapshot
-is linked there). A link to the live file is proved, not assumed (:class:`LiveLinks`): the inode's size,
-times and mode are recorded right after the link and checked at the next snapshot and once the run has
-ended; when only the change time moved (a link made or removed: a trainer deleting an old checkpoint), the
-hash taken at the link decides. A file the run rewrote in place makes every snapshot holding it unusable
-(its cells run their own first runs) and is copied from then on. Only regular files are read, each through
-a descriptor checked to be one; symbolic links are copied as the links they are and FIFOs made anew.
+else hard-linked to the run's live file when it is big enough to matter (:data:`LINK_MIN_BYTES`), else
+copied (a copy whose bytes did not change by the next snapshot is linked there). A link to the live file is
+proved, not assumed (:class:`LiveLinks`): the inode's size, times and mode are recorded right after the link
+and checked at the next snapshot and once the run has ended; when only the change time moved (a link made or
+removed: a trainer deleting an old checkpoint), the hash taken at the link decides. A file the run rewrote in
+place makes every snapshot holding it unusable (its cells run their own first runs: slower, never wrong) and
+is copied from then on. Only regular files are read, each through a descriptor checked to be one; symbolic
+links are copied as the links they are and FIFOs made anew. The harness itself never cuts a file another
+path shares (:func:`~.records.regular_files.open_regular`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,12 @@ KIND_REWRITTEN_BY_CELL = "a file the runs of the cell killed at step {step} rewr
 #: The ioctl that makes a file share another's blocks (``FICLONE``, Linux): a copy that costs no bytes until
 #: either is written, where the file system can (btrfs, XFS, bcachefs; not ext4 or tmpfs).
 FICLONE = 0x40049409
+
+#: The smallest file a snapshot holds as a hard link to the run's live file; a smaller one is copied. Logs,
+#: pointers, step counters, trackers and JSON states are small and often rewritten or appended to in place,
+#: which would leave every snapshot linking them unusable (its cell then runs a first run of its own), and a
+#: copy of them costs next to nothing; checkpoint blobs, the bytes worth not copying, are big and written once.
+LINK_MIN_BYTES = 1 << 20
 
 #: What proves an inode unchanged: its size, modification and change times (ns) and mode.
 Times = tuple[int, int, int, int]
@@ -135,6 +143,8 @@ class LiveLinks:
             self.clones += 1
             return True
         self._clone = False
+        if info.st_size < LINK_MIN_BYTES:
+            return False
         inode = (info.st_dev, info.st_ino)
         linked = self._linked.get(inode)
         if linked is not None and not unchanged(linked.seen, linked.digest, fd):

@@ -17,12 +17,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from pytest_resume_check.cells.snapshots import LINK_MIN_BYTES
+
 STEPS = 6
 MODEL = "model.bin"
 CONFIG = "config.bin"
 LATEST = "latest"
+#: The size of each file written in place: big enough that a snapshot links it to the live file rather than
+#: copying it (a small file is copied, and its in-place rewrite never reaches a snapshot).
+SIZE = LINK_MIN_BYTES
 #: The two states of :func:`resume_marker`'s config, one size: an in-place rewrite keeps the file's size.
-FRESH, RESUMED = b"fresh...", b"resumed."
+FRESH, RESUMED = b"fresh..." * (SIZE // 8), b"resumed." * (SIZE // 8)
 
 
 def _write_in_place(path: Any, data: bytes) -> None:
@@ -40,7 +45,7 @@ def in_place_saver(run: Any) -> None:
         run.consumed([step], step=step, epoch=0)
         run.step_end(step)
         if run.should_checkpoint(step):
-            _write_in_place(model, str(step).encode())
+            _write_in_place(model, str(step).encode().ljust(SIZE))  # int() reads it back, spaces and all
             run.checkpoint_published(step, model)
 
 

@@ -12,7 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from pytest_resume_check.cells.snapshots import KIND_REWRITTEN, Copy, LiveLinks, own_files, take_snapshot
+from pytest_resume_check.cells.snapshots import (
+    KIND_REWRITTEN,
+    LINK_MIN_BYTES,
+    Copy,
+    LiveLinks,
+    own_files,
+    take_snapshot,
+)
+
+#: A checkpoint blob: big enough that a snapshot holds it as a link to the live file rather than a copy.
+BIG = LINK_MIN_BYTES
 
 
 def _inodes(folder: Path) -> dict[str, int]:
@@ -31,7 +41,7 @@ def _bytes_on_disk(*folders: Path) -> int:
 def _save(live: Path, step: int) -> None:
     folder = live / f"step_{step}"
     folder.mkdir()
-    (folder / "weights.bin").write_bytes(bytes([step]) * 10_000)
+    (folder / "weights.bin").write_bytes(bytes([step]) * BIG)
     (live / "latest").write_text(str(step))
 
 
@@ -46,7 +56,7 @@ def test_checkpoints_kept_from_one_snapshot_to_the_next_are_linked_not_copied(tm
     assert first["latest"] != last["latest"]  # rewritten at every step
     assert (tmp_path / "snap1" / "latest").read_text() == "1" and (tmp_path / "snap4" / "latest").read_text() == "4"
     snaps = [tmp_path / f"snap{s}" for s in (1, 2, 3, 4)]
-    assert _bytes_on_disk(*snaps) < 5 * 10_000  # four checkpoints once (a copy per pause held ten)
+    assert _bytes_on_disk(*snaps) < 5 * BIG  # four checkpoints once (a copy per pause held ten)
 
 
 def test_a_file_rewritten_in_place_with_its_old_size_and_time_is_copied_again(tmp_path):
@@ -90,8 +100,8 @@ def test_a_cell_owns_its_snapshot_before_its_runs_write_in_place(tmp_path):
     os.replace(tmp_path / "snap1", cell)
     own_files(cell)
     with open(cell / "step_1" / "weights.bin", "r+b") as out:  # a resumed run rewriting in place
-        out.write(b"x" * 10_000)
-    assert (tmp_path / "snap2" / "step_1" / "weights.bin").read_bytes() == bytes([1]) * 10_000
+        out.write(b"x" * BIG)
+    assert (tmp_path / "snap2" / "step_1" / "weights.bin").read_bytes() == bytes([1]) * BIG
     assert os.stat(tmp_path / "snap2" / "step_1" / "weights.bin").st_nlink == 1
 
 
@@ -106,7 +116,7 @@ def _save_aside(live: Path, step: int) -> None:
     """:func:`_save`, the pointer written aside and renamed over the old one (a new file, not a rewrite)."""
     folder = live / f"step_{step}"
     folder.mkdir()
-    (folder / "weights.bin").write_bytes(bytes([step]) * 10_000)
+    (folder / "weights.bin").write_bytes(bytes([step]) * BIG)
     (live / "latest.tmp").write_text(str(step))
     os.replace(live / "latest.tmp", live / "latest")
 
@@ -132,20 +142,42 @@ def test_a_file_rewritten_in_place_after_its_snapshot_makes_that_snapshot_unusab
     rewrite keeps the file's size and modification time: only the change time and the bytes tell."""
     live, links = tmp_path / "live", LiveLinks()
     live.mkdir()
-    (live / "pointer").write_text("step_2")
+    (live / "model.bin").write_bytes(b"2" * BIG)
     _taken(live, tmp_path / "a", links, 2)
     if links.clones:
         pytest.skip("this file system clones: a snapshot never shares the run's inode")
-    before = os.stat(live / "pointer")
-    (live / "pointer").write_text("step_4")
-    os.utime(live / "pointer", ns=(before.st_atime_ns, before.st_mtime_ns))
+    before = os.stat(live / "model.bin")
+    (live / "model.bin").write_bytes(b"4" * BIG)
+    os.utime(live / "model.bin", ns=(before.st_atime_ns, before.st_mtime_ns))
     _taken(live, tmp_path / "b", links, 4)
     broken = links.check()
-    assert list(broken) == [2] and (broken[2].rel, broken[2].kind) == ("pointer", KIND_REWRITTEN)
+    assert list(broken) == [2] and (broken[2].rel, broken[2].kind) == ("model.bin", KIND_REWRITTEN)
     # From then on the file is copied: the later snapshot keeps its bytes whatever the run does next.
-    (live / "pointer").write_text("step_6")
-    assert (tmp_path / "b" / "pointer").read_text() == "step_4"
+    (live / "model.bin").write_bytes(b"6" * BIG)
+    assert (tmp_path / "b" / "model.bin").read_bytes() == b"4" * BIG
     assert links.check() == broken
+
+
+def test_a_small_file_the_run_rewrites_or_appends_to_in_place_is_copied_and_its_snapshot_stays_usable(tmp_path):
+    """Logs, pointers and trackers are small and written in place at every step: a snapshot copies them, so
+    the run's next write neither reaches it nor leaves it unusable; only a big file is linked."""
+    live, links = tmp_path / "live", LiveLinks()
+    live.mkdir()
+    (live / "latest").write_text("step_2")
+    (live / "train.log").write_text("step 1\nstep 2\n")
+    (live / "model.bin").write_bytes(b"2" * BIG)
+    _taken(live, tmp_path / "a", links, 2)
+    (live / "latest").write_text("step_4")
+    with open(live / "train.log", "a") as log:
+        log.write("step 3\nstep 4\n")
+    _taken(live, tmp_path / "b", links, 4)
+    assert links.check() == {}
+    assert (tmp_path / "a" / "latest").read_text() == "step_2"
+    assert (tmp_path / "a" / "train.log").read_text() == "step 1\nstep 2\n"
+    assert os.stat(tmp_path / "a" / "latest").st_ino != os.stat(live / "latest").st_ino
+    if not links.clones:
+        assert links.links == 2  # model.bin, once in each snapshot
+        assert os.stat(tmp_path / "a" / "model.bin").st_ino == os.stat(live / "model.bin").st_ino
 
 
 def test_a_file_the_run_deletes_after_its_snapshot_leaves_that_snapshot_usable(tmp_path):
@@ -156,7 +188,7 @@ def test_a_file_the_run_deletes_after_its_snapshot_leaves_that_snapshot_usable(t
     _taken(live, tmp_path / "snap1", links, 1)
     (live / "step_1" / "weights.bin").unlink()
     assert links.check() == {}
-    assert (tmp_path / "snap1" / "step_1" / "weights.bin").read_bytes() == bytes([1]) * 10_000
+    assert (tmp_path / "snap1" / "step_1" / "weights.bin").read_bytes() == bytes([1]) * BIG
 
 
 def test_a_file_lent_to_a_cell_is_left_shared_and_the_others_are_owned(tmp_path):
@@ -168,6 +200,6 @@ def test_a_file_lent_to_a_cell_is_left_shared_and_the_others_are_owned(tmp_path)
     shutil.rmtree(live)
     cell = tmp_path / "cell"
     os.replace(tmp_path / "snap1", cell)
-    lent = own_files(cell, lambda info: info.st_size == 10_000)
+    lent = own_files(cell, lambda info: info.st_size == BIG)
     assert [os.path.relpath(path, cell) for path, _ in lent] == (["step_1/weights.bin"] if links.links else [])
     assert os.stat(cell / "latest").st_nlink == 1  # shared, not lendable: made the cell's own
