@@ -39,6 +39,7 @@ from pytest_resume_check.cells.snapshots import (
     LiveLinks,
     Times,
     Unshareable,
+    links_inside,
     own_files,
     take_snapshot,
     times_of,
@@ -148,15 +149,17 @@ class SharedFirstRuns:
         def later(inode: Inode) -> list[int]:
             return [s for s in prefix.holders.get(inode, {}) if s not in prefix.taken and s not in prefix.unshared]
 
-        def lendable(info: os.stat_result) -> bool:
-            # Only this folder and later snapshots link it (no kept folder, no evidence), and its hash is known.
+        def lendable(info: os.stat_result, discarded: int) -> bool:
+            # Only this folder, later snapshots and folders being deleted link it (no kept folder, no
+            # evidence), and its hash is known.
             inode = (info.st_dev, info.st_ino)
             by_step = prefix.holders.get(inode, {})
             mine = len(by_step.get(step, [])) + sum(len(by_step[s]) for s in later(inode))
-            return inode in prefix.digests and info.st_nlink <= mine and bool(later(inode))
+            return inode in prefix.digests and info.st_nlink <= mine + discarded and bool(later(inode))
 
         loans = []
-        for _, info in own_files(out, lendable):
+        # A passed cell's folder in the trash (an earlier cell was lent the same files) is read by nothing.
+        for _, info in own_files(out, lendable, lambda: links_inside(self.layout.trash.folder)):
             inode = (info.st_dev, info.st_ino)
             loans.append(_Loan(inode, times_of(info), prefix.digests[inode], tuple(later(inode))))
         if loans:

@@ -21,7 +21,7 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -314,27 +314,65 @@ def hash_of(fd: int, copy_to: str | None = None) -> bytes:
     return hasher.digest()
 
 
-def own_files(folder: Path, lendable: Callable[[os.stat_result], bool] = lambda info: False,
-              ) -> list[tuple[str, os.stat_result]]:
+#: How many times :func:`own_files` counts a file's links again when one went away while it counted.
+OWN_ROUNDS = 3
+
+
+def own_files(folder: Path, lendable: Callable[[os.stat_result, int], bool] = lambda info, discarded: False,
+              discarded: Callable[[], Mapping[Inode, int]] = dict) -> list[tuple[str, os.stat_result]]:
     """Give each file under ``folder`` that is still a hard link shared with another snapshot a copy of its
     own (a clone where the file system can), so a run that rewrites it in place changes this cell's file
-    only; a file ``lendable`` says only later snapshots share is left shared, and returned (its path and
-    stat): the caller checks it once the cell's runs have ended."""
-    lent = []
+    only. ``discarded`` counts links by inode in folders being deleted, which nothing reads again: a file
+    whose other links are all there is left as it is. A file ``lendable`` says only later snapshots share
+    (given its discarded links) is left shared, and returned (its path and stat): the caller checks it once
+    the cell's runs have ended."""
+    shared = []
     for root, _, files in os.walk(folder):
         for name in files:
             path = os.path.join(root, name)
             info = os.lstat(path)
             if info.st_nlink > 1 and stat.S_ISREG(info.st_mode):
-                if lendable(info):
-                    lent.append((path, info))
-                    continue
-                private = path + ".resume-check-own"
-                if not _clone_path(path, private):
-                    shutil.copyfile(path, private)
-                shutil.copystat(path, private)
-                os.replace(private, path)
+                shared.append((path, info))
+    lent: list[tuple[str, os.stat_result]] = []
+    owned: list[tuple[str, os.stat_result]] = []
+    for _ in range(OWN_ROUNDS):
+        # Counted after every st_nlink was read: a deletion since lowers a count, never raises it.
+        gone = discarded() if shared else {}
+        again: list[tuple[str, os.stat_result]] = []
+        for path, info in shared:
+            elsewhere = gone.get((info.st_dev, info.st_ino), 0)
+            if info.st_nlink - elsewhere <= 1:
+                continue
+            if lendable(info, elsewhere):
+                lent.append((path, info))
+                continue
+            now = os.lstat(path)
+            # A link deleted between the two reads (the trash's thread at work): counted again, not copied.
+            (again if now.st_nlink < info.st_nlink else owned).append((path, now))
+        shared = again
+    for path, _ in [*owned, *shared]:
+        private = path + ".resume-check-own"
+        if not _clone_path(path, private):
+            shutil.copyfile(path, private)
+        shutil.copystat(path, private)
+        os.replace(private, path)
     return lent
+
+
+def links_inside(folder: Path) -> dict[Inode, int]:
+    """How many hard links to each inode of a regular file lie under ``folder`` (none when it is not there); a
+    file deleted while the folder is walked is not counted."""
+    found: dict[Inode, int] = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                info = os.lstat(os.path.join(root, name))
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(info.st_mode):
+                inode = (info.st_dev, info.st_ino)
+                found[inode] = found.get(inode, 0) + 1
+    return found
 
 
 def _clone_path(source: str, target: str) -> bool:

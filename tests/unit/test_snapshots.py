@@ -17,6 +17,7 @@ from pytest_resume_check.cells.snapshots import (
     LINK_MIN_BYTES,
     Copy,
     LiveLinks,
+    links_inside,
     own_files,
     take_snapshot,
 )
@@ -200,6 +201,26 @@ def test_a_file_lent_to_a_cell_is_left_shared_and_the_others_are_owned(tmp_path)
     shutil.rmtree(live)
     cell = tmp_path / "cell"
     os.replace(tmp_path / "snap1", cell)
-    lent = own_files(cell, lambda info: info.st_size == BIG)
+    lent = own_files(cell, lambda info, discarded: info.st_size == BIG)
     assert [os.path.relpath(path, cell) for path, _ in lent] == (["step_1/weights.bin"] if links.links else [])
     assert os.stat(cell / "latest").st_nlink == 1  # shared, not lendable: made the cell's own
+
+
+def test_a_file_whose_other_links_are_all_in_folders_being_deleted_is_neither_copied_nor_lent(tmp_path):
+    """A passed cell's folder goes to the trash and is deleted in the background: the next cell shares
+    checkpoint files with it meanwhile, which nothing reads again, so they cost no copy; a link anywhere else
+    (a failing cell's kept folder) still makes the cell's file its own."""
+    cell, trash, kept = tmp_path / "cell", tmp_path / "trash", tmp_path / "kept"
+    for folder in (cell, trash, kept):
+        folder.mkdir()
+    (cell / "model.bin").write_bytes(b"m" * 100)
+    (cell / "optim.bin").write_bytes(b"o" * 100)
+    os.link(cell / "model.bin", trash / "model.bin")
+    os.link(cell / "model.bin", trash / "evidence.bin")
+    os.link(cell / "optim.bin", trash / "optim.bin")
+    os.link(cell / "optim.bin", kept / "optim.bin")
+    before = {name: os.stat(cell / name).st_ino for name in ("model.bin", "optim.bin")}
+    assert own_files(cell, lambda info, discarded: False, lambda: links_inside(trash)) == []
+    assert os.stat(cell / "model.bin").st_ino == before["model.bin"]  # no copy: only the trash shares it
+    assert os.stat(cell / "optim.bin").st_ino != before["optim.bin"]  # a kept folder shares it: made its own
+    assert (kept / "optim.bin").read_bytes() == b"o" * 100 and os.stat(kept / "optim.bin").st_nlink == 2
