@@ -186,9 +186,13 @@ class Engine:
             return CellResult(cell, Verdict(findings=list(ref.findings)), ref.record, [], workdir, self.seed, paid)
         first = self.shared.first_run(cell, workdir) if self.shared is not None else None
         converge = ref.converge if self.shared is not None else None
-        runs = run_interrupted(self.runner, cell.target, cell.case, cell.kills, cell.resume_mode, workdir,
-                               cell.prior_checkpoints, first, converge, ref.values_dir,
-                               ref.converge_inputs if converge else None)
+        try:
+            runs = run_interrupted(self.runner, cell.target, cell.case, cell.kills, cell.resume_mode, workdir,
+                                   cell.prior_checkpoints, first, converge, ref.values_dir,
+                                   ref.converge_inputs if converge else None)
+        finally:  # what its snapshot still shares with later ones is checked before another cell takes one
+            if first is not None and self.shared is not None:
+                self.shared.release(workdir)
         if not workdir.is_dir():  # its files went away under it (another session's clean-up): nothing to judge
             return CellResult(cell, Verdict(findings=[harness_finding(FileNotFoundError(str(workdir)), self.root,
                                                                       None, workdir)]), ref.record, runs, None,

@@ -2,14 +2,19 @@
 differ only in the step, so one first run serves them all.
 
 That run checkpoints at every kill step of the group and pauses after each while the harness takes a
-snapshot of the checkpoint directory (exactly what a kill at that moment would leave on disk). A file
-whose bytes did not change since the previous snapshot is a hard link to that snapshot's copy, so the
-snapshots of a group cost the bytes its checkpoints hold once (linear in the kill steps, where a copy
-per pause was quadratic); a cell that takes a snapshot over makes the files it still shares its own
-before its runs may write to them in place. Each cell then
-starts from its copy, with the first run's events up to its checkpoint as its own first run, and its
-log up to there: the log's length at the pause, when a kill would have come (the run goes on writing
-past it, to the group's later kill points, which never happened in this cell's job).
+snapshot of the checkpoint directory (exactly what a kill at that moment would leave on disk:
+:mod:`~.cells.snapshots`, which copies no bytes where a clone or a proved link to the live file does), so the
+snapshots of a group cost the bytes its checkpoints hold once. Each cell then starts from its snapshot,
+with the first run's events up to its checkpoint as its own first run, and its log up to there: the log's
+length at the pause, when a kill would have come (the run goes on writing past it, to the group's later
+kill points, which never happened in this cell's job).
+
+A cell that takes a snapshot over makes its own (a clone where possible) each file it shares with anything
+but a later snapshot, before its runs may write to it in place: a failing cell's kept folder, a resume's kept
+evidence. A file only later snapshots share is lent instead: once the cell's runs have ended
+(:meth:`SharedFirstRuns.release`), it is checked as a link to the live file is; a cell that wrote to it makes
+those snapshots unusable, and their cells run their own first runs, as for a file the run rewrote in place.
+A snapshot holding a file lent to a cell whose runs have not ended is not used either.
 
 A snapshot reads only regular files, each through a descriptor checked to be one: symbolic links are copied
 as the links they are and FIFOs made anew, neither ever opened, so a FIFO a trainer leaves in its folder
@@ -27,13 +32,24 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pytest_resume_check.cells.matrix import Cell
-from pytest_resume_check.process.layout import Layout
+from pytest_resume_check.cells.snapshots import (
+    KIND_REWRITTEN_BY_CELL,
+    Copy,
+    Inode,
+    LiveLinks,
+    Times,
+    Unshareable,
+    links_inside,
+    own_files,
+    take_snapshot,
+    times_of,
+    unchanged_at,
+)
+from pytest_resume_check.process.layout import Layout, remove_inside
 from pytest_resume_check.process.runner import Runner
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.plan import RESUME_AUTO, KillSpec
-from pytest_resume_check.records.regular_files import NotRegular, kind_of, open_regular, read_chunks
 from pytest_resume_check.records.results import Outcome, RunRecord
-from pytest_resume_check.records.state import new_hasher
 
 
 @dataclass
@@ -47,6 +63,23 @@ class _Prefix:
     log_sizes: dict[int, int] = field(default_factory=dict)
     #: The snapshot steps whose folder held a file no snapshot can hold (:class:`Unshareable`).
     unshared: dict[int, Unshareable] = field(default_factory=dict)
+    #: Each file several snapshots hold: by inode, the paths of its links by step.
+    holders: dict[Inode, dict[int, list[str]]] = field(default_factory=dict)
+    #: The hash of each such file's bytes, by inode (a file without one is never lent).
+    digests: dict[Inode, bytes] = field(default_factory=dict)
+    #: The steps whose snapshot a cell has taken over.
+    taken: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class _Loan:
+    """A file a cell's folder shares with later snapshots: the inode, what it was when lent, its bytes' hash
+    and the later steps that hold it."""
+
+    inode: Inode
+    seen: Times
+    digest: bytes
+    steps: tuple[int, ...]
 
 
 class SharedFirstRuns:
@@ -57,6 +90,7 @@ class SharedFirstRuns:
         self.layout = layout
         self._steps: dict[tuple[str, str, str], list[int]] = {}
         self._prefixes: dict[tuple[str, str, str], _Prefix | None] = {}
+        self._loans: dict[str, tuple[_Prefix, int, list[_Loan]]] = {}  # by the borrowing cell's folder
 
     def register(self, cells: Sequence[Cell]) -> None:
         """Learn the whole matrix, so each group's run checkpoints at all of its cells' steps."""
@@ -68,7 +102,7 @@ class SharedFirstRuns:
                         steps.append(step)
 
     def first_run(self, cell: Cell, workdir: Path) -> tuple[RunRecord, str | None] | None:
-        """The first run of ``cell`` cut from its group's run, its files copied into ``workdir``, and
+        """The first run of ``cell`` cut from its group's run, its snapshot moved into ``workdir``, and
         the checkpoint path it published last; None when the cell cannot share (it runs on its own)."""
         if not (cell.shares_prefix and cell.group in self._steps):
             return None
@@ -79,11 +113,15 @@ class SharedFirstRuns:
         snapshot = Layout.snapshot(prefix.workdir, step)
         if step in prefix.unshared or not snapshot.exists():
             return None
+        lent = {loan.inode for _, _, loans in self._loans.values() for loan in loans}
+        if any(step in by_step for inode, by_step in prefix.holders.items() if inode in lent):
+            return None  # a cell whose runs have not ended may still write to one of its files
         out = Layout.out(workdir, cell.resume_mode)
         # Moved, not copied: each snapshot serves the one cell killed at its step, and a copy per cell
         # would keep the disk use of a group quadratic in its kill steps until the session ends.
         shutil.move(snapshot, out)
-        _own_files(out)
+        prefix.taken.add(step)
+        self._lend(prefix, step, out, workdir)
         events, published = [], None
         # Up to the pause at this checkpoint: by then every rank had reported the step's end (what a kill
         # there would have left on the channel, too).
@@ -107,6 +145,45 @@ class SharedFirstRuns:
                            prefix.record.pid, prefix.record.isolation)
         return record, published
 
+    def _lend(self, prefix: _Prefix, step: int, out: Path, workdir: Path) -> None:
+        def later(inode: Inode) -> list[int]:
+            return [s for s in prefix.holders.get(inode, {}) if s not in prefix.taken and s not in prefix.unshared]
+
+        def lendable(info: os.stat_result, discarded: int) -> bool:
+            # Only this folder, later snapshots and folders being deleted link it (no kept folder, no
+            # evidence), and its hash is known.
+            inode = (info.st_dev, info.st_ino)
+            by_step = prefix.holders.get(inode, {})
+            mine = len(by_step.get(step, [])) + sum(len(by_step[s]) for s in later(inode))
+            return inode in prefix.digests and info.st_nlink <= mine + discarded and bool(later(inode))
+
+        loans = []
+        # A passed cell's folder in the trash (an earlier cell was lent the same files) is read by nothing.
+        for _, info in own_files(out, lendable, lambda: links_inside(self.layout.trash.folder)):
+            inode = (info.st_dev, info.st_ino)
+            loans.append(_Loan(inode, times_of(info), prefix.digests[inode], tuple(later(inode))))
+        if loans:
+            self._loans[str(workdir)] = (prefix, step, loans)
+
+    def release(self, workdir: Path) -> None:
+        """The runs of the cell in ``workdir`` have ended: each file it was lent is checked (unchanged, or only
+        its links changed and its bytes hash the same); the later snapshots holding one its runs wrote to
+        are unusable, and their cells run their own first runs."""
+        prefix, step, loans = self._loans.pop(str(workdir), (None, 0, []))
+        if prefix is None:
+            return
+        for loan in loans:
+            later = [s for s in loan.steps if s not in prefix.taken and s not in prefix.unshared]
+            if not later:
+                continue
+            paths = prefix.holders[loan.inode][later[0]]
+            if unchanged_at(paths[0], loan.inode, loan.seen, loan.digest):
+                continue
+            rel = os.path.relpath(paths[0], Layout.snapshot(prefix.workdir, later[0]))
+            for s in later:
+                prefix.unshared.setdefault(s, Unshareable(rel, KIND_REWRITTEN_BY_CELL.format(step=step)))
+                remove_inside(Layout.snapshot(prefix.workdir, s), self.layout.root, ignore_errors=True)
+
     def _prefix(self, cell: Cell) -> _Prefix | None:
         if cell.group not in self._prefixes:
             self._prefixes[cell.group] = self._run_prefix(cell)
@@ -120,123 +197,46 @@ class SharedFirstRuns:
                                 pause_steps=steps)
         live = Path(plan.checkpoint_dir)
         log_sizes: dict[int, int] = {}
-        seen: dict[str, _Copy] = {}
+        seen: dict[str, Copy] = {}
+        links = LiveLinks()
 
         unshared: dict[int, Unshareable] = {}
 
         def snapshot(step: int) -> None:  # the run's processes are stopped meanwhile (supervisor)
             log_sizes[step] = _size(Path(plan.log_path))  # what a kill here would have left in the log
+            links.step = step
             try:
-                _snapshot(live, Layout.snapshot(workdir, step), seen)
+                take_snapshot(live, Layout.snapshot(workdir, step), seen, links)
             except Unshareable as exc:  # its cell is killed for real: the folder is then what the kill left
                 unshared[step] = exc
+            links.past_the_tick(workdir)
 
         record = self.runner.run(plan, cell.target, on_pause=snapshot)
         if record.outcome != Outcome.KILLED:
             return None
-        return _Prefix(record, workdir, live, log_sizes, unshared)
+        # The run has ended: what its live files hold now is final. A snapshot a later write reached is not
+        # what the kill left; its cells run their own first runs.
+        for step, exc in links.check().items():
+            unshared.setdefault(step, exc)
+            remove_inside(Layout.snapshot(workdir, step), self.layout.root, ignore_errors=True)
+        # The live names go, so a file still linked is one a later snapshot shares (own_files copies only
+        # those), and the disk holds the bytes no longer than the cells need them.
+        remove_inside(live, self.layout.root, ignore_errors=True)
+        holders = _holders({step: Layout.snapshot(workdir, step) for step in steps if step not in unshared})
+        return _Prefix(record, workdir, live, log_sizes, unshared, holders, links.digests)
 
 
-@dataclass(frozen=True)
-class _Copy:
-    """A file as the last snapshot holds it: where, its size, time and mode, and its bytes' hash."""
-
-    path: str
-    stat: tuple[int, int, int]
-    digest: bytes
-
-
-class Unshareable(Exception):
-    """The checkpoint folder holds a file a snapshot cannot hold as a kill would leave it (a device or a
-    socket: only the kernel makes those); the cells killed there run their own first runs instead."""
-
-    def __init__(self, rel: str, kind: str):
-        super().__init__(f"{rel} is {kind}")
-        self.rel = rel
-        self.kind = kind
-
-
-def _snapshot(live: Path, dest: Path, seen: dict[str, _Copy]) -> None:
-    """Copy ``live`` to ``dest`` as a kill now would leave it (times and modes kept, symlinks as the links they
-    are, never followed; a FIFO as a new FIFO, never opened); ``seen`` (by relative path, updated) holds the
-    previous snapshot's files, and one that is the same again, bytes, time and mode, is linked, not copied.
-    The bytes are compared, not only the time: a trainer may rewrite a file in place within one tick of the
-    file clock. Only regular files are read, each through a descriptor checked to be one
-    (:mod:`~.records.regular_files`); raises :class:`Unshareable` for a device or a socket."""
-    dest.mkdir(parents=True)
-    folders = []
-    # fwalk: every name is looked at and opened relative to its folder's descriptor, so no folder on the way
-    # can be swapped for a link out of ``live`` meanwhile.
-    for root, dirs, files, root_fd in os.fwalk(live):
-        rel_root = os.path.relpath(root, live)
-        target_root = dest / rel_root
-        folders.append((root, target_root))
-        for name in [*dirs, *files]:
-            target = str(target_root / name)
-            rel = os.path.normpath(os.path.join(rel_root, name))
-            try:
-                info = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
-                if stat.S_ISDIR(info.st_mode):
-                    os.mkdir(target)
-                elif stat.S_ISLNK(info.st_mode):  # fwalk does not descend into one: kept as the link it is
-                    os.symlink(os.readlink(name, dir_fd=root_fd), target)
-                elif stat.S_ISFIFO(info.st_mode):
-                    os.mkfifo(target, stat.S_IMODE(info.st_mode))
-                    os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
-                elif stat.S_ISREG(info.st_mode):
-                    seen[rel] = _link_or_copy(name, root_fd, target, seen.get(rel))
-                else:
-                    raise Unshareable(rel, kind_of(info.st_mode))
-            except NotRegular as changed:  # no longer a regular file when opened (a thread not stopped)
-                raise Unshareable(rel, changed.kind) from None
-            except FileNotFoundError:  # gone while walking (a thread of the run that was not stopped)
-                seen.pop(rel, None)
-    for folder, copy in reversed(folders):  # after their files: a trainer may sort folders by time
-        shutil.copystat(folder, copy, follow_symlinks=False)
-
-
-def _link_or_copy(name: str, dir_fd: int, target: str, before: _Copy | None) -> _Copy:
-    fd = open_regular(name, dir_fd=dir_fd)
-    try:
-        info = os.fstat(fd)
-        key = (info.st_size, info.st_mtime_ns, info.st_mode)
-        if before is not None and before.stat == key and _hash_of(fd) == before.digest:
-            try:
-                os.link(before.path, target)
-                return replace(before, path=target)
-            except OSError:  # links not allowed here: copied below
-                pass
-        os.lseek(fd, 0, os.SEEK_SET)  # read again from the start when it was hashed to compare
-        digest = _hash_of(fd, copy_to=target)
-    finally:
-        os.close(fd)
-    os.chmod(target, stat.S_IMODE(info.st_mode))
-    os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
-    return _Copy(target, key, digest)
-
-
-def _hash_of(fd: int, copy_to: str | None = None) -> bytes:
-    """The hash of the bytes of the regular file open on ``fd``, written to ``copy_to`` on the way when given."""
-    hasher = new_hasher()
-    with open(copy_to or os.devnull, "wb") as out:
-        for chunk in read_chunks(fd):
-            hasher.update(chunk)
-            if copy_to:
-                out.write(chunk)
-    return hasher.digest()
-
-
-def _own_files(folder: Path) -> None:
-    """Give each file under ``folder`` that is still a hard link shared with another snapshot a copy of
-    its own, so a run that rewrites it in place changes this cell's file only."""
-    for root, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(root, name)
-            info = os.lstat(path)
-            if info.st_nlink > 1 and stat.S_ISREG(info.st_mode):
-                private = path + ".resume-check-own"
-                shutil.copy2(path, private)
-                os.replace(private, path)
+def _holders(snapshots: dict[int, Path]) -> dict[Inode, dict[int, list[str]]]:
+    """Each regular file that has more than one link: by inode, its paths in ``snapshots`` by step."""
+    holders: dict[Inode, dict[int, list[str]]] = {}
+    for step, folder in snapshots.items():
+        for root, _, files in os.walk(folder):
+            for name in files:
+                path = os.path.join(root, name)
+                info = os.lstat(path)
+                if info.st_nlink > 1 and stat.S_ISREG(info.st_mode):
+                    holders.setdefault((info.st_dev, info.st_ino), {}).setdefault(step, []).append(path)
+    return holders
 
 
 def _size(path: Path) -> int:

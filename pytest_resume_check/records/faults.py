@@ -121,7 +121,8 @@ def apply_after_kill(root: str, extra: Mapping[str, Any]) -> DiskDamage:
     """Apply what a power loss or torn write does to the files under ``root`` after the kill, as the
     kill-ready event's ``extra`` describes it. Only regular files inside ``root`` are opened (the names
     come from the run's process, and the trainer may have left a FIFO or a link out of the folder there);
-    :attr:`DiskDamage.refused` names the others."""
+    :attr:`DiskDamage.refused` names the others. A file another path shares by hard link (a later snapshot,
+    a resume's kept evidence) is given a copy of its own first, and only that is cut."""
     cut: list[tuple[str, int]] = []
     refused: list[str] = []
     for rel, synced in sorted(extra.get(EXTRA_UNSYNCED, {}).items()):

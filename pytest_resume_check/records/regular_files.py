@@ -14,6 +14,9 @@ folder above it, and follows a symbolic link only while where it leads stays ins
 :func:`open_for_append` opens the step summary file the session writes at its end, a regular file only.
 The same checks guard a file opened to be cut (a power loss's damage after a kill inside a save): it is
 opened for writing, with no truncating flag, and cut only once the descriptor is known to be that file.
+The harness never changes in place an inode another path shares: a file opened to be cut that has more than
+one hard link (a shared first run's snapshot, a resume's kept evidence) first gets a copy of its own, put
+under its name, and only that copy is cut.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ KIND_LINK_OUT = "a symbolic link to {target}, outside {folder}"
 KIND_LINK_NOWHERE = "a symbolic link to {target}, which does not exist"
 KIND_LINK_LOOP = "a chain of more than " + str(MAX_LINKS) + " symbolic links"
 KIND_OTHER = "not a regular file (mode {mode:o})"
+#: A file to be cut whose name led to another file by the time its copy was made (a process still running).
+KIND_REPLACED = "a name another file took meanwhile"
 
 #: ``os.open`` as it was when this module was imported: in a run's process the zero-change watcher wraps
 #: ``os.open`` to see the program's reads, and the pointer files it reads itself through this module must not
@@ -86,7 +91,50 @@ def open_regular(path: str, *, dir_fd: int | None = None, write: bool = False) -
         if exc.errno == errno.ENXIO:  # replaced by a FIFO nobody reads since it was looked at
             raise NotRegular(path, KIND_FIFO) from None
         raise
-    return _checked(fd, path)
+    fd = _checked(fd, path)
+    if write and os.fstat(fd).st_nlink > 1:
+        try:
+            return _private(fd, path, dir_fd)
+        finally:
+            os.close(fd)
+    return fd
+
+
+#: The name a file to be cut is copied to, beside it, before the copy is renamed over it.
+PRIVATE_SUFFIX = ".resume-check-own"
+
+
+def _private(fd: int, path: str, dir_fd: int | None) -> int:
+    """A descriptor for writing on a copy of the regular file ``path`` (open for writing on ``fd``, with more
+    than one hard link): its bytes, mode and times, renamed over ``path``. Another link is another file's
+    content (a snapshot other cells resume from, a resume's kept evidence) that cutting the shared inode would
+    change too; a clone (reflink) is a private copy already, and has one link."""
+    info = os.fstat(fd)
+    source = _checked(_os_open(path, _READ, dir_fd=dir_fd), path)
+    head, name = os.path.split(path)
+    temporary = os.path.join(head, f".{name}{PRIVATE_SUFFIX}")
+    try:
+        if (os.fstat(source).st_dev, os.fstat(source).st_ino) != (info.st_dev, info.st_ino):
+            raise NotRegular(path, KIND_REPLACED)  # another file under the name since it was opened: not cut
+        out = _os_open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       stat.S_IMODE(info.st_mode), dir_fd=dir_fd)
+        try:
+            for chunk in read_chunks(source):
+                while chunk:
+                    chunk = chunk[os.write(out, chunk):]
+            os.fchmod(out, stat.S_IMODE(info.st_mode))
+            os.utime(out, ns=(info.st_atime_ns, info.st_mtime_ns))
+            os.replace(temporary, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            os.close(out)
+            try:
+                os.unlink(temporary, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            raise
+    finally:
+        os.close(source)
+    return out
 
 
 def _checked(fd: int, path: str) -> int:

@@ -133,7 +133,7 @@ def test_a_full_disk_while_a_folder_is_copied_is_one_harness_line_and_the_sessio
 
     cells = [c for c in matrix.cells(plain, "quick", 2) if c.shares_prefix]
     engine.register(cells)
-    monkeypatch.setattr(shared_runs, "_snapshot", full)
+    monkeypatch.setattr(shared_runs, "take_snapshot", full)
     result = engine.run_cell(cells[0])
     assert result.verdict.categories == [HARNESS]
     assert result.verdict.headline.startswith(harness_errors.MSG_DISK_FULL.split("{")[0])

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_resume_check.cells.shared_runs import Unshareable, _snapshot
+from pytest_resume_check.cells.snapshots import Unshareable, take_snapshot
 from pytest_resume_check.child.command import MISSING, MSG_OUTPUT_REFUSED, REFUSED, output_digests
 from pytest_resume_check.child.watch import Watcher
 from pytest_resume_check.plugin.summary import ERR_STEP_SUMMARY_NOT_REGULAR, _write_step_summary
@@ -62,7 +62,7 @@ def test_a_fifo_in_the_checkpoint_folder_is_made_anew_in_the_snapshot_never_open
     live = _live(tmp_path)
     os.mkfifo(live / "progress.fifo", 0o640)
     writer = FifoWriter(live / "progress.fifo")
-    _snapshot(live, tmp_path / "snap", {})
+    take_snapshot(live, tmp_path / "snap", {})
     assert writer.finish() == writer.data  # nobody read it
     copy = os.lstat(tmp_path / "snap" / "progress.fifo")
     assert stat.S_ISFIFO(copy.st_mode) and stat.S_IMODE(copy.st_mode) == 0o640
@@ -75,7 +75,7 @@ def test_a_socket_in_the_checkpoint_folder_makes_the_snapshot_unshareable_naming
     with socket.socket(socket.AF_UNIX) as server:
         server.bind("control.sock")
         with pytest.raises(Unshareable) as refused:
-            _snapshot(live, tmp_path / "snap", {})
+            take_snapshot(live, tmp_path / "snap", {})
     assert (refused.value.rel, refused.value.kind) == ("step_1/control.sock", rf.KIND_SOCKET)
 
 
@@ -83,7 +83,7 @@ def test_links_in_the_checkpoint_folder_are_copied_as_links_and_never_read_throu
     live = _live(tmp_path)
     (live / "zeros").symlink_to("/dev/zero")
     (live / "latest").symlink_to("step_1")
-    _snapshot(live, tmp_path / "snap", {})
+    take_snapshot(live, tmp_path / "snap", {})
     assert os.readlink(tmp_path / "snap" / "zeros") == "/dev/zero"
     assert os.readlink(tmp_path / "snap" / "latest") == "step_1"
 
@@ -273,3 +273,23 @@ def test_the_damage_after_a_kill_cuts_only_regular_files_inside_the_folder_and_n
                ("step_2/optim.bin", rf.KIND_LINK_OUT.format(target=outside, folder=run)),
                ("step_2", rf.KIND_FOLDER)]  # the files to make not durable in order, then the one to tear
     assert damage.describe()[1:] == [NOT_CUT.format(refusal=f"{rel} is {kind}") for rel, kind in refused]
+
+
+def test_the_damage_after_a_kill_never_cuts_a_file_another_path_shares_by_hard_link(tmp_path):
+    """A cell's folder shares files with a later snapshot, or with a resume's kept evidence, by hard link:
+    the damage cuts the run's name only, after giving it a copy of its own; the other link keeps its bytes."""
+    run, snapshot = tmp_path / "run", tmp_path / "snapshot"
+    (run / "step_2").mkdir(parents=True)
+    snapshot.mkdir()
+    (run / "latest").write_bytes(b"step_2")
+    (run / "step_2" / "model.bin").write_bytes(b"m" * 100)
+    os.chmod(run / "latest", 0o640)
+    os.link(run / "latest", snapshot / "latest")
+    os.link(run / "step_2" / "model.bin", snapshot / "model.bin")
+    damage = apply_after_kill(str(run), {EXTRA_UNSYNCED: {"latest": 0}, EXTRA_TORN: "step_2/model.bin"})
+    assert damage.not_durable == (("latest", 0),) and damage.torn == ("step_2/model.bin", 100, 50)
+    assert (run / "latest").read_bytes() == b"" and (run / "step_2" / "model.bin").read_bytes() == b"m" * 50
+    assert (snapshot / "latest").read_bytes() == b"step_2" and (snapshot / "model.bin").read_bytes() == b"m" * 100
+    assert os.stat(run / "latest").st_mode & 0o777 == 0o640
+    assert os.stat(snapshot / "latest").st_nlink == 1 and os.stat(run / "latest").st_nlink == 1
+    assert sorted(p.name for p in run.iterdir()) == ["latest", "step_2"]  # no copy left beside it
