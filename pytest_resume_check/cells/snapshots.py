@@ -25,7 +25,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pytest_resume_check.records.regular_files import NotRegular, kind_of, open_regular, read_chunks
+from pytest_resume_check.records.regular_files import (
+    PRIVATE_SUFFIX,
+    NotRegular,
+    kind_of,
+    open_regular,
+    read_chunks,
+)
 from pytest_resume_check.records.state import new_hasher
 
 #: An inode: its device and number.
@@ -351,7 +357,7 @@ def own_files(folder: Path, lendable: Callable[[os.stat_result, int], bool] = la
             (again if now.st_nlink < info.st_nlink else owned).append((path, now))
         shared = again
     for path, _ in [*owned, *shared]:
-        private = path + ".resume-check-own"
+        private = path + PRIVATE_SUFFIX
         if not _clone_path(path, private):
             shutil.copyfile(path, private)
         shutil.copystat(path, private)

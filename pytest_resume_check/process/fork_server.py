@@ -113,23 +113,12 @@ def server_end(pid: int) -> ServerEnd | None:
     try:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:  # reaped already (or not ours): dead, how is not known
-        return None if _exists(pid) else ServerEnd(pid)
+        return None if shared_server.exists(pid) else ServerEnd(pid)
     if info is None or info.si_pid == 0:
         return None
     if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
         return ServerEnd(pid, signal=info.si_status)
     return ServerEnd(pid, status=info.si_status)
-
-
-def _exists(pid: int) -> bool:
-    """Whether a process ``pid`` exists (a zombie counts: only a signal's answer is asked)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 def _covers(served: dict[str, Any], wanted: dict[str, Any]) -> bool:

@@ -209,13 +209,18 @@ def running(pid: Any) -> bool:
         with open(f"/proc/{pid}/stat", "rb") as f:
             return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
     except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
+        return exists(pid)
+
+
+def exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists (a zombie counts: only a signal's answer is asked)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _signal_keeper(pid: int) -> None:
