@@ -43,6 +43,27 @@ def imported_names(tree: ast.Module, anywhere: bool = False) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def only_imports(tree: ast.Module) -> bool:
+    """Whether a script's top level does nothing but import (and hold a docstring and an ``if __name__ ==
+    "__main__":`` block, which does not run when it is imported as another module): what a console script
+    generated for an entry point is."""
+    for statement in tree.body:
+        if isinstance(statement, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+            continue
+        if isinstance(statement, ast.If) and not statement.orelse and _main_guard(statement.test):
+            continue
+        return False
+    return True
+
+
+def _main_guard(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
+            and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value == "__main__")
+
+
 def _type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")

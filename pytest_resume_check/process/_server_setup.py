@@ -17,6 +17,7 @@ import functools
 import gc
 import importlib
 import json
+import multiprocessing.spawn
 import os
 import sys
 import warnings
@@ -71,7 +72,7 @@ def finish() -> None:
     try:
         _import(work.get("path", []), work.get("import", []))
         _single_threaded_torch()
-        _import_declaring([(module, file) for module, file in work.get("auto", [])])
+        _import_declaring([(module, file) for module, file in work.get("auto", [])], work.get("main"))
         _single_threaded_torch()
         _call(work.get("call", []))
         if work.get("warm_torch") and not AUTO_UNSAFE:
@@ -185,15 +186,26 @@ def _cuda_initialised() -> bool:
         return False
 
 
-def _import_declaring(modules: list[tuple[str, str]]) -> None:
-    """Import each module that declares a target as its children would (:func:`child.loading.target_module`:
-    by name, or from its file under the same name), so they find it, and what it imports, loaded. One that
-    raises is recorded in :data:`AUTO_FAILED` and left to the children; imports that start a thread or set
-    up CUDA make the server unsafe to fork from (:data:`AUTO_UNSAFE`)."""
+def _import_declaring(modules: list[tuple[str, str]], main: str | None = None) -> None:
+    """Import the starter's script as each child would (``main``: its path, a script that only imports,
+    :func:`.fork_server._entry_script`), as this server's ``__main__``, so no child runs it again; then each
+    module that declares a target as its children would (:func:`child.loading.target_module`: by name, or
+    from its file under the same name), so they find it, and what it imports, loaded. One that raises is
+    recorded in :data:`AUTO_FAILED` and left to the children; imports that start a thread or set up CUDA make
+    the server unsafe to fork from (:data:`AUTO_UNSAFE`)."""
     from pytest_resume_check.child.loading import target_module
 
     threads, cuda = _python_threads(), _cuda_initialised()
     fresh = tuple(name for name in _SEEDED_AT_IMPORT if name not in sys.modules)
+    if main is not None:
+        try:
+            # multiprocessing's own step for a preloaded ``__main__``; a child whose starter's script is this
+            # file then finds it imported and does not run it again.
+            multiprocessing.spawn.import_main_path(main)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # the children run it themselves, as they did
+            AUTO_FAILED[main] = describe_error(exc)
     for module, file in modules:
         try:
             target_module(module, file)
@@ -201,13 +213,13 @@ def _import_declaring(modules: list[tuple[str, str]]) -> None:
             raise
         except BaseException as exc:  # also pytest.skip() at module level, which is no Exception
             AUTO_FAILED[module] = describe_error(exc)
-    names = ", ".join(module for module, _ in modules)
+    names = ", ".join([*([main] if main is not None else []), *(module for module, _ in modules)])
     extra = _python_threads() - threads
     if extra > 0:
         AUTO_UNSAFE.append(f"importing {names} started {extra} thread{'s' if extra > 1 else ''}")
     if _cuda_initialised() and not cuda:
         AUTO_UNSAFE.append(f"importing {names} initialised CUDA")
-    if modules and fresh:
+    if (modules or main is not None) and fresh:
         os.register_at_fork(after_in_child=functools.partial(_reseed, fresh, os.getpid()))
 
 

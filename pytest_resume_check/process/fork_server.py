@@ -19,6 +19,7 @@ started with everything the one about to start a run asks for, and otherwise sta
 
 from __future__ import annotations
 
+import ast
 import json
 import multiprocessing
 import multiprocessing.context
@@ -33,9 +34,10 @@ import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from pytest_resume_check.child import cpython
+from pytest_resume_check.child import cpython, imports
 from pytest_resume_check.process import _server_setup, shared_server
 from pytest_resume_check.process._server_setup import WARMUP_ENV
 from pytest_resume_check.process.sweep import environment
@@ -323,7 +325,7 @@ class ForkServer:
                        "torch_seed": self._torch_seed}
         work: dict[str, Any] = json.loads(json.dumps({
             "import": modules, "call": self._warmups, "path": _sys_path(), "auto": auto, "warm_torch": warm_torch,
-            "started_for": started_for, "torch_seed": self._torch_seed}))
+            "main": _entry_script() if auto else None, "started_for": started_for, "torch_seed": self._torch_seed}))
         return work
 
     def _ensure_shared(self, ctx: Any, wanted: dict[str, Any]) -> int | None:
@@ -481,6 +483,24 @@ def warmup_warning(target: str, spec: str, error: str) -> str:
 def _sys_path() -> list[str]:
     """This process's sys.path as its children get it (the empty entry made absolute)."""
     return list(multiprocessing.spawn.get_preparation_data("ignore")["sys_path"])
+
+
+def _entry_script() -> str | None:
+    """The script this process was started as, for the server to import once as ``__main__`` (as
+    ``__mp_main__``), when its top level only imports (a console script such as ``pytest``, or a script whose
+    work is under ``if __name__ == "__main__":``). Every process multiprocessing starts runs its starter's
+    script again unless its ``__main__`` already is that file: for ``pytest``, importing ``_pytest.config``
+    in every run (about 0.1 s of CPU each). None for ``python -m`` (multiprocessing does not run a module's
+    ``__main__`` again) and for a script that does anything else at its top, which each run keeps running
+    itself. Nothing is imported here."""
+    path = multiprocessing.spawn.get_preparation_data("ignore").get("init_main_from_path")
+    if not path:
+        return None
+    try:
+        tree = ast.parse(Path(path).read_bytes())
+    except (OSError, ValueError, SyntaxError):
+        return None
+    return str(path) if imports.only_imports(tree) else None
 
 
 def _import_alone(module: str) -> str | None:

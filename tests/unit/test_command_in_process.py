@@ -3,12 +3,14 @@ for them: decided from the command and the program's source, nothing imported or
 
 from __future__ import annotations
 
+import ast
 import importlib
 import sys
 from pathlib import Path
 
 import pytest
 
+from pytest_resume_check.child import imports
 from pytest_resume_check.child.command import MODULE, SCRIPT, program_imports, python_program
 from pytest_resume_check.child.imports import ImportWatch
 from pytest_resume_check.records.plan import CommandSpec
@@ -101,3 +103,16 @@ def test_a_run_names_the_packages_the_program_imported_not_their_dependencies(tm
             sys.modules.pop(name, None)
     assert seen == ["watched_top", "watched_dynamic", "watched_own_dep"]
     assert watch not in sys.meta_path
+
+
+@pytest.mark.parametrize(("source", "only"), [
+    ("import re\nimport sys\nfrom _pytest.config import _console_main\nif __name__ == '__main__':\n"
+     "    sys.exit(_console_main())\n", True),  # what pip writes for pytest
+    ('"""Doc."""\nimport torch\nif __name__ == "__main__":\n    main()\n', True),
+    ("import torch\nmain()\n", False),
+    ("import sys\nSTEPS = 4\n", False),
+    ("if __name__ == '__main__':\n    pass\nelse:\n    work()\n", False),
+    ("if __name__ != '__main__':\n    work()\n", False),
+])
+def test_a_script_only_imports_when_its_top_level_does_nothing_else(source, only):
+    assert imports.only_imports(ast.parse(source)) is only
