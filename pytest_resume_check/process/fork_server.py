@@ -6,8 +6,10 @@ importing torch or verl again. A preload module that fails to import costs only 
 for those, and the server goes on serving the others. So does a warm-up that leaves threads running in the
 server (forked runs would hang); a warm-up that raises costs only speed and is a warning, once.
 
-Without being asked (a target's ``auto_preload``), the server also imports the modules that declare the
-targets and, when torch is then imported, pays its first-use costs once. What it cannot do so costs no
+Without being asked (a target's ``auto_preload``), the server also imports the script the session was
+started as when it only imports (``pytest``'s console script, which multiprocessing would otherwise run again
+in every run), the modules that declare the targets and, when torch is then imported, pays its first-use
+costs once. What it cannot do so costs no
 error: a module that fails is left to the children, and a server made unsafe by it is started again without
 it; :meth:`ForkServer.auto_preload_notes` says why.
 
