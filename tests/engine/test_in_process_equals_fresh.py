@@ -13,8 +13,10 @@ placeholders before the comparison, and nothing else is.
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
+import fresh_equivalence_program
 import pytest
 import reads_setting_at_import
 
@@ -50,11 +52,20 @@ def declared(mode: str, fresh: bool):
     outputs = ("model.json",) if mode.startswith("mp_") or mode == "thread_output" else ()
     # A module the fork server imports, reading at its import a variable the target sets.
     preload, env = ((SETTING_MODULE,), {reads_setting_at_import.NAME: "on"}) if mode == "env_at_import" else ((), {})
+    if mode == "signals":  # what its runs inherit from this process, through the fork server it starts
+        env = {fresh_equivalence_program.IGNORED_ENV: ",".join(ignored_signals())}
     target = resume_target.command(["{python}", PROGRAM.name, mode, "{checkpoint_dir}"], name=name, steps=4,
                                    cwd=PROGRAM.parent, fresh_interpreter=fresh, checkpoints=checkpoints,
                                    outputs=outputs, preload=preload, env=env)
     assert (python_program(target.command) is None) is fresh  # really the two paths
     return target
+
+
+def ignored_signals() -> list[str]:
+    """The signals this process ignores, by name: a background job of a shell script ignores SIGINT and SIGQUIT,
+    and so do the runs, in a fresh interpreter or not (an ignored signal stays so through ``exec``)."""
+    return [s.name for s in signal.valid_signals()
+            if isinstance(s, signal.Signals) and signal.getsignal(s) == signal.SIG_IGN]
 
 
 def normalised(headline: str, engine: Engine, name: str) -> str:

@@ -100,13 +100,21 @@ def deliver_from_thread(out: str, value: int) -> None:
     go.set()
 
 
+#: The signals ignored where the session was started, by name, comma separated: a process inherits them
+#: ignored through ``exec``, and Python then leaves SIGINT ignored too (a background job of a shell script has
+#: SIGINT and SIGQUIT ignored).
+IGNORED_ENV = "FRESH_EQUIVALENCE_IGNORED"
+
+
 def check_signals() -> None:
     """The handlers a fresh interpreter starts with (Python's for SIGINT, SIGPIPE ignored, the rest the
-    default), then one of the program's own, which must run."""
+    default; each ignored that :data:`IGNORED_ENV` names), then one of the program's own, which must run."""
     import signal
 
     expected = {signal.SIGINT: signal.default_int_handler, signal.SIGPIPE: signal.SIG_IGN,
                 signal.SIGTERM: signal.SIG_DFL, signal.SIGUSR1: signal.SIG_DFL, signal.SIGCHLD: signal.SIG_DFL}
+    ignored = set(filter(None, os.environ.get(IGNORED_ENV, "").split(",")))
+    expected = {s: signal.SIG_IGN if s.name in ignored else handler for s, handler in expected.items()}
     found = {s: signal.getsignal(s) for s in expected}
     if found != expected:
         raise SystemExit(f"signal handlers {found}")
