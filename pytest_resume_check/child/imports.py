@@ -58,6 +58,12 @@ def only_imports(tree: ast.Module) -> bool:
     return True
 
 
+def script_only_imports(path: Path) -> bool:
+    """Whether the script at ``path`` can be read and parsed and :func:`only_imports`."""
+    tree = _parsed(path)
+    return tree is not None and only_imports(tree)
+
+
 def _main_guard(test: ast.expr) -> bool:
     return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
             and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)

@@ -21,7 +21,6 @@ started with everything the one about to start a run asks for, and otherwise sta
 
 from __future__ import annotations
 
-import ast
 import json
 import multiprocessing
 import multiprocessing.context
@@ -496,13 +495,7 @@ def _entry_script() -> str | None:
     ``__main__`` again) and for a script that does anything else at its top, which each run keeps running
     itself. Nothing is imported here."""
     path = multiprocessing.spawn.get_preparation_data("ignore").get("init_main_from_path")
-    if not path:
-        return None
-    try:
-        tree = ast.parse(Path(path).read_bytes())
-    except (OSError, ValueError, SyntaxError):
-        return None
-    return str(path) if imports.only_imports(tree) else None
+    return str(path) if path and imports.script_only_imports(Path(path)) else None
 
 
 def _import_alone(module: str) -> str | None:
