@@ -19,8 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 #: left out there through PYTEST_ADDOPTS, which those sessions inherit. This session has already loaded them,
 #: and the main job (README) loads them. Three plugin test files with -n 2: 49.7 s -> 37.6 s.
 UNUSED_PLUGINS = "-p no:hydra_pytest -p no:anyio"
-if UNUSED_PLUGINS not in os.environ.get("PYTEST_ADDOPTS", ""):  # a nested session in this folder has it already
-    os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {UNUSED_PLUGINS}".strip()
+_addopts = os.environ.get("PYTEST_ADDOPTS", "")
+if UNUSED_PLUGINS not in _addopts:  # a nested session in this folder has it already
+    os.environ["PYTEST_ADDOPTS"] = f"{_addopts} {UNUSED_PLUGINS}".strip()
 
 from agentlightning.verl.resume_target import DEFAULT_TARGETS as AGENTLIGHTNING_TARGETS  # noqa: E402
 from pytest_resume_check.builtin.targets import TARGETS as BUILTIN_TARGETS  # noqa: E402
