@@ -310,18 +310,22 @@ def test_a_failing_stop_is_printed_with_its_name_under_q_and_from_xdist_workers(
                                      "would not stop*"])
 
 
-def _sleepers(seconds: str) -> list[int]:
-    return [int(n) for n in filter(str.isdigit, os.listdir("/proc")) if _alive_pid(int(n))
-            and Path(f"/proc/{n}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", seconds.encode()]]
+def _sleepers(canary: str) -> list[int]:
+    """The live ``sleep`` processes carrying ``canary`` (another session's sleepers, a concurrent run of this
+    suite's, are not this test's)."""
+    return [pid for pid in marked(canary) if _alive_pid(pid)
+            and Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"601"]]
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
-def test_a_daemon_a_service_detached_is_found_by_its_environment_and_ended(engine, tmp_path):
+def test_a_daemon_a_service_detached_is_found_by_its_environment_and_ended(engine, tmp_path, monkeypatch):
+    canary = uuid.uuid4().hex
+    monkeypatch.setenv("SERVICE_CANARY", canary)  # the service's daemon inherits it
     run_once(engine, daemonizing, tmp_path)
-    assert _sleepers("601")
+    assert _sleepers(canary)
     problems = engine.close()
     assert len(problems) == 1 and "service test_services.daemonizing_service left 1 process running" in problems[0]
-    assert _sleepers("601") == []
+    assert _sleepers(canary) == []
 
 
 def test_a_service_starts_and_stops_on_one_thread(engine, tmp_path):
