@@ -98,12 +98,14 @@ def _lives(pid: int) -> bool:
 
 def test_without_a_server_tree_to_read_a_process_exec_d_with_the_run_s_token_is_found_by_the_full_search():
     token = uuid.uuid4().hex
-    gone = subprocess.Popen([sys.executable, "-c", ""])
-    gone.wait()  # a server that died: its pid names no process, so its tree cannot be read
+    # A server that died: its pid names no process, so its tree cannot be read. Above the kernel's pid_max, so
+    # no process can take it meanwhile (a reaped child's pid could: the kernel reuses pids, and a busy machine
+    # wraps its 32768 in minutes).
+    gone = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
     marked = subprocess.Popen(["sleep", "600"], env={**os.environ, sweep.RUN_TOKEN_ENV: token})
     try:
-        assert sweep.descendants(gone.pid) is None
-        assert sweep.escaped(token, gone.pid) == [marked.pid]
+        assert sweep.descendants(gone) is None
+        assert sweep.escaped(token, gone) == [marked.pid]
         assert sweep.escaped(token) == [marked.pid]  # a spawned run: no server at all
     finally:
         marked.kill()
