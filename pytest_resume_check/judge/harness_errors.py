@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 
 from pytest_resume_check.categories import HARNESS
-from pytest_resume_check.process.fork_server import ForkServerDied, ServerEnd
+from pytest_resume_check.process.fork_server import ForkServerDied, MainNotAFile, ServerEnd
 from pytest_resume_check.records.names import OPT_ISOLATION
 from pytest_resume_check.records.results import Finding
 
@@ -32,6 +32,10 @@ MSG_NAME_TOO_LONG = ("HARNESS: a file name of the cell is too long for the file 
                      "target's name or its case ids")
 MSG_BUG = ("HARNESS: the harness failed while running the cell ({what}); the cell was not judged. This is a bug of "
            "pytest-resume-check: please report it with the traceback{kept}")
+MSG_MAIN_NOT_A_FILE = ("HARNESS: the program that drives the harness runs from {path}, which is no file (a program "
+                      "read from standard input, or a file removed since it started), and every process "
+                      "multiprocessing starts for a run runs that file again first; the cell was not judged. Save "
+                      "the program to a file and run that file")
 MSG_WORKER_CRASHED = ("HARNESS: the pytest-xdist worker running this cell crashed ({what}); the cell was not judged. "
                       "Rerun it alone with its rerun line; a worker that runs out of memory needs fewer workers (-n)")
 MSG_SERVER_DIED = ("HARNESS: the fork server the runs start from (pid {pid}) {how} while the cell ran; the cell was "
@@ -82,6 +86,9 @@ def harness_finding(exc: BaseException, root: Path, workdir: Path | None, cell_f
     died = next((e for e in chain if isinstance(e, ForkServerDied)), None)
     if died is not None:
         return Finding(HARNESS, server_died(died.end))
+    main = next((e for e in chain if isinstance(e, MainNotAFile)), None)
+    if main is not None:
+        return Finding(HARNESS, MSG_MAIN_NOT_A_FILE.format(path=main.path))
     codes = {getattr(e, "errno", None) for e in chain}
     if not Path(root).is_dir() or cell_folder is not None:
         return Finding(HARNESS, MSG_FOLDER_GONE.format(folder=root if not Path(root).is_dir() else cell_folder))

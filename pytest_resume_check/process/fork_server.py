@@ -100,6 +100,25 @@ class ServerEnd:
             return f"signal {self.signal}"
 
 
+class MainNotAFile(RuntimeError):
+    """The program driving the harness runs from a main file that is no file (a program read from standard
+    input, ``python -``, or a file removed since): multiprocessing makes every process it starts, forked from a
+    server or spawned, run its starter's main file again, so every run would fail before the harness got a word
+    from it. Raised before the first run, not a bug of the harness (:mod:`~.judge.harness_errors`)."""
+
+    def __init__(self, path: str):
+        super().__init__(f"the driving program's main file {path} is no file")
+        self.path = path
+
+
+def check_main() -> None:
+    """Raise :class:`MainNotAFile` when the processes multiprocessing starts would fail to run this process's
+    main file again (a program run as ``python -c`` names none, and is fine)."""
+    path = multiprocessing.spawn.get_preparation_data("check").get("init_main_from_path")
+    if path and not os.path.isfile(path):
+        raise MainNotAFile(str(path))
+
+
 class ForkServerDied(Exception):
     """The fork server a run was started from died under it: the harness's own failure, never the run's
     (:mod:`pytest_resume_check.judge.harness_errors` makes it the cell's ``HARNESS`` line)."""
@@ -254,6 +273,7 @@ class ForkServer:
         """Start the server with every preload asked for so far, unless the running one does all that; start
         it again when a later target asked for more (a session that ran one target and then another would
         otherwise pay the second target's imports in every child). Its pid."""
+        check_main()
         ctx = multiprocessing.get_context("forkserver")
         wanted = self._wanted()
         if self._share_idle is not None:

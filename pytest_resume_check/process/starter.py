@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_resume_check.child.main import child_main
-from pytest_resume_check.process.fork_server import ForkServer, ForkServerDied, ServerEnd, server_end
+from pytest_resume_check.process.fork_server import ForkServer, ForkServerDied, ServerEnd, check_main, server_end
 from pytest_resume_check.process.sweep import environment, name_process, run_name
 from pytest_resume_check.records.names import ISOLATION_FORKSERVER, ISOLATIONS, RUN_TOKEN_ENV
 from pytest_resume_check.records.plan import SIGNAL_TERM, RunPlan
@@ -150,6 +150,8 @@ def start(plan: RunPlan, isolation: str = ISOLATION_FORKSERVER, fork_server: For
         if fork_server is None:
             raise ValueError(ERR_NO_SERVER)
         server = fork_server.ensure()
+    else:
+        check_main()
     reader, writer = ctx.Pipe(duplex=False)
     # Rank 0 waits on it at a snapshot's checkpoint, for SIGTERM's grace, and where a lost node rejoins.
     wants_control = plan.pause_steps or (plan.kill is not None and (plan.kill.signal == SIGNAL_TERM

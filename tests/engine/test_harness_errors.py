@@ -248,3 +248,51 @@ def test_a_session_whose_fork_server_keeps_dying_reports_each_cell_as_harness_an
     assert killers and all(c["status"] == HARNESS for c in killers)
     assert all(c["passed"] for c in cells if c["target"] == "plain")
 
+
+
+STDIN_TARGET = """
+import trust_targets as tt
+
+from pytest_resume_check import resume_target
+
+counted = resume_target(steps=tt.STEPS, name="counted")(tt.plain)
+"""
+
+STDIN_PROGRAM = '''
+import sys
+from pathlib import Path
+
+from counted_target import counted
+from pytest_resume_check.cells.matrix import cells
+from pytest_resume_check.engine import Engine
+
+if __name__ == "__main__":
+    engine = Engine(Path(sys.argv[1]), seed=0)
+    cell = cells(counted, "quick", 0)[0]
+    engine.register([cell])
+    print(engine.run_cell(cell).verdict.headline)
+    engine.close()
+    engine.stop_server()
+'''
+
+
+@pytest.mark.parametrize("isolation", ["forkserver", "spawn"])
+def test_a_program_read_from_stdin_gets_one_line_that_names_its_main_file_not_a_bug(tmp_path, isolation):
+    """multiprocessing makes every run its driving program starts run that program's main file again; read from
+    standard input (``python -``), that is ``<cwd>/<stdin>``, so every run failed and the line blamed the harness
+    (the fork server "died while importing the preload modules"). The same program from a file passes."""
+    import subprocess
+    import sys
+
+    (tmp_path / "counted_target.py").write_text(STDIN_TARGET)
+    program = STDIN_PROGRAM.replace("seed=0)", f"seed=0, isolation={isolation!r})")
+    (tmp_path / "drive.py").write_text(program)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(tt.__file__).parent)])}
+    from_file = subprocess.run([sys.executable, "drive.py", str(tmp_path / "a")], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=300)
+    assert from_file.stdout.strip().splitlines()[-1:] == ["PASSED"], from_file.stdout + from_file.stderr
+    from_stdin = subprocess.run([sys.executable, "-", str(tmp_path / "b")], input=program, cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=300)
+    line = from_stdin.stdout.strip().splitlines()[-1]
+    assert line == harness_errors.MSG_MAIN_NOT_A_FILE.format(path=tmp_path / "<stdin>"), line
+    assert "bug of pytest-resume-check" not in from_stdin.stdout
