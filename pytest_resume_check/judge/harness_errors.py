@@ -36,6 +36,10 @@ MSG_MAIN_NOT_A_FILE = ("HARNESS: the program that drives the harness runs from {
                       "read from standard input, or a file removed since it started), and every process "
                       "multiprocessing starts for a run runs that file again first; the cell was not judged. Save "
                       "the program to a file and run that file")
+MSG_NO_MAIN_GUARD = ("HARNESS: this program drives the harness at its top level, and every process multiprocessing "
+                     "starts for a run runs the program's main file again first: this copy, inside a run, could not "
+                     "start runs of its own, and the cell was not judged here (the program's own cells are). Put "
+                     "the code that drives the engine under `if __name__ == \"__main__\":`")
 MSG_WORKER_CRASHED = ("HARNESS: the pytest-xdist worker running this cell crashed ({what}); the cell was not judged. "
                       "Rerun it alone with its rerun line; a worker that runs out of memory needs fewer workers (-n)")
 MSG_SERVER_DIED = ("HARNESS: the fork server the runs start from (pid {pid}) {how} while the cell ran; the cell was "
@@ -89,6 +93,8 @@ def harness_finding(exc: BaseException, root: Path, workdir: Path | None, cell_f
     main = next((e for e in chain if isinstance(e, MainNotAFile)), None)
     if main is not None:
         return Finding(HARNESS, MSG_MAIN_NOT_A_FILE.format(path=main.path))
+    if any(_raised_in(e, "_check_not_importing_main") for e in chain):
+        return Finding(HARNESS, MSG_NO_MAIN_GUARD)
     codes = {getattr(e, "errno", None) for e in chain}
     if not Path(root).is_dir() or cell_folder is not None:
         return Finding(HARNESS, MSG_FOLDER_GONE.format(folder=root if not Path(root).is_dir() else cell_folder))
@@ -97,6 +103,15 @@ def harness_finding(exc: BaseException, root: Path, workdir: Path | None, cell_f
     if errno.ENAMETOOLONG in codes:
         return Finding(HARNESS, MSG_NAME_TOO_LONG.format(what=_what(exc)))
     return Finding(HARNESS, MSG_BUG.format(what=_what(exc), kept=kept))
+
+
+def _raised_in(exc: BaseException, function: str) -> bool:
+    """Whether ``exc`` was raised by a function of that name (the innermost frame of its traceback):
+    multiprocessing's check that a process still running its starter's main file again starts none."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_name == function
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

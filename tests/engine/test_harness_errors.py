@@ -296,3 +296,24 @@ def test_a_program_read_from_stdin_gets_one_line_that_names_its_main_file_not_a_
     line = from_stdin.stdout.strip().splitlines()[-1]
     assert line == harness_errors.MSG_MAIN_NOT_A_FILE.format(path=tmp_path / "<stdin>"), line
     assert "bug of pytest-resume-check" not in from_stdin.stdout
+
+
+def test_a_program_without_a_main_guard_is_told_to_add_one_and_its_own_cells_are_judged(tmp_path):
+    """Each run multiprocessing starts runs its program's main file again first; without
+    ``if __name__ == "__main__":`` that copy drives an engine of its own inside the run, whose runs cannot start
+    (multiprocessing refuses). Its line said "a bug of pytest-resume-check"; it names the missing guard, and the
+    program's own cell is judged as usual."""
+    import subprocess
+    import sys
+    import textwrap
+
+    (tmp_path / "counted_target.py").write_text(STDIN_TARGET)
+    head, body = STDIN_PROGRAM.split('if __name__ == "__main__":\n')
+    (tmp_path / "drive.py").write_text(head + textwrap.dedent(body))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(tt.__file__).parent)])}
+    done = subprocess.run([sys.executable, "drive.py", str(tmp_path / "a")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    lines = done.stdout.strip().splitlines()
+    assert lines[-1:] == ["PASSED"], done.stdout + done.stderr
+    assert harness_errors.MSG_NO_MAIN_GUARD in lines, done.stdout
+    assert "bug of pytest-resume-check" not in done.stdout
