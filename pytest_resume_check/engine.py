@@ -26,7 +26,7 @@ from pytest_resume_check.cells.references import Reference, References
 from pytest_resume_check.cells.shared_runs import SharedFirstRuns
 from pytest_resume_check.judge.harness_errors import harness_finding
 from pytest_resume_check.judge.verdict import FIX_FILLED_IN_PLACE, judge
-from pytest_resume_check.process.fork_server import ForkServer, ForkServerDied
+from pytest_resume_check.process.fork_server import ForkServer, ForkServerDied, check_main
 from pytest_resume_check.process.layout import Layout
 from pytest_resume_check.process.runner import Runner
 from pytest_resume_check.records import events as ev
@@ -177,6 +177,9 @@ class Engine:
             return None
 
     def _run_cell(self, cell: Cell) -> CellResult:
+        # Before any folder of the session is touched: a copy of an unguarded driving program, which each run
+        # runs first, must not make or delete folders of the program's own session.
+        check_main()
         started = time.monotonic()
         made = self.references.made(cell.target, cell.case)
         ref = self.reference(cell.target, cell.case)

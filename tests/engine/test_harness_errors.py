@@ -249,7 +249,6 @@ def test_a_session_whose_fork_server_keeps_dying_reports_each_cell_as_harness_an
     assert all(c["passed"] for c in cells if c["target"] == "plain")
 
 
-
 STDIN_TARGET = """
 import trust_targets as tt
 
