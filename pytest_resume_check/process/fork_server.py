@@ -273,7 +273,6 @@ class ForkServer:
         """Start the server with every preload asked for so far, unless the running one does all that; start
         it again when a later target asked for more (a session that ran one target and then another would
         otherwise pay the second target's imports in every child). Its pid."""
-        check_main()
         ctx = multiprocessing.get_context("forkserver")
         wanted = self._wanted()
         if self._share_idle is not None:
@@ -428,6 +427,7 @@ class ForkServer:
         return None
 
     def _start(self, ctx: Any) -> None:
+        check_main()  # a server that runs was started past this check; each run need not ask again
         # The server imports the targets' modules itself (multiprocessing's preload would die of the first
         # one that raises); they, the warm-ups and this sys.path reach it through its environment, set only
         # while it starts: a later subprocess of this process (a test's interpreter, a user's script) must

@@ -11,6 +11,9 @@ import errno
 import json
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -275,18 +278,20 @@ if __name__ == "__main__":
 '''
 
 
+def program_env(folder: Path) -> dict[str, str]:
+    """The environment a driving program of these tests runs in: its target module in ``folder``."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(Path(tt.__file__).parent)])}
+
+
 @pytest.mark.parametrize("isolation", ["forkserver", "spawn"])
 def test_a_program_read_from_stdin_gets_one_line_that_names_its_main_file_not_a_bug(tmp_path, isolation):
     """multiprocessing makes every run its driving program starts run that program's main file again; read from
     standard input (``python -``), that is ``<cwd>/<stdin>``, so every run failed and the line blamed the harness
     (the fork server "died while importing the preload modules"). The same program from a file passes."""
-    import subprocess
-    import sys
-
     (tmp_path / "counted_target.py").write_text(STDIN_TARGET)
     program = STDIN_PROGRAM.replace("seed=0)", f"seed=0, isolation={isolation!r})")
     (tmp_path / "drive.py").write_text(program)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(tt.__file__).parent)])}
+    env = program_env(tmp_path)
     from_file = subprocess.run([sys.executable, "drive.py", str(tmp_path / "a")], cwd=tmp_path, env=env,
                                capture_output=True, text=True, timeout=300)
     assert from_file.stdout.strip().splitlines()[-1:] == ["PASSED"], from_file.stdout + from_file.stderr
@@ -302,14 +307,10 @@ def test_a_program_without_a_main_guard_is_told_to_add_one_and_its_own_cells_are
     ``if __name__ == "__main__":`` that copy drives an engine of its own inside the run, whose runs cannot start
     (multiprocessing refuses). Its line said "a bug of pytest-resume-check"; it names the missing guard, and the
     program's own cell is judged as usual."""
-    import subprocess
-    import sys
-    import textwrap
-
     (tmp_path / "counted_target.py").write_text(STDIN_TARGET)
     head, body = STDIN_PROGRAM.split('if __name__ == "__main__":\n')
     (tmp_path / "drive.py").write_text(head + textwrap.dedent(body))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(tt.__file__).parent)])}
+    env = program_env(tmp_path)
     done = subprocess.run([sys.executable, "drive.py", str(tmp_path / "a")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     lines = done.stdout.strip().splitlines()
