@@ -200,7 +200,8 @@ class Run:
             while True:  # the harness kills this process now
                 time.sleep(60)
 
-        self._recorder = Recorder(FaultPlan.from_json(faults), self.checkpoint_dir or ".", on_op, on_kill)
+        rank = self.rank if self.world_size > 1 else None  # a rank of several stops where its plan says
+        self._recorder = Recorder(FaultPlan.from_json(faults), self.checkpoint_dir or ".", on_op, on_kill, rank)
         self._recorder.install()
 
 

@@ -117,7 +117,8 @@ class Engine:
             self.shared.register(cells)
 
     def record_ops(self, target: Target, case: Mapping[str, Any], step: int, prior: int) -> list[FileOp]:
-        """The file operations of the save of checkpoint ``step`` (after one of ``prior``), in order. A
+        """The file operations of the save of checkpoint ``step`` (after one of ``prior``), in order (each rank's
+        in its order, with the collectives it entered, in a run of several ranks). A
         zero-change program's saves end at its commit point, which its uninterrupted run may recognise: that
         run comes first (it is the case's reference, made once)."""
         if References.recognisable(target):
@@ -133,8 +134,10 @@ class Engine:
         if record.outcome != Outcome.KILLED:
             raise RuntimeError(f"recording the save of step {step} of {target.name} failed: {record.describe()}"
                                f"; see {plan.log_path}")
-        return [FileOp(e.extra["index"], e.text or "", e.path or "", e.extra.get("target"))
-                for e in record.events if e.kind == ev.FILE_OP]
+        ranks = plan.world_size > 1  # each rank's ops, numbered on that rank: rank by rank, however they interleaved
+        ops = [FileOp(e.extra["index"], e.text or "", e.path or "", e.extra.get("target"), e.rank if ranks else None)
+               for e in record.events if e.kind == ev.FILE_OP]
+        return sorted(ops, key=lambda op: (op.rank or 0, op.index))
 
     def crash_cells(self, target: Target, mode: str) -> list[Cell]:
         """The crash-consistency cells of ``target`` (its ``crash_save``; see

@@ -8,8 +8,9 @@ What the correct loop does, and what the harness checks it for (docs/distributed
 - The checkpoint of step N is a folder ``step_N``: the model and optimizer through DCP (every rank takes
   part), each rank's torch generator (``rng_rank<r>.pt``: the loader draws its base seed from it when an
   epoch's iterator starts), then ``data.json`` (epoch, inputs of the epoch taken by all ranks together,
-  step, world size) from rank 0, then - after a barrier - ``latest`` names the folder. Written files are
-  fsynced before their rename.
+  step, world size) from rank 0, then - after a barrier, once every rank's files are durable - ``latest``
+  names the folder. Written files are fsynced before their rename, and a resume requires every file the
+  checkpoint's ranks wrote.
 - The position is saved as a *global* count, so a resume at another world size (elastic) continues
   with the inputs no rank took yet: each new rank skips ``count / world size`` of its own shard of the
   same epoch's permutation (which needs the count to divide; it does at the matrix's elastic points).
@@ -56,6 +57,11 @@ BUGS = {
                    "of one worker each both workers take the first shard"),
     "saved_world": ("a resumed sampler keeps the number of replicas the checkpoint was saved with, so after a node "
                     "is lost each remaining rank takes only its share of the old world"),
+    "tracker_early": ("rank 0 names the new folder in latest as soon as its own files are durable, before the barrier "
+                      "that waits for every rank's: a crash in between leaves latest naming a folder without "
+                      "another rank's generator file"),
+    "newest_folder": ("auto resume takes the newest step_N folder, whatever latest names: a crash inside a save "
+                      "leaves a folder that is not complete on every rank"),
 }
 
 
@@ -220,8 +226,10 @@ class _Loop:
             _write_durably(folder / DATA_FILE, json.dumps(data).encode())
             if self.bug == "sampler_rank0":
                 _write_durably(folder / "sampler.pt", _pickled(self.sampler))
-        dist.barrier()
-        if self.rank == 0:
+        if self.rank == 0 and self.bug == "tracker_early":
+            _write_durably(self.run.checkpoint_dir / LATEST, folder.name.encode())
+        dist.barrier()  # every rank's files are durable
+        if self.rank == 0 and self.bug != "tracker_early":
             _write_durably(self.run.checkpoint_dir / LATEST, folder.name.encode())
         dist.barrier()
         self.run.checkpoint_published(self.step, folder)
@@ -237,6 +245,8 @@ class _Loop:
         latest = run.checkpoint_dir / LATEST
         if not latest.exists() or (self.bug == "restart_fresh" and not run.is_resume):
             return None
+        if self.bug == "newest_folder":
+            return max(run.checkpoint_dir.glob("step_*"), key=lambda p: int(p.name[5:]))
         if self.bug == "stale_rank" and self.rank == 1:
             older = sorted((p for p in run.checkpoint_dir.glob("step_*") if (p / DATA_FILE).exists()),
                            key=lambda p: int(p.name[5:]))[:-1]
@@ -255,9 +265,8 @@ class _Loop:
         data = json.loads((folder / DATA_FILE).read_text())
         self.epoch, self.taken, self.step = int(data["epoch"]), int(data["taken"]), int(data["step"])
         self.saved_world = int(data["world_size"])
-        rng = folder / RNG_FILE.format(rank=self.rank)
-        if rng.exists():  # a rank that joined at a larger world size keeps its seeded generator
-            self.rng = torch.load(rng, weights_only=True)
+        if self.rank < self.saved_world:  # a rank that joined at a larger world size keeps its seeded generator
+            self.rng = torch.load(folder / RNG_FILE.format(rank=self.rank), weights_only=True)
         if self.bug == "sampler_rank0":
             self.sampler = torch.load(folder / "sampler.pt", weights_only=False)
             self.sampler.load_state_dict({"yielded": self.sampler.yielded})

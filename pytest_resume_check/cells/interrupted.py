@@ -14,7 +14,7 @@ from pytest_resume_check.cells.matrix import Cell
 from pytest_resume_check.process.layout import Layout
 from pytest_resume_check.process.runner import Runner
 from pytest_resume_check.records import events as ev
-from pytest_resume_check.records.faults import INJECTED, MODE_CRASH, MODE_POWER, apply_after_kill
+from pytest_resume_check.records.faults import INJECTED, MODE_CRASH, MODE_POWER, apply_after_kill, merge_kill_extras
 from pytest_resume_check.records.plan import RESUME_AUTO, RESUME_DISABLED, RESUME_PATH, KillSpec
 from pytest_resume_check.records.results import Outcome, RunRecord, split_restarts
 from pytest_resume_check.targets import Target
@@ -59,8 +59,8 @@ def run_interrupted(runner: Runner, target: Target, case: Mapping[str, Any], kil
         runs.extend(split_restarts(record))  # torchrun's restarts within the run are resumes too
         if kill is not None and kill.fault is not None:
             if record.outcome == Outcome.KILLED:
-                extra = next((e.extra for e in record.events if e.kind == ev.KILL_READY), {})
-                record.damage = apply_after_kill(plan.checkpoint_dir, extra)
+                ready = [e.extra for e in record.events if e.kind == ev.KILL_READY]  # each rank's, of several
+                record.damage = apply_after_kill(plan.checkpoint_dir, merge_kill_extras(ready))
             elif not (record.outcome == Outcome.RAISED and INJECTED in (record.error or "")):
                 break  # the run did not fail where the fault was injected: judged as is
         elif record.outcome != Outcome.KILLED or kill is None:

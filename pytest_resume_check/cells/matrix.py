@@ -6,7 +6,8 @@ per killed run; the run after the last kill goes to the end. Kill-point selectio
 beside it, and a seeded random sample of the rest.
 
 Crash-consistency cells fault one save of the first case at its recorded file operations: every crash
-point (``crash_save=(step, prior)``), or by default a few smoke cells (:func:`smoke_cells`).
+point (``crash_save=(step, prior)``), or by default a few smoke cells (:func:`smoke_cells`). A save of several
+ranks gets them rank by rank (:func:`ranked_plans`).
 """
 
 from __future__ import annotations
@@ -296,7 +297,10 @@ def crash_cells(target: Target, case: Mapping[str, Any], ops: Sequence[faults.Fi
     ``prior`` exists before it): a kill before each chosen op and after the last (plain and with
     power loss), a half-written copy of every file that was not durable when it got its final name,
     and I/O errors at the ops (ENOSPC at each chosen op; EIO and persistent ENOSPC at a sample in
-    quick mode, at every op in full mode)."""
+    quick mode, at every op in full mode). A save of several ranks: :func:`ranked_plans` of every rank's
+    crash points."""
+    if any(op.rank is not None for op in ops):
+        return _fault_cells(target, case, ops, step, prior, ranked_plans(ops, step, mode, smoke=False))
     total = len(ops)
     points = crash_points(ops, mode)
     at_ops = [i for i in points if i < total]
@@ -308,11 +312,64 @@ def crash_cells(target: Target, case: Mapping[str, Any], ops: Sequence[faults.Fi
     plans += [faults.FaultPlan(step, faults.MODE_ERROR, i, faults.ERRNOS["enospc"], total=total) for i in at_ops]
     plans += [faults.FaultPlan(step, faults.MODE_ERROR, i, faults.ERRNOS["eio"], total=total) for i in sample]
     plans += [faults.FaultPlan(step, faults.MODE_ERROR, i, faults.ERRNOS["enospc"], True, total=total) for i in sample]
-    steps = int(target.steps(case))
+    return _fault_cells(target, case, ops, step, prior, plans)
+
+
+def ranked_plans(ops: Sequence[faults.FileOp], step: int, mode: str, smoke: bool) -> list[faults.FaultPlan]:
+    """The faults of a save of several ranks (``ops`` carry their rank), rank by rank; each stops every rank
+    (:func:`~pytest_resume_check.records.faults.stops_at`) and is kept once however many ranks' points give
+    its stops.
+
+    ``smoke``: for each rank, a kill right before its last file op and a power loss right after its last write
+    (unless that is its last op), then a power loss once every rank did its last op, then each rank's last
+    file that was not durable when it got its final name, torn. But where no rank entered a collective, the
+    ranks wait for each other (if they do) by means the recorder does not see, and a rank stopped alone could
+    leave the others waiting for it: only the power loss after every rank's last op. Otherwise each rank's
+    :func:`crash_points` with a kill and a power loss, and every such file of each rank torn. Injected I/O
+    errors are left to saves of one rank."""
+    by_rank = faults.ranks_of(ops)
+    totals = tuple(len(by_rank.get(r, [])) for r in range(max(by_rank, default=0) + 1))
+    if smoke and not any(op.kind == faults.COLLECTIVE for op in ops):
+        return [faults.FaultPlan(step, faults.MODE_POWER, totals[0], total=totals[0], rank=0,
+                                 stops=totals, totals=totals)] if totals else []
+    points: list[tuple[int, str, int, str | None]] = []  # (rank, mode, op, torn file)
+    torn: list[tuple[int, str, int, str | None]] = []
+    for rank, own in by_rank.items():
+        total = len(own)
+        writes = [op.index for op in own if op.kind in ("write", "torch.save")]
+        tearable = tearable_files(own)
+        if smoke:
+            files = [op.index for op in own if op.kind != faults.COLLECTIVE]
+            points += [(rank, faults.MODE_CRASH, files[-1], None)] if files else []
+            points += [(rank, faults.MODE_POWER, writes[-1] + 1, None)] if writes and writes[-1] + 1 < total else []
+            tearable = tearable[-1:]
+        else:
+            chosen = crash_points(own, mode)
+            points += [(rank, faults.MODE_CRASH, i, None) for i in chosen]
+            points += [(rank, faults.MODE_POWER, i, None) for i in chosen]
+        torn += [(rank, faults.MODE_TORN, min(at + 1, total), path) for path, at in tearable]
+    if smoke and totals:
+        points.append((0, faults.MODE_POWER, totals[0], None))
+    plans, seen = [], set()
+    for rank, kind, op, path in points + torn:
+        stops = faults.stops_at(ops, rank, op)
+        if (kind, stops, path) in seen:
+            continue
+        seen.add((kind, stops, path))
+        plans.append(faults.FaultPlan(step, kind, op, file=path, total=totals[rank], rank=rank, stops=stops,
+                                      totals=totals))
+    return plans
+
+
+def _fault_cells(target: Target, case: Mapping[str, Any], ops: Sequence[faults.FileOp], step: int, prior: int,
+                 plans: Sequence[faults.FaultPlan]) -> list[Cell]:
+    """A crash cell per plan, resumed automatically, with the target's expected failures applied."""
+    steps = _steps(target, case)
     out = []
     for plan in plans:
         cell = Cell(target, case, RESUME_AUTO, (KillSpec(step, 0, plan),), steps, None, (prior,), tuple(ops))
-        reason = next((why for pred, why in target.expected_failures if pred(cell)), None)
+        reason = next((why for pred, why in target.expected_failures
+                       if _ask(target, "expected_failures", case, pred, cell)), None)
         out.append(replace(cell, xfail_reason=reason))
     return out
 
@@ -333,9 +390,9 @@ class CrashAxis:
 
 def crash_axis(target: Target) -> CrashAxis | None:
     """The crash cells ``target`` gets, None for none: ``crash_save=False``; or the default smoke cells where
-    they cannot apply: several ranks (faults are injected in one process), no ``auto`` resume (a crash cell
-    resumes from what the crash left in the run's own folder), or a first case of fewer than 2 steps (no
-    checkpoint before the faulted save)."""
+    they cannot apply: ranks started by torchrun (not yet), no ``auto`` resume (a crash cell resumes from what
+    the crash left in the run's own folder), or a first case of fewer than 2 steps (no checkpoint before the
+    faulted save)."""
     declared = target.crash_save
     if not declared:
         return None
@@ -343,7 +400,7 @@ def crash_axis(target: Target) -> CrashAxis | None:
         step, prior = declared
         return CrashAxis(int(step), int(prior), smoke=False)
     step, prior = SMOKE_SAVE  # CRASH_SMOKE, the default
-    if target.world_size > 1 or RESUME_AUTO not in target.resume_modes:
+    if target.launcher == LAUNCHER_TORCHRUN or RESUME_AUTO not in target.resume_modes:
         return None
     if _steps(target, target.cases[0]) < step:
         return None
@@ -382,12 +439,8 @@ def smoke_plans(ops: Sequence[faults.FileOp], step: int) -> list[faults.FaultPla
 def smoke_cells(target: Target, case: Mapping[str, Any], ops: Sequence[faults.FileOp], step: int,
                 prior: int) -> list[Cell]:
     """The crash smoke cells of the save of checkpoint ``step`` (a checkpoint of ``prior`` before it): those
-    of :func:`smoke_plans`, resumed automatically, with the target's expected failures applied."""
-    steps = _steps(target, case)
-    out = []
-    for plan in smoke_plans(ops, step):
-        cell = Cell(target, case, RESUME_AUTO, (KillSpec(step, 0, plan),), steps, None, (prior,), tuple(ops))
-        reason = next((why for pred, why in target.expected_failures
-                       if _ask(target, "expected_failures", case, pred, cell)), None)
-        out.append(replace(cell, xfail_reason=reason))
-    return out
+    of :func:`smoke_plans` (of :func:`ranked_plans` for a save of several ranks), resumed automatically, with
+    the target's expected failures applied."""
+    ranked = any(op.rank is not None for op in ops)
+    plans = ranked_plans(ops, step, QUICK, smoke=True) if ranked else smoke_plans(ops, step)
+    return _fault_cells(target, case, ops, step, prior, plans)

@@ -200,7 +200,7 @@ def _run_target(plan: RunPlan, sink: ConnectionSink, control: ControlChannel | N
     """Build and drive the target in this process and report how it ended; returns the exit code."""
     def drive() -> None:
         READS.attach(lambda name: sink.send(ev.Event(ev.ENVIRON, text=name)), harness_names(plan))
-        recorder = _recorder(plan, sink)
+        recorder = _recorder(plan, sink, rank)
         fn = load_target_fn(plan.target_ref)
         run = RunContext(plan, sink, control, recorder, rank)
         if recorder is not None:
@@ -469,8 +469,9 @@ def torchrun_worker() -> None:
         _exit(code)
 
 
-def _recorder(plan: RunPlan, sink: ConnectionSink) -> Recorder | None:
-    """The file-operation recorder of a run with a fault plan (None otherwise)."""
+def _recorder(plan: RunPlan, sink: ConnectionSink, rank: int) -> Recorder | None:
+    """The file-operation recorder of a run with a fault plan (None otherwise); in a run of several ranks, of
+    this process's ``rank``."""
     if plan.faults is None:
         return None
     from pytest_resume_check.child.recorder import Recorder
@@ -482,7 +483,8 @@ def _recorder(plan: RunPlan, sink: ConnectionSink) -> Recorder | None:
         sink.send(ev.Event(ev.FILE_OP, path=op.path, text=op.kind,
                            extra={"index": op.index, "target": op.target}))
 
-    recorder = Recorder(plan.faults, plan.checkpoint_dir, report, lambda why, extra: None)
+    recorder = Recorder(plan.faults, plan.checkpoint_dir, report, lambda why, extra: None,
+                        rank if plan.world_size > 1 else None)
     recorder.install()
     return recorder
 

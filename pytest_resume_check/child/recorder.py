@@ -2,7 +2,8 @@
 :class:`~pytest_resume_check.records.faults.FaultPlan` to them.
 
 Audit hooks do not see ``fsync``, ``write`` or ``close``, so the file functions themselves are wrapped
-(module attributes of ``os``, ``builtins``, ``io``, ``shutil`` and ``torch``). :meth:`Recorder.install`
+(module attributes of ``os``, ``builtins``, ``io``, ``shutil`` and ``torch``; in a rank of a multi-rank run
+also the collectives of ``torch.distributed``, :data:`COLLECTIVES`). :meth:`Recorder.install`
 wraps them in the calling process and :meth:`Recorder.uninstall` puts the originals back; a child run
 installs once and never uninstalls (the process ends with the run), an in-process test uses the
 recorder as a context manager.
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_resume_check.records.faults import (
+    COLLECTIVE,
     EXTRA_OPS_DONE,
     EXTRA_TORN,
     EXTRA_UNSYNCED,
@@ -36,18 +38,28 @@ from pytest_resume_check.records.faults import (
 #: The ``os.open`` flags of an open for writing.
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _KILLING = (MODE_CRASH, MODE_POWER, MODE_TORN)
+#: The functions of ``torch.distributed`` a rank's save may wait in for the other ranks, recorded as ops of a
+#: multi-rank save (the ranks stop between them: see :mod:`pytest_resume_check.records.faults`). Called from
+#: within ``torch.distributed``'s own module, one collective uses another unseen: each call is one op.
+COLLECTIVES = ("barrier", "monitored_barrier", "all_reduce", "reduce", "broadcast", "all_gather", "gather",
+               "scatter", "reduce_scatter", "all_to_all", "all_gather_into_tensor", "reduce_scatter_tensor",
+               "all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list")
 
 
 class Recorder:
     """Wraps file functions in this process and applies a :class:`FaultPlan` during the watched save.
 
     ``on_op(op)`` is called for every op that happens; ``on_kill(op_text, extra)`` when the plan
-    says to be killed here (it does not return).
+    says to be killed here (it does not return). ``rank``: this process's rank in a run of several ranks
+    (None in a run of one), which stops where the plan says that rank stops.
     """
 
     def __init__(self, plan: FaultPlan, root: str, on_op: Callable[[FileOp], None],
-                 on_kill: Callable[[str, dict[str, Any]], None]):
+                 on_kill: Callable[[str, dict[str, Any]], None], rank: int | None = None):
         self.plan = plan
+        self.rank = rank
+        #: Before which of this process's ops it is stopped (killing plans).
+        self.stop = plan.stop_of(rank)
         self.root = os.path.realpath(root)
         self.on_op = on_op
         self.on_kill = on_kill
@@ -68,7 +80,10 @@ class Recorder:
     def finish(self, step: int) -> None:
         """At ``checkpoint_published(step)``: the point after the last op."""
         if step == self.plan.step and self.active:
-            if self.plan.mode in _KILLING and self.plan.op == len(self.ops):
+            # A rank of several is stopped here also when its save did fewer ops than recorded: the other ranks
+            # wait where they stop, and a rank that went on would wait for them in its next collective.
+            if self.plan.mode in _KILLING and self.stop is not None and (
+                    self.stop == len(self.ops) or self.rank is not None and self.stop > len(self.ops)):
                 self._kill("after the last file operation of the save, before it was reported")
             self.active = False
 
@@ -89,26 +104,43 @@ class Recorder:
         if rel is None:
             return None
         index = len(self.ops)
-        op = FileOp(index, kind, rel, self._rel(target) if target is not None else None)
+        op = FileOp(index, kind, rel, self._rel(target) if target is not None else None, self.rank)
         plan = self.plan
-        if plan.mode in _KILLING and plan.op == index:
+        if plan.mode in _KILLING and self.stop == index:
             self._kill(f"before {op.describe()}")
         self.ops.append(op)  # counted even when it fails: "once" must hit exactly one op
-        if plan.mode == MODE_ERROR and (index == plan.op or (plan.persistent and self._failing)):
+        mine = plan.rank is None or plan.rank == self.rank
+        if plan.mode == MODE_ERROR and mine and (index == plan.op or (plan.persistent and self._failing)):
             self._failing = True
             code = plan.errno or errno_codes.EIO
             raise OSError(code, f"{os.strerror(code)} {INJECTED} at {op.describe()}", os.fspath(path))
         self.on_op(op)
         return rel
 
+    def collective(self, name: str) -> None:
+        """Called before a collective of a rank of several: an op of the watched save (never of a one-rank run)."""
+        if self.rank is None or not self.active or getattr(self._local, "saving", False):
+            return
+        index = len(self.ops)
+        op = FileOp(index, COLLECTIVE, name, None, self.rank)
+        if self.plan.mode in _KILLING and self.stop == index:
+            self._kill(f"before {op.describe()}")
+        self.ops.append(op)
+        self.on_op(op)
+
     def _kill(self, where: str) -> None:
         extra: dict[str, Any] = {EXTRA_OPS_DONE: len(self.ops)}
         if self.plan.mode == MODE_POWER:
             extra[EXTRA_UNSYNCED] = {p: self.synced.get(p, 0) for p, n in self.written.items()
                                      if n > self.synced.get(p, 0)}
-        if self.plan.mode == MODE_TORN and self.plan.file:
+        if self.plan.mode == MODE_TORN and self.plan.file and self.plan.rank in (None, self.rank):
             extra[EXTRA_TORN] = self.plan.file
-        self.on_kill(f"killed {where}", extra)
+        if self.rank is None:
+            self.on_kill(f"killed {where}", extra)
+        elif self.rank == self.plan.rank:
+            self.on_kill(f"rank {self.rank} killed {where}", extra)
+        else:  # stopped where it no longer needs the killed rank, then killed with it
+            self.on_kill(f"rank {self.rank} stopped {where}", extra)
 
     # -- durability tracking ---------------------------------------------------------------------
     def wrote(self, rel: str, n: int) -> None:
@@ -156,6 +188,10 @@ class Recorder:
         torch = sys.modules.get("torch")
         if torch is not None:
             wrappers.append((torch, "save", _torch_save_wrapper(self, torch.save)))
+        distributed = sys.modules.get("torch.distributed")
+        if self.rank is not None and distributed is not None:
+            wrappers += [(distributed, name, _collective_wrapper(self, name, getattr(distributed, name)))
+                         for name in COLLECTIVES if callable(getattr(distributed, name, None))]
         for owner, name, wrapper in wrappers:
             self._wrap(owner, name, wrapper)
 
@@ -200,11 +236,21 @@ def _os_open_wrapper(rec: Recorder, real: Callable[..., Any]) -> Callable[..., A
 
 def _mkdir_wrapper(rec: Recorder, real: Callable[..., Any]) -> Callable[..., Any]:
     def mkdir(path: Any, *args: Any, **kwargs: Any) -> None:
-        if not os.path.isdir(path):  # makedirs(exist_ok=True) probes existing folders: not an op
+        # makedirs(exist_ok=True) probes existing folders: not an op. On a rank of several, every call is one:
+        # whether another rank made the folder first depends on how the ranks interleave, not on this rank.
+        if rec.rank is not None or not os.path.isdir(path):
             rec.op("mkdir", path)
         real(path, *args, **kwargs)
 
     return mkdir
+
+
+def _collective_wrapper(rec: Recorder, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        rec.collective(name)
+        return real(*args, **kwargs)
+
+    return collective
 
 
 def _fsync_wrapper(rec: Recorder, real: Callable[..., Any]) -> Callable[..., Any]:

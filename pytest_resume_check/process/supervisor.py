@@ -198,11 +198,17 @@ def _rejoin(watch: _Watch, event: ev.Event, node: int | None) -> bool:
 def _on_kill_ready(watch: _Watch, event: ev.Event) -> bool:
     """The child is at the planned kill point: the run is ``KILLED``. A SIGTERM plan preempts every rank;
     a plan that kills one rank kills it alone; an all-ranks SIGKILL of a multi-rank run first waits for
-    the other ranks to reach the kill point's step. The caller SIGKILLs what is left; the reading ends."""
+    the other ranks to reach the kill point's step. A fault inside a save of several ranks stops every rank
+    (records.faults): the run is killed once all of them wait. The caller SIGKILLs what is left; the reading
+    ends."""
     record = watch.record
     record.events.append(event)
-    record.outcome = Outcome.KILLED
     kill = record.plan.kill
+    if kill is not None and kill.fault is not None and record.plan.world_size > 1:
+        ready = {e.rank for e in record.events if e.kind == ev.KILL_READY}
+        if len(ready) < record.plan.world_size:
+            return False  # the others are on their way to where they stop
+    record.outcome = Outcome.KILLED
     if kill is not None and event.extra.get("signal") == SIGNAL_TERM:
         _preempt(watch, kill.grace)
     elif kill is not None and (kill.node is not None or kill.rank is not None and record.plan.restarts_in_job):

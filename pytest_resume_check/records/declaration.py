@@ -69,8 +69,9 @@ ERR_PREEMPT_COMMAND = ("target {name!r}: preemption= is not supported on a comma
                        "harness's side of the run, not your program); declare it on a Python target")
 ERR_ZERO_CHANGE_RANKS = ("target {name!r}: checkpoints= (a program that reports nothing) runs one process; for "
                          "ranks, report through pytest_resume_check.client (docs/recipes/command.md)")
-ERR_CRASH_RANKS = ("target {name!r}: crash_save= is not supported with world_size > 1 (file faults are injected in one "
-                   "process); declare the crash axis on a one-rank target")
+ERR_CRASH_RANKS = ("target {name!r}: crash_save= is not supported with launcher='torchrun' yet (its workers are "
+                   "torchrun's to start and restart); declare the crash axis on the same trainer with the harness's "
+                   "launcher (the default), which crash cells reach on every rank")
 ERR_CRASH_SAVE = ("target {name!r}: crash_save={value!r} is not one of {smoke!r} (the default: a few crash cells on "
                   "the save of checkpoint 2), (step, prior) (every crash point of the save of checkpoint step, with a "
                   "checkpoint of prior before it: whole numbers, 0 <= prior < step, e.g. crash_save=(2, 1)) or False "
@@ -209,9 +210,9 @@ def checked_options(func: Callable[..., None], options: Mapping[str, Any],
         early_stop=_early_stop(name, options.get("early_stop", EARLY_STOP_EPOCH)),
         resources=_resources(name, options.get("resources")),
         pass_env=_pass_env(name, options.get("pass_env", ())),
-        **_distributed(name, world, elastic, options.get("preemption", ()), crash_save),
+        **_distributed(name, world, elastic, options.get("preemption", ())),
         **_launcher(name, options.get("launcher", LAUNCHER_HARNESS), options.get("max_restarts", 0),
-                    options.get("nnodes", 1), world, elastic),
+                    options.get("nnodes", 1), world, elastic, crash_save),
     )
 
 
@@ -247,7 +248,7 @@ def _crash_save(name: str, value: Any) -> tuple[int, int] | str | None:
     raise TargetError(ERR_CRASH_SAVE.format(name=name, value=value, smoke=CRASH_SMOKE))
 
 
-def _distributed(name: str, world: Any, elastic: Any, preemption: Any, crash_save: Any) -> dict[str, Any]:
+def _distributed(name: str, world: Any, elastic: Any, preemption: Any) -> dict[str, Any]:
     """``world_size``, ``elastic`` and ``preemption``, checked."""
     if isinstance(world, bool) or not isinstance(world, int) or not 1 <= world <= MAX_WORLD_SIZE:
         raise TargetError(ERR_WORLD_SIZE.format(name=name, value=world))
@@ -263,17 +264,18 @@ def _distributed(name: str, world: Any, elastic: Any, preemption: Any, crash_sav
         graces = (0.0,)
     if any(not g > 0 or g == float("inf") for g in graces):
         raise TargetError(ERR_PREEMPTION.format(name=name, value=preemption))
-    if isinstance(crash_save, tuple) and world > 1:  # the default smoke cells are left out instead
-        raise TargetError(ERR_CRASH_RANKS.format(name=name))
     return {"world_size": world, "elastic": tuple(dict.fromkeys(sizes)), "preemption": tuple(dict.fromkeys(graces))}
 
 
 def _launcher(name: str, launcher: Any, restarts: Any, nnodes: Any = 1, world: Any = 1,
-              elastic: Any = ()) -> dict[str, Any]:
-    """``launcher`` and ``max_restarts``, checked. Where torch is missing, torchrun's cells fail with the
-    fork server's line for a preload that cannot be imported (``torch.distributed.run``)."""
+              elastic: Any = (), crash_save: Any = None) -> dict[str, Any]:
+    """``launcher`` and ``max_restarts``, checked (and that a torchrun target declares no crash axis). Where torch
+    is missing, torchrun's cells fail with the fork server's line for a preload that cannot be imported
+    (``torch.distributed.run``)."""
     if launcher not in LAUNCHERS:
         raise TargetError(ERR_LAUNCHER.format(name=name, value=launcher))
+    if isinstance(crash_save, tuple) and launcher == LAUNCHER_TORCHRUN:  # its default smoke cells are left out
+        raise TargetError(ERR_CRASH_RANKS.format(name=name))
     if isinstance(restarts, bool) or not isinstance(restarts, int) or not 0 <= restarts <= MAX_RESTARTS or (
             restarts and launcher != LAUNCHER_TORCHRUN):
         raise TargetError(ERR_MAX_RESTARTS.format(name=name, value=restarts, most=MAX_RESTARTS))

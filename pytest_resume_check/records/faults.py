@@ -16,6 +16,14 @@ A :class:`FaultPlan` says what happens at op ``i`` of that save:
 - ``torn``: like ``crash``, then the named file is cut to half its bytes under its final name.
 - ``error``: op ``i`` raises ``OSError(errno)`` instead of happening (and every later op too when
   ``persistent``): the save must fail loudly.
+
+In a run of several ranks every rank records its own ops, numbered from 0 on that rank, and the
+collectives it enters during the save (``barrier``, ``gather_object``, ...) are ops too: a rank can get past
+the n-th collective only once every rank entered it. A multi-rank plan stops *every* rank (``stops``: before
+which op of its own each stops), all at points no rank needs another rank to pass: the plan's ``rank``
+before its op ``op``, every other rank at the end of its part of the same stretch between two collectives
+(:func:`stops_at`). Once all of them wait there, the run is killed whole. Which ops a rank does depends only
+on its own code, not on how the ranks interleave, so the cells are the same in every run.
 """
 
 from __future__ import annotations
@@ -44,6 +52,9 @@ INJECTED = "[injected by pytest-resume-check]"
 #: names it and what it is), which the harness never opens to write.
 NOT_CUT = "not cut: {refusal} (the harness cuts only regular files inside the run's checkpoint folder)"
 
+#: The kind of a recorded collective of a multi-rank save (its ``path`` is the function's name).
+COLLECTIVE = "collective"
+
 #: Keys of the ``extra`` of a kill-ready event sent from inside a watched save.
 EXTRA_OPS_DONE = "ops_done"
 EXTRA_UNSYNCED = "unsynced"  # {relative path: bytes fsynced}, for power loss
@@ -62,20 +73,36 @@ class FaultPlan:
     persistent: bool = False
     file: str | None = None  # torn: the path (relative to the checkpoint dir) to cut
     total: int | None = None  # ops of this save as recorded (known when the matrix is built)
+    #: Several ranks: the rank whose op ``op`` is the crash point (``op`` counts that rank's ops).
+    rank: int | None = None
+    #: Several ranks: before which of its own ops each rank stops (:func:`stops_at`), and how many ops each
+    #: rank's save has (``total`` is the plan's ``rank``'s).
+    stops: tuple[int, ...] | None = None
+    totals: tuple[int, ...] | None = None
 
     @property
     def completes_save(self) -> bool:
-        """The fault lands after the save's last op (the save itself finished)."""
+        """The fault lands after the save's last op (the save itself finished), on every rank."""
+        if self.stops is not None:
+            return self.stops == self.totals
         return self.total is not None and self.op == self.total
+
+    def stop_of(self, rank: int | None) -> int | None:
+        """Before which op of its own ``rank`` stops (a plan of one rank: ``op``; a rank the recorded save did
+        not show: at its end)."""
+        if self.stops is None:
+            return self.op
+        return self.stops[rank or 0] if (rank or 0) < len(self.stops) else 0
 
     def to_json(self) -> dict[str, Any]:
         """The structured form (``fault`` of a kill in a cell's JSON): the fields that are set."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if v is not None}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FaultPlan:
         """Inverse of :meth:`to_json`."""
-        return cls(**data)
+        fields: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()}
+        return cls(**fields)
 
 
 @dataclass(frozen=True)
@@ -86,8 +113,12 @@ class FileOp:
     kind: str
     path: str
     target: str | None = None
+    #: The rank that made it, in a save of several ranks.
+    rank: int | None = None
 
     def describe(self, root: str = "...") -> str:
+        if self.kind == COLLECTIVE:
+            return f"{self.path}() (a collective of every rank)"
         if self.target is not None:
             return f"{self.kind}({root}/{self.path} -> {root}/{self.target})"
         return f"{self.kind}({root}/{self.path})"
@@ -158,14 +189,57 @@ def _cut(root: str, rel: str, keep: int | None, refused: list[str]) -> int | Non
 def leaves_incomplete(fault: FaultPlan | None, ops: Sequence[FileOp], name: str) -> bool:
     """Whether ``fault``, in the save whose file operations are ``ops``, leaves the file called ``name`` (its
     base name) of that save empty or cut: a kill after the file was opened and up to its close, or a power
-    loss after it was opened and up to its fsync (the save's end when it has none). False without a fault,
-    or for a save that never opens such a file."""
-    mine = [op for op in ops if os.path.basename(op.path) == name]
+    loss after it was opened and up to its fsync (the save's end when it has none); in a save of several ranks,
+    such a file of the fault's rank. False without a fault, or for a save that never opens such a file."""
+    if fault is None:
+        return False
+    mine = [op for op in ops if os.path.basename(op.path) == name and op.rank == fault.rank]  # the fault's rank's
     opened = next((op.index for op in mine if op.kind == "open"), None)
-    if fault is None or fault.op is None or opened is None:
+    if fault.op is None or opened is None:
         return False
     closed = next((op.index for op in mine if op.kind == "close"), opened)
     synced = next((op.index for op in mine if op.kind == "fsync"), len(ops))
     if fault.mode == MODE_POWER:
         return opened < fault.op <= synced
     return fault.mode == MODE_CRASH and opened < fault.op <= closed
+
+
+def ranks_of(ops: Sequence[FileOp]) -> dict[int, list[FileOp]]:
+    """The ops of a save by rank (every op of a one-rank save under rank 0), each rank's in its order."""
+    out: dict[int, list[FileOp]] = {}
+    for op in sorted(ops, key=lambda o: (o.rank or 0, o.index)):
+        out.setdefault(op.rank or 0, []).append(op)
+    return out
+
+
+def stops_at(ops: Sequence[FileOp], rank: int, op: int) -> tuple[int, ...]:
+    """Before which of its own ops each rank of a multi-rank save stops when ``rank`` is stopped right before its
+    op ``op`` (``op`` = its number of ops: after its last): every other rank at the end of its part of the same
+    stretch between two collectives, right before the collective that ends it (after its last op when there is
+    none). No rank then waits for a rank that is stopped further back, so all of them get to where they stop."""
+    mine = ranks_of(ops)
+    passed = sum(1 for o in mine.get(rank, [])[:op] if o.kind == COLLECTIVE)
+    stops = []
+    for r in range(max(mine, default=0) + 1):
+        own = mine.get(r, [])
+        if r == rank:
+            stops.append(op)
+            continue
+        collectives = [o.index for o in own if o.kind == COLLECTIVE]
+        stops.append(collectives[passed] if passed < len(collectives) else len(own))
+    return tuple(stops)
+
+
+def merge_kill_extras(extras: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What the damage after a kill needs from the kill-ready events of every rank of a run: the files any rank
+    left not durable (a file two ranks wrote keeps the fewer fsynced bytes) and the file to tear."""
+    merged: dict[str, Any] = {}
+    unsynced: dict[str, int] = {}
+    for extra in extras:
+        for rel, kept in extra.get(EXTRA_UNSYNCED, {}).items():
+            unsynced[rel] = min(int(kept), unsynced.get(rel, int(kept)))
+        if extra.get(EXTRA_TORN):
+            merged[EXTRA_TORN] = extra[EXTRA_TORN]
+    if unsynced:
+        merged[EXTRA_UNSYNCED] = unsynced
+    return merged

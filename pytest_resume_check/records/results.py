@@ -251,9 +251,19 @@ class RunRecord:
         what = self._describe_outcome()
         return f"torchrun's restart {self.plan.restart}: {what}" if self.plan.restart else what
 
+    def _kill_text(self) -> str | None:
+        """What the process said where it was killed; in a save of several ranks, every rank's, the killed
+        rank's first (``rank 1 killed before ...; rank 0 stopped before barrier() ...``)."""
+        said = [e for e in self.events if e.kind == ev.KILL_READY and e.text]
+        if len(said) > 1 and self.plan.faults is not None:
+            killed = self.plan.faults.rank
+            said = sorted(said, key=lambda e: (e.rank != killed, e.rank or 0))
+            return "; ".join(e.text or "" for e in said)
+        return said[0].text if said else None
+
     def _describe_outcome(self) -> str:
         if self.outcome == Outcome.KILLED and self.plan.kill is not None:
-            text = next((e.text for e in self.events if e.kind == ev.KILL_READY and e.text), None)
+            text = self._kill_text()
             if self.plan.faults is not None and text:
                 return f"{text} (save of step {self.plan.kill.checkpoint_step})" + "".join(
                     f"; {n}" for n in self.damage.describe())

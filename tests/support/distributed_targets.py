@@ -72,3 +72,11 @@ ddp_two_nodes = resume_target(
     resume_modes=("auto",),
 )
 # --8<-- [end:two_nodes]
+
+
+def ddp_tracker_early(run: Any) -> None:
+    ddp.train(run, "tracker_early")
+
+
+def ddp_newest_folder(run: Any) -> None:
+    ddp.train(run, "newest_folder")

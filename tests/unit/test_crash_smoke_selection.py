@@ -55,7 +55,7 @@ def test_crash_save_false_turns_the_smoke_cells_off(off):
 
 
 @pytest.mark.parametrize("options", [
-    {"world_size": 2},  # faults are injected in one process
+    {"world_size": 2, "launcher": "torchrun"},  # torchrun starts and restarts the workers: not yet
     {"resume_modes": (RESUME_PATH,)},  # a crash cell resumes from what the crash left in its own folder
     {"steps": 1},  # no checkpoint before the faulted save
     {"steps": lambda case: 1 if case.get("short") else 6, "cases": [{"short": True}, {}]},  # the first case
@@ -64,10 +64,12 @@ def test_targets_the_smoke_cells_cannot_apply_to_get_none(options):
     assert matrix.crash_axis(make(**options)) is None
 
 
-def test_a_multi_rank_target_declares_fine_but_still_refuses_the_whole_crash_axis():
-    assert make(world_size=2).crash_save == CRASH_SMOKE
-    with pytest.raises(TargetError, match="crash_save= is not supported with world_size > 1"):
-        make(world_size=2, crash_save=(2, 1))
+def test_a_multi_rank_target_gets_smoke_cells_and_the_whole_axis_but_under_torchrun_refuses_it():
+    assert matrix.crash_axis(make(world_size=2)) == matrix.CrashAxis(2, 1, smoke=True)
+    assert matrix.crash_axis(make(world_size=2, crash_save=(2, 1))) == matrix.CrashAxis(2, 1, smoke=False)
+    assert make(world_size=2, launcher="torchrun").crash_save == CRASH_SMOKE
+    with pytest.raises(TargetError, match="crash_save= is not supported with launcher='torchrun' yet"):
+        make(world_size=2, launcher="torchrun", crash_save=(2, 1))
 
 
 def test_two_steps_and_auto_resume_are_enough_for_smoke_cells():
@@ -133,3 +135,58 @@ def test_an_expected_failure_predicate_that_raises_names_the_target():
     target = make(name="smoky", expected_failures=[(broken, "never")])
     with pytest.raises(TargetError, match="target 'smoky': expected_failures.*KeyError"):
         matrix.smoke_cells(target, target.cases[0], IN_PLACE, 2, 1)
+
+
+def ranked(rank, kinds):
+    """A rank's ops from (kind, path) pairs, numbered on that rank."""
+    return [FileOp(i, kind, path, None, rank) for i, (kind, path) in enumerate(kinds)]
+
+
+#: Two ranks: each writes its shard durably, a barrier, then rank 0 alone publishes latest, a barrier.
+TWO_RANKS = tuple(
+    ranked(0, [("open", "s/r0.tmp"), ("write", "s/r0.tmp"), ("fsync", "s/r0.tmp"), ("close", "s/r0.tmp"),
+               ("replace", "s/r0.tmp"), (faults.COLLECTIVE, "barrier"), ("open", "latest.tmp"),
+               ("write", "latest.tmp"), ("fsync", "latest.tmp"), ("close", "latest.tmp"), ("replace", "latest.tmp"),
+               (faults.COLLECTIVE, "barrier")])
+    + ranked(1, [("open", "s/r1.tmp"), ("write", "s/r1.tmp"), ("fsync", "s/r1.tmp"), ("close", "s/r1.tmp"),
+                 ("replace", "s/r1.tmp"), (faults.COLLECTIVE, "barrier"), (faults.COLLECTIVE, "barrier")]))
+
+
+def test_a_rank_stopped_anywhere_leaves_the_others_at_the_end_of_the_same_stretch_between_collectives():
+    # Rank 1 inside its shard: rank 0 finished its own and waits before the first barrier.
+    assert faults.stops_at(TWO_RANKS, 1, 2) == (5, 2)
+    # Rank 0 before latest's rename: rank 1 passed the first barrier and waits before the second.
+    assert faults.stops_at(TWO_RANKS, 0, 10) == (10, 6)
+    # Before a collective is the end of the stretch before it; after every op, every rank at its end.
+    assert faults.stops_at(TWO_RANKS, 1, 5) == faults.stops_at(TWO_RANKS, 0, 5) == (5, 5)
+    assert faults.stops_at(TWO_RANKS, 0, 12) == (12, 7)
+
+
+def test_the_smoke_cells_of_two_ranks_stop_each_rank_in_turn_and_name_it():
+    plans = matrix.ranked_plans(TWO_RANKS, 2, matrix.QUICK, smoke=True)
+    # Each rank before its last file op, and right after its last write with a power loss; then both at their end.
+    assert [kill_ids.fault_label(p) for p in plans] == [
+        "op10:rank0", "op8:rank0:power", "op4:rank1", "op2:rank1:power", "op12:rank0:power"]
+    assert [p.stops for p in plans] == [(10, 6), (8, 6), (5, 4), (5, 2), (12, 7)]
+    assert [p.completes_save for p in plans] == [False, False, False, False, True]
+    assert {p.totals for p in plans} == {(12, 7)}
+
+
+def test_the_whole_axis_of_two_ranks_has_each_cut_of_every_rank_once():
+    plans = matrix.ranked_plans(TWO_RANKS, 2, matrix.FULL, smoke=False)
+    crash = [p for p in plans if p.mode == faults.MODE_CRASH]
+    assert len({p.stops for p in crash}) == len(crash)  # the cut at a collective, the same for each rank, once
+    # Every op of each rank, and each rank's end, is where its rank is stopped in some cell; rank 1 before its
+    # barriers and at its end is rank 0 before the same barriers and at its end.
+    every = {(r, i) for r, n in ((0, 12), (1, 7)) for i in range(n + 1)}
+    assert every - {(p.rank, p.op) for p in crash} == {(1, 5), (1, 6), (1, 7)}
+    again = kill_ids.parse_fault_label(2, kill_ids.fault_label(crash[3]))
+    assert (again.rank, again.op, again.mode) == (crash[3].rank, crash[3].op, crash[3].mode)
+
+
+def test_ranks_that_enter_no_collective_get_only_the_smoke_cell_that_stops_none_of_them_early():
+    # A program whose ranks wait for each other by files: a rank stopped alone could leave the others waiting.
+    no_collectives = tuple(op for op in TWO_RANKS if op.kind != faults.COLLECTIVE)
+    plans = matrix.ranked_plans(no_collectives, 2, matrix.QUICK, smoke=True)
+    assert [(kill_ids.fault_label(p), p.stops, p.completes_save) for p in plans] == [
+        ("op10:rank0:power", (10, 5), True)]

@@ -1,0 +1,110 @@
+"""Crash cells of a save of several ranks: every rank's file operations and the collectives between them are
+recorded, each crash point stops every rank where it no longer needs the others, and the run is killed whole
+(a power loss after it loses what any rank had not fsynced). The bundled two-rank DDP loop (DCP shards, a
+generator file per rank, latest published by rank 0 after a barrier) passes; a tracker published before every
+rank's files are durable, and a resume that takes the newest folder, fail in the cell where they break, naming
+the rank and the file.
+
+Real processes, real gloo rendezvous on loopback, real SIGKILL, files on disk.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("torchdata")
+
+import distributed_targets as planted  # noqa: E402
+
+from pytest_resume_check.builtin.targets import ddp_loop  # noqa: E402
+from pytest_resume_check.cells import matrix  # noqa: E402
+from pytest_resume_check.engine import Engine  # noqa: E402
+from pytest_resume_check.judge import verdict as vd  # noqa: E402
+from pytest_resume_check.records import faults  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    eng = Engine(tmp_path_factory.mktemp("ranks"), seed=5, hang_timeout=60, check_determinism=False)
+    eng.add_preload(ddp_loop.preload)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def smoke(engine):
+    """The correct loop's smoke cells (its save recorded once for the module)."""
+    return engine.crash_cells(ddp_loop, matrix.QUICK)
+
+
+def own(ops, rank):
+    return [op for op in ops if op.rank == rank]
+
+
+def test_each_rank_records_its_own_operations_and_the_collectives_of_the_save(smoke):
+    ops = smoke[0].save_ops
+    for rank in (0, 1):
+        mine = own(ops, rank)
+        assert [op.index for op in mine] == list(range(len(mine)))
+        assert f"step_2/__{rank}_0.distcp" in {op.path for op in mine}  # its DCP shard
+        assert any(op.kind == "replace" and op.target == f"step_2/rng_rank{rank}.pt" for op in mine)
+        # DCP's own collectives, then the loop's two barriers: the same ones on every rank.
+    assert [op.path for op in own(ops, 0) if op.kind == faults.COLLECTIVE] == [
+        op.path for op in own(ops, 1) if op.kind == faults.COLLECTIVE]
+    assert [op.path for op in own(ops, 0) if op.kind == faults.COLLECTIVE][-2:] == ["barrier", "barrier"]
+    # Only the coordinator writes DCP's metadata and latest.
+    assert {op.path for op in own(ops, 0)} >= {"step_2/.metadata.tmp", "latest.tmp"}
+    assert not {op.path for op in own(ops, 1)} & {"step_2/.metadata.tmp", "latest.tmp"}
+
+
+def test_the_two_rank_loop_passes_its_smoke_cells_each_rank_stopped_in_turn(engine, smoke):
+    ops = smoke[0].save_ops
+    last_file = {r: max(op.index for op in own(ops, r) if op.kind != faults.COLLECTIVE) for r in (0, 1)}
+    last_write = {r: max(op.index for op in own(ops, r) if op.kind == "write") for r in (0, 1)}
+    totals = (len(own(ops, 0)), len(own(ops, 1)))
+    assert [c.kill_id for c in smoke] == [
+        f"save2op{last_file[0]}:rank0", f"save2op{last_write[0] + 1}:rank0:power",
+        f"save2op{last_file[1]}:rank1", f"save2op{last_write[1] + 1}:rank1:power", f"save2op{totals[0]}:rank0:power"]
+    results = [engine.run_cell(c) for c in smoke]
+    assert [(r.cell.kill_id, r.verdict.headline) for r in results if not r.passed] == []
+    # Before the folder's fsync latest names step_2 already; latest.tmp lost; rank 1 short of the barrier before
+    # latest (twice); every rank done and durable.
+    assert [r.runs[1].resumed_step for r in results] == [2, 1, 1, 1, 2]
+    assert [sorted(r.runs[1].resumed_by_rank) for r in results] == [[0, 1]] * 5
+    described = results[3].runs[0].describe()
+    assert described.startswith("rank 1 killed before fsync(.../step_2/rng_rank1.pt.tmp); rank 0 stopped before "
+                                "barrier()")
+    assert "not durable: step_2/rng_rank1.pt.tmp" in described
+
+
+def test_the_two_rank_loop_passes_a_kill_inside_a_shard_and_between_the_metadata_and_its_rename(engine, smoke):
+    ops = smoke[0].save_ops
+    every = engine.crash_cells(ddp_loop.with_options(crash_save=(2, 1)), matrix.QUICK)
+    assert every[0].save_ops == ops  # the save recorded again: each rank's operations are the same
+    shard = [op.index for op in own(ops, 1) if op.kind == "write" and op.path == "step_2/__1_0.distcp"]
+    rename = next(op.index for op in own(ops, 0) if op.kind == "rename" and op.target == "step_2/.metadata")
+    wanted = {f"save2op{shard[-1]}:rank1", f"save2op{shard[-1]}:rank1:power", f"save2op{rename}:rank0"}
+    cells = [c for c in every if c.kill_id in wanted]
+    assert len(cells) == 3
+    results = [engine.run_cell(c) for c in cells]
+    assert [(r.cell.kill_id, r.verdict.headline) for r in results if not r.passed] == []
+    assert {r.runs[1].resumed_step for r in results} == {1}
+
+
+@pytest.mark.parametrize("fn", [planted.ddp_tracker_early, planted.ddp_newest_folder])
+def test_a_tracker_before_every_rank_is_durable_or_a_resume_of_the_newest_folder_fails_naming_rank_and_file(
+        engine, smoke, fn):
+    cells = engine.crash_cells(ddp_loop.with_options(name=fn.__name__, fn=fn), matrix.QUICK)
+    # Rank 1 does the same in the planted loop: its operations are those of the correct loop's recording.
+    assert own(cells[0].save_ops, 1) == own(smoke[0].save_ops, 1)
+    results = [engine.run_cell(c) for c in cells]
+    failed = [r for r in results if not r.passed]
+    # Only where rank 1's generator file is lost to the power loss while latest (or the newest folder) names step 2.
+    assert [r.cell.kills[0].fault.rank for r in failed] == [1]
+    assert failed[0].cell.kills[0].fault.mode == faults.MODE_POWER
+    assert failed[0].verdict.categories == [vd.RESUME_ERROR]
+    headline = failed[0].verdict.headline
+    assert "No such file or directory" in headline and "step_2/rng_rank1.pt'" in headline
+    assert "; the crash: rank 1 killed before fsync(.../step_2/rng_rank1.pt.tmp)" in headline
+    assert headline.endswith("; rank 1 of run 2 raised")
