@@ -390,9 +390,8 @@ class CrashAxis:
 
 def crash_axis(target: Target) -> CrashAxis | None:
     """The crash cells ``target`` gets, None for none: ``crash_save=False``; or the default smoke cells where
-    they cannot apply: ranks started by torchrun (not yet), no ``auto`` resume (a crash cell resumes from what
-    the crash left in the run's own folder), or a first case of fewer than 2 steps (no checkpoint before the
-    faulted save)."""
+    they cannot apply: no ``auto`` resume (a crash cell resumes from what the crash left in the run's own
+    folder), or a first case of fewer than 2 steps (no checkpoint before the faulted save)."""
     declared = target.crash_save
     if not declared:
         return None
@@ -400,7 +399,7 @@ def crash_axis(target: Target) -> CrashAxis | None:
         step, prior = declared
         return CrashAxis(int(step), int(prior), smoke=False)
     step, prior = SMOKE_SAVE  # CRASH_SMOKE, the default
-    if target.launcher == LAUNCHER_TORCHRUN or RESUME_AUTO not in target.resume_modes:
+    if RESUME_AUTO not in target.resume_modes:
         return None
     if _steps(target, target.cases[0]) < step:
         return None

@@ -237,7 +237,8 @@ def judge(reference: RunRecord, runs: Sequence[RunRecord], contract: Contract,
     for step in STEPS:
         if step(judging):
             break
-    findings, lost = judging.verdict.findings, _lost_node(runs) + _crashed_rank(runs)
+    findings = judging.verdict.findings
+    lost = _lost_node(runs) + (_crashed_rank(runs, findings[0].headline) if findings else "")
     if findings and lost:  # the headline names the node whose loss, or the rank whose crash, the failure follows
         findings[0] = replace(findings[0], headline=findings[0].headline + lost)
     cause = _committed_early(runs)
@@ -296,14 +297,15 @@ MSG_RANK_CRASH = "; the crash: {where}"
 MSG_RANK_RAISED = "; rank {rank} of run {run} raised"
 
 
-def _crashed_rank(runs: Sequence[RunRecord]) -> str:
-    """:data:`MSG_RANK_CRASH` for a run killed inside a save of several ranks (and :data:`MSG_RANK_RAISED` for the
-    rank of the run after it that raised), or ''."""
+def _crashed_rank(runs: Sequence[RunRecord], headline: str) -> str:
+    """:data:`MSG_RANK_CRASH` for a run killed inside a save of several ranks, unless ``headline`` says it already
+    (and :data:`MSG_RANK_RAISED` for the rank of the run after it that raised), or ''."""
     for index, rec in enumerate(runs[:-1]):
         fault = rec.plan.kill.fault if rec.plan.kill is not None else None
         if fault is None or fault.rank is None or rec.outcome != Outcome.KILLED:
             continue
-        text = MSG_RANK_CRASH.format(where=rec.describe())
+        where = rec.describe()
+        text = "" if where in headline else MSG_RANK_CRASH.format(where=where)
         after = runs[index + 1]
         raised = next((e.rank for e in after.events if e.kind == ev.ERROR and e.rank is not None), None)
         if after.outcome == Outcome.RAISED and raised is not None and after.plan.world_size > 1:

@@ -26,6 +26,7 @@ from pytest_resume_check.process import starter
 from pytest_resume_check.process.fork_server import ForkServer, ForkServerDied
 from pytest_resume_check.process.sweep import PROC, group_not_stopped, sweep
 from pytest_resume_check.records import events as ev
+from pytest_resume_check.records.faults import MODE_CRASH
 from pytest_resume_check.records.names import DEFAULT_HANG_TIMEOUT, OPT_HANG
 from pytest_resume_check.records.plan import LAUNCHER_TORCHRUN, SIGNAL_TERM, RunPlan
 from pytest_resume_check.records.results import Outcome, RunRecord, last_attempt
@@ -199,15 +200,27 @@ def _on_kill_ready(watch: _Watch, event: ev.Event) -> bool:
     """The child is at the planned kill point: the run is ``KILLED``. A SIGTERM plan preempts every rank;
     a plan that kills one rank kills it alone; an all-ranks SIGKILL of a multi-rank run first waits for
     the other ranks to reach the kill point's step. A fault inside a save of several ranks stops every rank
-    (records.faults): the run is killed once all of them wait. The caller SIGKILLs what is left; the reading
-    ends."""
+    (records.faults): the run is killed once all of them wait (a plain kill of a torchrun job that restarts
+    its workers: its workers, and the restart is read on). The caller SIGKILLs what is
+    left; the reading ends."""
     record = watch.record
     record.events.append(event)
     kill = record.plan.kill
     if kill is not None and kill.fault is not None and record.plan.world_size > 1:
-        ready = {e.rank for e in record.events if e.kind == ev.KILL_READY}
+        ready = {e.rank: e for e in record.events if e.kind == ev.KILL_READY}
         if len(ready) < record.plan.world_size:
             return False  # the others are on their way to where they stop
+        if record.plan.restarts_in_job and kill.fault.mode == MODE_CRASH and kill.fault.rank in ready:
+            # The workers die, not the job: torchrun's agent restarts them within the run, and they resume from
+            # what is on disk. The killed rank dies where it stopped; the others, stopped right before a
+            # collective it will never enter, have nothing left to write before they would fail in it (waiting
+            # there for the agent to end them would take its 30 s shutdown timeout).
+            record.outcome = Outcome.CRASHED
+            pids = [int(e.extra["pid"]) for _, e in sorted(ready.items(), key=lambda item: item[0] or 0)]
+            _signal(_with_programs(record, pids), signal.SIGKILL)
+            record.events.append(ev.Event(ev.SIGNALLED, step=record.last_step, text="SIGKILL", extra={
+                "signal": "kill", "rank": kill.fault.rank, "pids": pids, "restart": True}))
+            return False
     record.outcome = Outcome.KILLED
     if kill is not None and event.extra.get("signal") == SIGNAL_TERM:
         _preempt(watch, kill.grace)

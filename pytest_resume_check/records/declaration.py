@@ -69,9 +69,6 @@ ERR_PREEMPT_COMMAND = ("target {name!r}: preemption= is not supported on a comma
                        "harness's side of the run, not your program); declare it on a Python target")
 ERR_ZERO_CHANGE_RANKS = ("target {name!r}: checkpoints= (a program that reports nothing) runs one process; for "
                          "ranks, report through pytest_resume_check.client (docs/recipes/command.md)")
-ERR_CRASH_RANKS = ("target {name!r}: crash_save= is not supported with launcher='torchrun' yet (its workers are "
-                   "torchrun's to start and restart); declare the crash axis on the same trainer with the harness's "
-                   "launcher (the default), which crash cells reach on every rank")
 ERR_CRASH_SAVE = ("target {name!r}: crash_save={value!r} is not one of {smoke!r} (the default: a few crash cells on "
                   "the save of checkpoint 2), (step, prior) (every crash point of the save of checkpoint step, with a "
                   "checkpoint of prior before it: whole numbers, 0 <= prior < step, e.g. crash_save=(2, 1)) or False "
@@ -212,7 +209,7 @@ def checked_options(func: Callable[..., None], options: Mapping[str, Any],
         pass_env=_pass_env(name, options.get("pass_env", ())),
         **_distributed(name, world, elastic, options.get("preemption", ())),
         **_launcher(name, options.get("launcher", LAUNCHER_HARNESS), options.get("max_restarts", 0),
-                    options.get("nnodes", 1), world, elastic, crash_save),
+                    options.get("nnodes", 1), world, elastic),
     )
 
 
@@ -268,14 +265,11 @@ def _distributed(name: str, world: Any, elastic: Any, preemption: Any) -> dict[s
 
 
 def _launcher(name: str, launcher: Any, restarts: Any, nnodes: Any = 1, world: Any = 1,
-              elastic: Any = (), crash_save: Any = None) -> dict[str, Any]:
-    """``launcher`` and ``max_restarts``, checked (and that a torchrun target declares no crash axis). Where torch
-    is missing, torchrun's cells fail with the fork server's line for a preload that cannot be imported
-    (``torch.distributed.run``)."""
+              elastic: Any = ()) -> dict[str, Any]:
+    """``launcher`` and ``max_restarts``, checked. Where torch is missing, torchrun's cells fail with the
+    fork server's line for a preload that cannot be imported (``torch.distributed.run``)."""
     if launcher not in LAUNCHERS:
         raise TargetError(ERR_LAUNCHER.format(name=name, value=launcher))
-    if isinstance(crash_save, tuple) and launcher == LAUNCHER_TORCHRUN:  # its default smoke cells are left out
-        raise TargetError(ERR_CRASH_RANKS.format(name=name))
     if isinstance(restarts, bool) or not isinstance(restarts, int) or not 0 <= restarts <= MAX_RESTARTS or (
             restarts and launcher != LAUNCHER_TORCHRUN):
         raise TargetError(ERR_MAX_RESTARTS.format(name=name, value=restarts, most=MAX_RESTARTS))

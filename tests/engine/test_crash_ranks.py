@@ -3,12 +3,15 @@ recorded, each crash point stops every rank where it no longer needs the others,
 (a power loss after it loses what any rank had not fsynced). The bundled two-rank DDP loop (DCP shards, a
 generator file per rank, latest published by rank 0 after a barrier) passes; a tracker published before every
 rank's files are durable, and a resume that takes the newest folder, fail in the cell where they break, naming
-the rank and the file.
+the rank and the file. Under torchrun a crash kills the workers and torchrun restarts them within the job (a
+loop that looks for a checkpoint only in a resumed job fails there); a power loss ends the job.
 
 Real processes, real gloo rendezvous on loopback, real SIGKILL, files on disk.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -17,7 +20,7 @@ pytest.importorskip("torchdata")
 
 import distributed_targets as planted  # noqa: E402
 
-from pytest_resume_check.builtin.targets import ddp_loop  # noqa: E402
+from pytest_resume_check.builtin.targets import ddp_loop, ddp_torchrun  # noqa: E402
 from pytest_resume_check.cells import matrix  # noqa: E402
 from pytest_resume_check.engine import Engine  # noqa: E402
 from pytest_resume_check.judge import verdict as vd  # noqa: E402
@@ -108,3 +111,21 @@ def test_a_tracker_before_every_rank_is_durable_or_a_resume_of_the_newest_folder
     assert "No such file or directory" in headline and "step_2/rng_rank1.pt'" in headline
     assert "; the crash: rank 1 killed before fsync(.../step_2/rng_rank1.pt.tmp)" in headline
     assert headline.endswith("; rank 1 of run 2 raised")
+
+
+def test_under_torchrun_a_crash_is_resumed_by_its_restart_and_a_power_loss_by_the_next_job(engine):
+    # The planted loop looks for a checkpoint only when the job was started as a resume: a restart within the job
+    # trains from the start. Its ranks save as the correct loop's do, so the correct loop's cells are its cells.
+    fresh = engine.crash_cells(ddp_torchrun.with_options(name="ddp_restart_fresh", fn=planted.ddp_restart_fresh),
+                               matrix.QUICK)
+    kinds = [c.kills[0].fault.mode for c in fresh]
+    assert kinds == [faults.MODE_CRASH, faults.MODE_POWER, faults.MODE_CRASH, faults.MODE_POWER, faults.MODE_POWER]
+    planted_results = [engine.run_cell(c) for c in fresh]
+    correct = [engine.run_cell(dataclasses.replace(c, target=ddp_torchrun)) for c in fresh if c.kills[0].fault.mode
+               == faults.MODE_CRASH]
+    assert [(r.cell.kill_id, r.verdict.headline) for r in correct if not r.passed] == []
+    assert [(r.runs[1].plan.restart, r.runs[1].resumed_step) for r in correct] == [(1, 2), (1, 1)]
+    # Killed inside the save: torchrun's restart trained from scratch. A power loss: the next job resumed.
+    assert [r.verdict.categories for r in planted_results] == [[vd.STALE_RESUME], [], [vd.STALE_RESUME], [], []]
+    assert [r.runs[1].plan.restart for r in planted_results] == [1, 0, 1, 0, 0]
+    assert "run 2 resumed from scratch but the checkpoint of step 1" in planted_results[0].verdict.headline

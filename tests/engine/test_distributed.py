@@ -176,8 +176,6 @@ def test_the_bundled_matrix_has_every_distributed_kind():
                                          "number from 1 to 32"),
     ({"world_size": 2, "elastic": [2]}, "elastic=[2] must list other world sizes"),
     ({"preemption": [0]}, "preemption=[0] must list grace periods in seconds, each a number > 0"),
-    ({"world_size": 2, "launcher": "torchrun", "crash_save": (2, 1)},
-     "crash_save= is not supported with launcher='torchrun' yet"),
     ({"preemption": [5], "command": ["{python}", "train.py"]}, "preemption= is not supported on a command target"),
 ])
 def test_bad_distributed_options_name_the_fix(options, message):

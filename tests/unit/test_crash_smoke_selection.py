@@ -55,7 +55,6 @@ def test_crash_save_false_turns_the_smoke_cells_off(off):
 
 
 @pytest.mark.parametrize("options", [
-    {"world_size": 2, "launcher": "torchrun"},  # torchrun starts and restarts the workers: not yet
     {"resume_modes": (RESUME_PATH,)},  # a crash cell resumes from what the crash left in its own folder
     {"steps": 1},  # no checkpoint before the faulted save
     {"steps": lambda case: 1 if case.get("short") else 6, "cases": [{"short": True}, {}]},  # the first case
@@ -64,12 +63,11 @@ def test_targets_the_smoke_cells_cannot_apply_to_get_none(options):
     assert matrix.crash_axis(make(**options)) is None
 
 
-def test_a_multi_rank_target_gets_smoke_cells_and_the_whole_axis_but_under_torchrun_refuses_it():
-    assert matrix.crash_axis(make(world_size=2)) == matrix.CrashAxis(2, 1, smoke=True)
-    assert matrix.crash_axis(make(world_size=2, crash_save=(2, 1))) == matrix.CrashAxis(2, 1, smoke=False)
-    assert make(world_size=2, launcher="torchrun").crash_save == CRASH_SMOKE
-    with pytest.raises(TargetError, match="crash_save= is not supported with launcher='torchrun' yet"):
-        make(world_size=2, launcher="torchrun", crash_save=(2, 1))
+@pytest.mark.parametrize("launcher", ["harness", "torchrun"])
+def test_a_multi_rank_target_gets_smoke_cells_and_the_whole_axis_with_either_launcher(launcher):
+    assert matrix.crash_axis(make(world_size=2, launcher=launcher)) == matrix.CrashAxis(2, 1, smoke=True)
+    assert matrix.crash_axis(make(world_size=2, launcher=launcher, crash_save=(2, 1))) == matrix.CrashAxis(
+        2, 1, smoke=False)
 
 
 def test_two_steps_and_auto_resume_are_enough_for_smoke_cells():
