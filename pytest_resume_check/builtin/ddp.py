@@ -10,7 +10,7 @@ What the correct loop does, and what the harness checks it for (docs/distributed
   epoch's iterator starts), then ``data.json`` (epoch, inputs of the epoch taken by all ranks together,
   step, world size) from rank 0, then - after a barrier, once every rank's files are durable - ``latest``
   names the folder. Written files are fsynced before their rename, and a resume requires every file the
-  checkpoint's ranks wrote.
+  checkpoint's ranks wrote. With ``keep=`` rank 0 then deletes all but the last ``keep`` folders.
 - The position is saved as a *global* count, so a resume at another world size (elastic) continues
   with the inputs no rank took yet: each new rank skips ``count / world size`` of its own shard of the
   same epoch's permutation (which needs the count to divide; it does at the matrix's elastic points).
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import threading
 from datetime import timedelta
@@ -62,6 +63,8 @@ BUGS = {
                       "another rank's generator file"),
     "newest_folder": ("auto resume takes the newest step_N folder, whatever latest names: a crash inside a save "
                       "leaves a folder that is not complete on every rank"),
+    "prune_early": ("keeping the last checkpoints (keep=), rank 0 deletes the older ones before latest names the new "
+                    "one: a crash in between leaves latest naming a deleted folder"),
 }
 
 
@@ -75,16 +78,17 @@ def epoch_boundaries(world_size: int) -> list[int]:
     return [per_epoch * (e + 1) for e in range(EPOCHS)]
 
 
-def train(run: Any, bug: str | None = None) -> None:
+def train(run: Any, bug: str | None = None, keep: int | None = None) -> None:
     """The loop on this rank (the harness starts one process per rank with ``RANK``, ``WORLD_SIZE``,
-    ``MASTER_ADDR`` and ``MASTER_PORT`` set)."""
+    ``MASTER_ADDR`` and ``MASTER_PORT`` set). ``keep``: only the last ``keep`` checkpoints stay (rank 0
+    deletes the older ones once ``latest`` names the new one); all of them without it."""
     import torch.distributed as dist
 
     if bug is not None and bug not in BUGS:
         raise ValueError(f"unknown planted bug {bug!r}; one of {sorted(BUGS)}")
     dist.init_process_group("gloo", rank=run.rank, world_size=run.world_size, timeout=timedelta(seconds=60))
     try:
-        _Loop(run, bug).train()
+        _Loop(run, bug, keep).train()
     finally:
         dist.destroy_process_group()
 
@@ -102,11 +106,11 @@ class _Inputs:
 
 
 class _Loop:
-    def __init__(self, run: Any, bug: str | None):
+    def __init__(self, run: Any, bug: str | None, keep: int | None = None):
         import torch
         from torch.nn.parallel import DistributedDataParallel
 
-        self.run, self.bug = run, bug
+        self.run, self.bug, self.keep = run, bug, keep
         self.rank, self.world = run.rank, run.world_size
         torch.manual_seed(run.seed)
         self.model = DistributedDataParallel(torch.nn.Linear(FEATURES, 1))
@@ -229,12 +233,25 @@ class _Loop:
         if self.rank == 0 and self.bug == "tracker_early":
             _write_durably(self.run.checkpoint_dir / LATEST, folder.name.encode())
         dist.barrier()  # every rank's files are durable
+        if self.rank == 0 and self.bug == "prune_early":
+            self._prune(folder)
         if self.rank == 0 and self.bug != "tracker_early":
             _write_durably(self.run.checkpoint_dir / LATEST, folder.name.encode())
+        if self.rank == 0 and self.bug != "prune_early":
+            self._prune(folder)
         dist.barrier()
         self.run.checkpoint_published(self.step, folder)
         if published is not None:
             published.set()
+
+    def _prune(self, newest: Path) -> None:
+        """Keep the last ``keep`` checkpoints, ``newest`` the last of them (nothing without ``keep``)."""
+        if self.keep is None:
+            return
+        saved = sorted((p for p in self.run.checkpoint_dir.glob("step_*") if p.is_dir() and p != newest),
+                       key=lambda p: int(p.name[5:]))
+        for old in saved[:max(0, len(saved) - (self.keep - 1))]:
+            shutil.rmtree(old)
 
     def _resume_source(self) -> Path | None:
         run = self.run

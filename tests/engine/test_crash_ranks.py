@@ -129,3 +129,19 @@ def test_under_torchrun_a_crash_is_resumed_by_its_restart_and_a_power_loss_by_th
     assert [r.verdict.categories for r in planted_results] == [[vd.STALE_RESUME], [], [vd.STALE_RESUME], [], []]
     assert [r.runs[1].plan.restart for r in planted_results] == [1, 0, 1, 0, 0]
     assert "run 2 resumed from scratch but the checkpoint of step 1" in planted_results[0].verdict.headline
+
+
+def test_keeping_the_last_checkpoint_passes_and_deleting_the_old_one_before_publishing_fails(engine):
+    keep = engine.crash_cells(ddp_loop.with_options(name="ddp_keep_last", fn=planted.ddp_keep_last), matrix.QUICK)
+    rmtree = next(op for op in keep[0].save_ops if op.kind == "rmtree")
+    assert (rmtree.rank, rmtree.path) == (0, "step_1")  # the deletion is rank 0's, after latest names step_2
+    kept = [engine.run_cell(c) for c in keep if c.kill_id in (f"save2op{rmtree.index}:rank0", keep[-1].kill_id)]
+    assert [(r.cell.kill_id, r.verdict.headline) for r in kept if not r.passed] == []
+    assert [r.runs[1].resumed_step for r in kept] == [2, 2]
+    early = engine.crash_cells(ddp_loop.with_options(name="ddp_prune_early", fn=planted.ddp_prune_early), matrix.QUICK)
+    failed = [r for r in (engine.run_cell(c) for c in early) if not r.passed]
+    # Only the power loss before latest.tmp was durable: latest still names step_1, which is gone.
+    assert [(r.cell.kills[0].fault.rank, r.cell.kills[0].fault.mode) for r in failed] == [(0, faults.MODE_POWER)]
+    headline = failed[0].verdict.headline
+    assert headline.startswith("RESUME_ERROR: run 2 raised while resuming") and "step_1/.metadata" in headline
+    assert "; the crash: rank 0 killed before fsync(.../latest.tmp)" in headline

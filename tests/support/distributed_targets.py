@@ -80,3 +80,11 @@ def ddp_tracker_early(run: Any) -> None:
 
 def ddp_newest_folder(run: Any) -> None:
     ddp.train(run, "newest_folder")
+
+
+def ddp_keep_last(run: Any) -> None:
+    ddp.train(run, keep=1)
+
+
+def ddp_prune_early(run: Any) -> None:
+    ddp.train(run, "prune_early", keep=1)
