@@ -193,15 +193,19 @@ class Run:
             import torch  # noqa: F401  (so torch.save to a path is watched too)
 
         def on_op(op: Any) -> None:
-            self._call("file_op", path=op.path, kind=op.kind, index=op.index, target=op.target)
+            self._call("file_op", path=op.path, kind=op.kind, index=op.index, target=op.target, lane=op.lane)
 
         def on_kill(text: str, extra: Mapping[str, Any]) -> None:
             self._call("kill_ready", text=text, extra=dict(extra))
             while True:  # the harness kills this process now
                 time.sleep(60)
 
+        def on_ready(text: str, extra: Mapping[str, Any]) -> None:  # a thread at its end of the save runs on
+            self._call("lane_ready", text=text, extra=dict(extra))
+
         rank = self.rank if self.world_size > 1 else None  # a rank of several stops where its plan says
-        self._recorder = Recorder(FaultPlan.from_json(faults), self.checkpoint_dir or ".", on_op, on_kill, rank)
+        self._recorder = Recorder(FaultPlan.from_json(faults), self.checkpoint_dir or ".", on_op, on_kill, rank,
+                                  on_ready)
         self._recorder.install()
 
 

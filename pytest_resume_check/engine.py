@@ -135,9 +135,9 @@ class Engine:
             raise RuntimeError(f"recording the save of step {step} of {target.name} failed: {record.describe()}"
                                f"; see {plan.log_path}")
         ranks = plan.world_size > 1  # each rank's ops, numbered on that rank: rank by rank, however they interleaved
-        ops = [FileOp(e.extra["index"], e.text or "", e.path or "", e.extra.get("target"), e.rank if ranks else None)
-               for e in record.events if e.kind == ev.FILE_OP]
-        return sorted(ops, key=lambda op: (op.rank or 0, op.index))
+        ops = [FileOp(e.extra["index"], e.text or "", e.path or "", e.extra.get("target"), e.rank if ranks else None,
+                      e.extra.get("lane")) for e in record.events if e.kind == ev.FILE_OP]
+        return sorted(ops, key=lambda op: (op.rank or 0, op.lane or 0, op.index))
 
     def crash_cells(self, target: Target, mode: str) -> list[Cell]:
         """The crash-consistency cells of ``target`` (its ``crash_save``; see

@@ -448,6 +448,11 @@ class RunContext:
                             for component, ours in values.items()}
         self._sink.send(ev.Event(kind, step=step, extra={ev.STATE_COMPARED: compared}))
 
+    def _say_ready(self, why: str, extra: dict[str, Any] | None = None) -> None:
+        """A thread of a crash cell's save that got to where it stops without stopping (at its end, where another
+        thread may wait for it): the kill waits for its word too, and it runs on."""
+        self._sink.send(ev.Event(ev.KILL_READY, text=why, extra={**(extra or {}), "pid": os.getpid()}))
+
     def _await_kill(self, why: str, extra: dict[str, Any] | None = None) -> None:
         extra = {**(extra or {}), "pid": os.getpid()}
         kill = self.plan.kill

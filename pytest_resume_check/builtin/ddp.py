@@ -65,6 +65,9 @@ BUGS = {
                       "leaves a folder that is not complete on every rank"),
     "prune_early": ("keeping the last checkpoints (keep=), rank 0 deletes the older ones before latest names the new "
                     "one: a crash in between leaves latest naming a deleted folder"),
+    "async_prune": ("with an asynchronous save (asynchronous=True) latest names the new folder, and keep= deletes the "
+                    "old one, before the save's future completed: a crash while the background write is in flight "
+                    "leaves latest naming a folder without its metadata, and the old one gone"),
 }
 
 
@@ -78,17 +81,22 @@ def epoch_boundaries(world_size: int) -> list[int]:
     return [per_epoch * (e + 1) for e in range(EPOCHS)]
 
 
-def train(run: Any, bug: str | None = None, keep: int | None = None) -> None:
+def train(run: Any, bug: str | None = None, keep: int | None = None, asynchronous: bool = False) -> None:
     """The loop on this rank (the harness starts one process per rank with ``RANK``, ``WORLD_SIZE``,
     ``MASTER_ADDR`` and ``MASTER_PORT`` set). ``keep``: only the last ``keep`` checkpoints stay (rank 0
-    deletes the older ones once ``latest`` names the new one); all of them without it."""
+    deletes the older ones once ``latest`` names the new one); all of them without it. ``asynchronous``: DCP
+    writes the model and optimizer in a background thread (``async_save``, on a process group of its own) while
+    the rank writes its other files, and the rank waits for it before ``latest`` names the folder."""
     import torch.distributed as dist
 
     if bug is not None and bug not in BUGS:
         raise ValueError(f"unknown planted bug {bug!r}; one of {sorted(BUGS)}")
     dist.init_process_group("gloo", rank=run.rank, world_size=run.world_size, timeout=timedelta(seconds=60))
     try:
-        _Loop(run, bug, keep).train()
+        loop = _Loop(run, bug, keep, asynchronous)
+        loop.train()
+        if loop.pending is not None:  # the last asynchronous save completes before the process group goes
+            loop.pending.result()
     finally:
         dist.destroy_process_group()
 
@@ -106,11 +114,12 @@ class _Inputs:
 
 
 class _Loop:
-    def __init__(self, run: Any, bug: str | None, keep: int | None = None):
+    def __init__(self, run: Any, bug: str | None, keep: int | None = None, asynchronous: bool = False):
         import torch
         from torch.nn.parallel import DistributedDataParallel
 
         self.run, self.bug, self.keep = run, bug, keep
+        self.asynchronous = asynchronous or bug == "async_prune"
         self.rank, self.world = run.rank, run.world_size
         torch.manual_seed(run.seed)
         self.model = DistributedDataParallel(torch.nn.Linear(FEATURES, 1))
@@ -125,7 +134,7 @@ class _Loop:
         self.rng: Any = None  # the torch generator's state a resume restores (set when the loop starts)
         # Async saves get a group of their own, as torch advises: the background write's collectives must
         # not meet the training step's on one group. The planted bug is only the unawaited future.
-        self.save_group = _new_group() if bug == "async_unawaited" else None
+        self.save_group = _new_group() if bug == "async_unawaited" or self.asynchronous else None
         signal.signal(signal.SIGTERM, self._on_term)
 
     def _on_term(self, signum: int, frame: Any) -> None:
@@ -221,6 +230,11 @@ class _Loop:
             self.pending = dcp.async_save({"model": model_state, "optim": optim_state},
                                           storage_writer=_gated_writer(folder, published),
                                           process_group=self.save_group)
+        elif self.asynchronous:
+            if self.pending is not None:  # the previous save's (async_prune publishes without waiting for it)
+                self.pending.result()
+            self.pending = dcp.async_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder),
+                                          process_group=self.save_group)
         else:
             dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder))
         folder.mkdir(parents=True, exist_ok=True)
@@ -232,6 +246,9 @@ class _Loop:
                 _write_durably(folder / "sampler.pt", _pickled(self.sampler))
         if self.rank == 0 and self.bug == "tracker_early":
             _write_durably(self.run.checkpoint_dir / LATEST, folder.name.encode())
+        if self.asynchronous and self.bug != "async_prune":
+            self.pending.result()  # the background write is complete before any rank names the folder
+            self.pending = None
         dist.barrier()  # every rank's files are durable
         if self.rank == 0 and self.bug == "prune_early":
             self._prune(folder)

@@ -59,7 +59,7 @@ def run_interrupted(runner: Runner, target: Target, case: Mapping[str, Any], kil
         runs.extend(split_restarts(record))  # torchrun's restarts within the run are resumes too
         if kill is not None and kill.fault is not None:
             if record.outcome == Outcome.KILLED:
-                ready = [e.extra for e in record.events if e.kind == ev.KILL_READY]  # each rank's, of several
+                ready = [(e.rank, e.extra) for e in record.events if e.kind == ev.KILL_READY]  # every lane's
                 record.damage = apply_after_kill(plan.checkpoint_dir, merge_kill_extras(ready))
             elif not (record.outcome == Outcome.RAISED and INJECTED in (record.error or "")):
                 break  # the run did not fail where the fault was injected: judged as is

@@ -316,48 +316,52 @@ def crash_cells(target: Target, case: Mapping[str, Any], ops: Sequence[faults.Fi
 
 
 def ranked_plans(ops: Sequence[faults.FileOp], step: int, mode: str, smoke: bool) -> list[faults.FaultPlan]:
-    """The faults of a save of several ranks (``ops`` carry their rank), rank by rank; each stops every rank
-    (:func:`~pytest_resume_check.records.faults.stops_at`) and is kept once however many ranks' points give
+    """The faults of a save of several ranks (``ops`` carry their rank and lane), lane by lane; each stops every
+    lane (:func:`~pytest_resume_check.records.faults.stops_at`) and is kept once however many lanes' points give
     its stops.
 
-    ``smoke``: for each rank, a kill right before its last file op and a power loss right after its last write
-    (unless that is its last op), then a power loss once every rank did its last op, then each rank's last
+    ``smoke``: for each lane, a kill right before its last file op and a power loss right after its last write
+    (unless that is its last op), then a power loss once every lane did its last op, then each lane's last
     file that was not durable when it got its final name, torn. But where no rank entered a collective, the
     ranks wait for each other (if they do) by means the recorder does not see, and a rank stopped alone could
-    leave the others waiting for it: only the power loss after every rank's last op. Otherwise each rank's
-    :func:`crash_points` with a kill and a power loss, and every such file of each rank torn. Injected I/O
+    leave the others waiting for it: only the power loss after every lane's last op. Otherwise each lane's
+    :func:`crash_points` with a kill and a power loss, and every such file of each lane torn. Injected I/O
     errors are left to saves of one rank."""
-    by_rank = faults.ranks_of(ops)
-    totals = tuple(len(by_rank.get(r, [])) for r in range(max(by_rank, default=0) + 1))
+    lanes = faults.lanes_of(ops)
+    totals = tuple((r, ln, len(own)) for (r, ln), own in sorted(lanes.items()))
+    if not lanes:
+        return []
     if smoke and not any(op.kind == faults.COLLECTIVE for op in ops):
-        return [faults.FaultPlan(step, faults.MODE_POWER, totals[0], total=totals[0], rank=0,
-                                 stops=totals, totals=totals)] if totals else []
-    points: list[tuple[int, str, int, str | None]] = []  # (rank, mode, op, torn file)
-    torn: list[tuple[int, str, int, str | None]] = []
-    for rank, own in by_rank.items():
+        return [faults.FaultPlan(step, faults.MODE_POWER, totals[0][2], total=totals[0][2], rank=0, stops=totals,
+                                 totals=totals)]
+    points: list[tuple[int, int, str, int, str | None]] = []  # (rank, lane, mode, op, torn file)
+    torn: list[tuple[int, int, str, int, str | None]] = []
+    syncs = (faults.COLLECTIVE, faults.AWAIT)
+    for (rank, lane), own in sorted(lanes.items()):
         total = len(own)
         writes = [op.index for op in own if op.kind in ("write", "torch.save")]
         tearable = tearable_files(own)
         if smoke:
-            files = [op.index for op in own if op.kind != faults.COLLECTIVE]
-            points += [(rank, faults.MODE_CRASH, files[-1], None)] if files else []
-            points += [(rank, faults.MODE_POWER, writes[-1] + 1, None)] if writes and writes[-1] + 1 < total else []
+            files = [op.index for op in own if op.kind not in syncs]
+            points += [(rank, lane, faults.MODE_CRASH, files[-1], None)] if files else []
+            points += ([(rank, lane, faults.MODE_POWER, writes[-1] + 1, None)]
+                       if writes and writes[-1] + 1 < total else [])
             tearable = tearable[-1:]
         else:
             chosen = crash_points(own, mode)
-            points += [(rank, faults.MODE_CRASH, i, None) for i in chosen]
-            points += [(rank, faults.MODE_POWER, i, None) for i in chosen]
-        torn += [(rank, faults.MODE_TORN, min(at + 1, total), path) for path, at in tearable]
-    if smoke and totals:
-        points.append((0, faults.MODE_POWER, totals[0], None))
+            points += [(rank, lane, faults.MODE_CRASH, i, None) for i in chosen]
+            points += [(rank, lane, faults.MODE_POWER, i, None) for i in chosen]
+        torn += [(rank, lane, faults.MODE_TORN, min(at + 1, total), path) for path, at in tearable]
+    if smoke:
+        points.append((0, 0, faults.MODE_POWER, len(lanes.get((0, 0), [])), None))
     plans, seen = [], set()
-    for rank, kind, op, path in points + torn:
-        stops = faults.stops_at(ops, rank, op)
-        if (kind, stops, path) in seen:
-            continue
+    for rank, lane, kind, op, path in points + torn:
+        stops = faults.stops_at(ops, rank, op, lane)
+        if stops is None or (kind, stops, path) in seen:
+            continue  # a point no run can reach (past a wait for a thread that is held back), or one already kept
         seen.add((kind, stops, path))
-        plans.append(faults.FaultPlan(step, kind, op, file=path, total=totals[rank], rank=rank, stops=stops,
-                                      totals=totals))
+        plans.append(faults.FaultPlan(step, kind, op, file=path, total=len(lanes.get((rank, lane), [])), rank=rank,
+                                      lane=lane or None, stops=stops, totals=totals))
     return plans
 
 

@@ -539,7 +539,7 @@ def _reply(run: RunContext, raw: bytes, problem: str | None = None) -> dict[str,
 
 
 #: Calls only the client makes, and only in crash cells (where it records the program's own save).
-INTERNAL_CALLS = ("file_op", "kill_ready")
+INTERNAL_CALLS = ("file_op", "kill_ready", "lane_ready")
 
 
 def _dispatch(run: RunContext, request: Mapping[str, Any]) -> Any:
@@ -563,9 +563,12 @@ def _dispatch(run: RunContext, request: Mapping[str, Any]) -> Any:
         run.log(str(request["text"]))
     elif call == "file_op":
         run._send(ev.Event(ev.FILE_OP, path=request["path"], text=request["kind"],
-                           extra={"index": request["index"], "target": request.get("target")}))
+                           extra={"index": request["index"], "target": request.get("target"),
+                                  "lane": request.get("lane")}))
     elif call == "kill_ready":
         run._await_kill(str(request["text"]), dict(request.get("extra") or {}))
+    elif call == "lane_ready":
+        run._say_ready(str(request["text"]), dict(request.get("extra") or {}))
     elif call == CALL_WATCHED:
         _watched(run, request)
     else:

@@ -204,7 +204,7 @@ def _run_target(plan: RunPlan, sink: ConnectionSink, control: ControlChannel | N
         fn = load_target_fn(plan.target_ref)
         run = RunContext(plan, sink, control, recorder, rank)
         if recorder is not None:
-            recorder.on_kill = run._await_kill
+            recorder.on_kill, recorder.on_ready = run._await_kill, run._say_ready
         fn(run)
 
     return report_end(plan, sink, drive)
@@ -481,7 +481,7 @@ def _recorder(plan: RunPlan, sink: ConnectionSink, rank: int) -> Recorder | None
 
     def report(op: Any) -> None:
         sink.send(ev.Event(ev.FILE_OP, path=op.path, text=op.kind,
-                           extra={"index": op.index, "target": op.target}))
+                           extra={"index": op.index, "target": op.target, "lane": op.lane}))
 
     recorder = Recorder(plan.faults, plan.checkpoint_dir, report, lambda why, extra: None,
                         rank if plan.world_size > 1 else None)

@@ -291,26 +291,21 @@ def _lost_node(runs: Sequence[RunRecord]) -> str:
     return ""
 
 
-#: Appended to the headline of a crash cell of a save of several ranks: where each rank was stopped (the killed
-#: rank first), what the damage after the kill did, and which rank of the resume raised.
+#: Appended to the headline of a crash cell of a save of several ranks: where each rank and thread was stopped
+#: (the killed one first) and what the damage after the kill did. (Not which rank of the resume raised: when
+#: several would, the first to raise ends the others, and which one that is depends on timing.)
 MSG_RANK_CRASH = "; the crash: {where}"
-MSG_RANK_RAISED = "; rank {rank} of run {run} raised"
 
 
 def _crashed_rank(runs: Sequence[RunRecord], headline: str) -> str:
-    """:data:`MSG_RANK_CRASH` for a run killed inside a save of several ranks, unless ``headline`` says it already
-    (and :data:`MSG_RANK_RAISED` for the rank of the run after it that raised), or ''."""
-    for index, rec in enumerate(runs[:-1]):
+    """:data:`MSG_RANK_CRASH` for a run killed inside a save of several ranks, unless ``headline`` says it
+    already, or ''."""
+    for rec in runs[:-1]:
         fault = rec.plan.kill.fault if rec.plan.kill is not None else None
         if fault is None or fault.rank is None or rec.outcome != Outcome.KILLED:
             continue
         where = rec.describe()
-        text = "" if where in headline else MSG_RANK_CRASH.format(where=where)
-        after = runs[index + 1]
-        raised = next((e.rank for e in after.events if e.kind == ev.ERROR and e.rank is not None), None)
-        if after.outcome == Outcome.RAISED and raised is not None and after.plan.world_size > 1:
-            text += MSG_RANK_RAISED.format(rank=raised, run=index + 2)
-        return text
+        return "" if where in headline else MSG_RANK_CRASH.format(where=where)
     return ""
 
 

@@ -207,9 +207,11 @@ def _on_kill_ready(watch: _Watch, event: ev.Event) -> bool:
     record.events.append(event)
     kill = record.plan.kill
     if kill is not None and kill.fault is not None and record.plan.world_size > 1:
-        ready = {e.rank: e for e in record.events if e.kind == ev.KILL_READY}
-        if len(ready) < record.plan.world_size:
+        lanes = {(e.rank or 0, int(e.extra.get("lane") or 0)): e for e in record.events if e.kind == ev.KILL_READY}
+        wanted = {(r, ln) for r, ln, _ in kill.fault.stops or ()} or {(r, 0) for r in range(record.plan.world_size)}
+        if not wanted <= set(lanes):
             return False  # the others are on their way to where they stop
+        ready = {r: e for (r, ln), e in lanes.items() if ln == 0}
         if record.plan.restarts_in_job and kill.fault.mode == MODE_CRASH and kill.fault.rank in ready:
             # The workers die, not the job: torchrun's agent restarts them within the run, and they resume from
             # what is on disk. The killed rank dies where it stopped; the others, stopped right before a

@@ -24,6 +24,12 @@ which op of its own each stops), all at points no rank needs another rank to pas
 before its op ``op``, every other rank at the end of its part of the same stretch between two collectives
 (:func:`stops_at`). Once all of them wait there, the run is killed whole. Which ops a rank does depends only
 on its own code, not on how the ranks interleave, so the cells are the same in every run.
+
+A rank's threads are numbered *lanes* (its main thread lane 0, a thread it starts in the save, such as an
+asynchronous save's writer, lane 1 and on; the start is a :data:`START` op of lane 0), each with its own ops;
+lane ``l`` of a rank is assumed to meet only lane ``l`` of the other ranks in its collectives (an
+asynchronous save on a process group of its own, as torch advises), and the main thread's wait for a future
+(``Future.result``, an :data:`AWAIT` op) to need the lanes it started before at their end.
 """
 
 from __future__ import annotations
@@ -54,6 +60,12 @@ NOT_CUT = "not cut: {refusal} (the harness cuts only regular files inside the ru
 
 #: The kind of a recorded collective of a multi-rank save (its ``path`` is the function's name).
 COLLECTIVE = "collective"
+#: The kind of the main thread's wait for a future in a multi-rank save (an asynchronous save's).
+AWAIT = "await"
+#: The kind of the main thread's start of a thread during a multi-rank save (its ``path``: ``thread 1``).
+START = "start"
+#: The kinds of op that only wait for, or start, another lane or rank.
+SYNCS = (COLLECTIVE, AWAIT, START)
 
 #: Keys of the ``extra`` of a kill-ready event sent from inside a watched save.
 EXTRA_OPS_DONE = "ops_done"
@@ -73,12 +85,14 @@ class FaultPlan:
     persistent: bool = False
     file: str | None = None  # torn: the path (relative to the checkpoint dir) to cut
     total: int | None = None  # ops of this save as recorded (known when the matrix is built)
-    #: Several ranks: the rank whose op ``op`` is the crash point (``op`` counts that rank's ops).
+    #: Several ranks: the rank, and its lane (None: its main thread's), whose op ``op`` is the crash point
+    #: (``op`` counts that lane's ops).
     rank: int | None = None
-    #: Several ranks: before which of its own ops each rank stops (:func:`stops_at`), and how many ops each
-    #: rank's save has (``total`` is the plan's ``rank``'s).
-    stops: tuple[int, ...] | None = None
-    totals: tuple[int, ...] | None = None
+    lane: int | None = None
+    #: Several ranks: (rank, lane, op) before which each lane stops (:func:`stops_at`), and (rank, lane, ops)
+    #: how many ops each lane's save has (``total`` is the plan's own lane's).
+    stops: tuple[tuple[int, int, int], ...] | None = None
+    totals: tuple[tuple[int, int, int], ...] | None = None
 
     @property
     def completes_save(self) -> bool:
@@ -87,21 +101,28 @@ class FaultPlan:
             return self.stops == self.totals
         return self.total is not None and self.op == self.total
 
-    def stop_of(self, rank: int | None) -> int | None:
-        """Before which op of its own ``rank`` stops (a plan of one rank: ``op``; a rank the recorded save did
-        not show: at its end)."""
+    def stop_of(self, rank: int | None, lane: int = 0) -> int | None:
+        """Before which of its own ops a lane of ``rank`` stops (a plan of one rank: ``op``); for a rank the recorded
+        save did not show, its main thread at its end, another thread of it nowhere (None)."""
         if self.stops is None:
             return self.op
-        return self.stops[rank or 0] if (rank or 0) < len(self.stops) else 0
+        stop = next((at for r, ln, at in self.stops if r == (rank or 0) and ln == lane), None)
+        return 0 if stop is None and lane == 0 else stop
+
+    def total_of(self, rank: int | None, lane: int = 0) -> int | None:
+        """How many ops a lane of ``rank`` made in the recorded save (None: not known)."""
+        return next((n for r, ln, n in self.totals or () if r == (rank or 0) and ln == lane), None)
 
     def to_json(self) -> dict[str, Any]:
         """The structured form (``fault`` of a kill in a cell's JSON): the fields that are set."""
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if v is not None}
+        return {k: ([list(x) for x in v] if isinstance(v, tuple) else v) for k, v in asdict(self).items()
+                if v is not None}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FaultPlan:
         """Inverse of :meth:`to_json`."""
-        fields: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()}
+        fields: dict[str, Any] = {k: (tuple(tuple(x) for x in v) if isinstance(v, list) else v)
+                                  for k, v in data.items()}
         return cls(**fields)
 
 
@@ -113,12 +134,17 @@ class FileOp:
     kind: str
     path: str
     target: str | None = None
-    #: The rank that made it, in a save of several ranks.
+    #: The rank that made it, in a save of several ranks, and its lane there (None: the main thread's).
     rank: int | None = None
+    lane: int | None = None
 
     def describe(self, root: str = "...") -> str:
         if self.kind == COLLECTIVE:
             return f"{self.path}() (a collective of every rank)"
+        if self.kind == AWAIT:
+            return f"{self.path}() (a wait for the save's other threads)"
+        if self.kind == START:
+            return f"the start of {self.path} of the save"
         if self.target is not None:
             return f"{self.kind}({root}/{self.path} -> {root}/{self.target})"
         return f"{self.kind}({root}/{self.path})"
@@ -204,42 +230,77 @@ def leaves_incomplete(fault: FaultPlan | None, ops: Sequence[FileOp], name: str)
     return fault.mode == MODE_CRASH and opened < fault.op <= closed
 
 
-def ranks_of(ops: Sequence[FileOp]) -> dict[int, list[FileOp]]:
-    """The ops of a save by rank (every op of a one-rank save under rank 0), each rank's in its order."""
-    out: dict[int, list[FileOp]] = {}
-    for op in sorted(ops, key=lambda o: (o.rank or 0, o.index)):
-        out.setdefault(op.rank or 0, []).append(op)
+def lanes_of(ops: Sequence[FileOp]) -> dict[tuple[int, int], list[FileOp]]:
+    """The ops of a save by (rank, lane) (every op of a one-rank save under (0, 0)), each lane's in its order."""
+    out: dict[tuple[int, int], list[FileOp]] = {}
+    for op in sorted(ops, key=lambda o: (o.rank or 0, o.lane or 0, o.index)):
+        out.setdefault((op.rank or 0, op.lane or 0), []).append(op)
     return out
 
 
-def stops_at(ops: Sequence[FileOp], rank: int, op: int) -> tuple[int, ...]:
-    """Before which of its own ops each rank of a multi-rank save stops when ``rank`` is stopped right before its
-    op ``op`` (``op`` = its number of ops: after its last): every other rank at the end of its part of the same
-    stretch between two collectives, right before the collective that ends it (after its last op when there is
-    none). No rank then waits for a rank that is stopped further back, so all of them get to where they stop."""
-    mine = ranks_of(ops)
-    passed = sum(1 for o in mine.get(rank, [])[:op] if o.kind == COLLECTIVE)
-    stops = []
-    for r in range(max(mine, default=0) + 1):
-        own = mine.get(r, [])
-        if r == rank:
-            stops.append(op)
-            continue
-        collectives = [o.index for o in own if o.kind == COLLECTIVE]
-        stops.append(collectives[passed] if passed < len(collectives) else len(own))
-    return tuple(stops)
+def stops_at(ops: Sequence[FileOp], rank: int, op: int, lane: int = 0) -> tuple[tuple[int, int, int], ...] | None:
+    """Where every lane of a multi-rank save stops, as (rank, lane, op) in order, when lane ``lane`` of ``rank`` is
+    stopped right before its op ``op`` (``op`` = its number of ops: after its last); None when no such point
+    exists (that lane could not get there while the others are held back). A lane whose start the main thread
+    does not get to is left out (it never runs).
+
+    Every other lane goes as far as it can: to its end, or back to right before the first collective, wait or
+    start it could not get past. A lane gets past its n-th collective only once lane ``l`` of every rank entered
+    it; the main thread past a wait for a future only once the lanes it started before are at their end; and a
+    lane runs at all only once the main thread started it. Moving lanes back until all three hold leaves each at
+    the end of its part of the stretch the stopped lane is in; no lane then waits for one held further back."""
+    lanes = lanes_of(ops)
+    world = max((r for r, _ in lanes), default=0) + 1
+    for r in range(world):
+        lanes.setdefault((r, 0), [])  # a rank with no op still stops (at its end)
+    at = {key: len(own) for key, own in lanes.items()}
+    at[(rank, lane)] = op
+    starts = {(r, int(o.path.split()[-1])): o.index for (r, ln), own in lanes.items() if ln == 0
+              for o in own if o.kind == START}
+
+    def passed(key: tuple[int, int], kind: str) -> list[int]:
+        return [o.index for o in lanes[key][:at[key]] if o.kind == kind]
+
+    moved = True
+    while moved:
+        moved = False
+        for key in lanes:
+            back = at[key]
+            least = min(len(passed(k, COLLECTIVE)) for k in lanes if k[1] == key[1])  # one not started: none
+            collectives = passed(key, COLLECTIVE)
+            if len(collectives) > least:
+                back = collectives[least]
+            for wait in passed(key, AWAIT):
+                started = [k for k in lanes if k[0] == key[0] and k[1] and starts.get(k, at[key]) < wait]
+                if any(at[k] < len(lanes[k]) for k in started):
+                    back = min(back, wait)
+                    break
+            if key[1] and at[(key[0], 0)] <= starts.get(key, -1):
+                back = 0  # never started
+            if back < at[key]:
+                if key == (rank, lane):
+                    return None
+                at[key], moved = back, True
+    return tuple((r, ln, at[(r, ln)]) for r, ln in sorted(lanes)
+                 if ln == 0 or at[(r, 0)] > starts.get((r, ln), -1))
 
 
-def merge_kill_extras(extras: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """What the damage after a kill needs from the kill-ready events of every rank of a run: the files any rank
-    left not durable (a file two ranks wrote keeps the fewer fsynced bytes) and the file to tear."""
+def merge_kill_extras(ready: Sequence[tuple[int | None, Mapping[str, Any]]]) -> dict[str, Any]:
+    """What the damage after a kill needs from the kill-ready words (rank, extra) of every lane of a run: the files
+    any rank left not durable, each rank as its latest word (the most ops done) says (a file two ranks wrote
+    keeps the fewer fsynced bytes), and the file to tear."""
+    latest: dict[int | None, Mapping[str, Any]] = {}
+    for rank, extra in ready:
+        if rank not in latest or extra.get(EXTRA_OPS_DONE, 0) >= latest[rank].get(EXTRA_OPS_DONE, 0):
+            latest[rank] = extra
     merged: dict[str, Any] = {}
     unsynced: dict[str, int] = {}
-    for extra in extras:
-        for rel, kept in extra.get(EXTRA_UNSYNCED, {}).items():
-            unsynced[rel] = min(int(kept), unsynced.get(rel, int(kept)))
+    for _, extra in ready:
         if extra.get(EXTRA_TORN):
             merged[EXTRA_TORN] = extra[EXTRA_TORN]
+    for extra in latest.values():
+        for rel, kept in extra.get(EXTRA_UNSYNCED, {}).items():
+            unsynced[rel] = min(int(kept), unsynced.get(rel, int(kept)))
     if unsynced:
         merged[EXTRA_UNSYNCED] = unsynced
     return merged

@@ -53,6 +53,9 @@ _KIND_PART = re.compile(rf"({TERM})(\d+(?:\.\d+)?)|({RANK})(\d+)|({WORLD})(\d+)|
 _SAVE_KILL = re.compile(rf"{SAVE}(\d+)(.*)$")
 #: The rank of a fault in a save of several ranks, right after its operation: ``op7:rank1``.
 _RANK_PART = re.compile(rf"{RANK}(\d+)(?=$|{SUFFIX})")
+#: A thread of that rank besides its main one (an asynchronous save's writer): ``op3:rank0:thread1``.
+THREAD = "thread"
+_THREAD_PART = re.compile(rf"{THREAD}(\d+)(?=$|{SUFFIX})")
 #: A cell's name: ``target[case-mode-kill]`` (the case id may hold dashes; the kill id starts with ckpt or save).
 _CELL_NAME = re.compile(r"^(?P<target>[^\[]+)\[(?P<case>.*)" + re.escape(CELL_SEPARATOR) + "(?P<mode>"
                         + "|".join(CELL_RESUME_MODES) + ")" + re.escape(CELL_SEPARATOR)
@@ -107,8 +110,10 @@ def fault_kind(plan: FaultPlan) -> str:
 def fault_label(plan: FaultPlan) -> str:
     """``op4`` (killed before file operation 4), ``op4:power``, ``op4:torn:latest``, ``op4:enospc+`` ...:
     the kill id after ``save{step}``, in characters that pytest's ``-k`` can spell. In a save of several
-    ranks the rank whose operation it is comes next: ``op7:rank1``, ``op7:rank1:power``."""
+    ranks the rank whose operation it is comes next, and the thread of it besides its main one: ``op7:rank1``,
+    ``op7:rank1:power``, ``op3:rank0:thread1``."""
     parts = [f"{OP}{plan.op}"] + ([f"{RANK}{plan.rank}"] if plan.rank is not None else [])
+    parts += [f"{THREAD}{plan.lane}"] if plan.lane else []
     if plan.mode == faults.MODE_TORN:
         parts += [faults.MODE_TORN, str(plan.file)]
     elif plan.mode != faults.MODE_CRASH:
@@ -201,21 +206,24 @@ def parse_fault_label(step: int, text: str) -> FaultPlan:
     the old ``@4`` spelling too. Raises ValueError with the expected form."""
     text = text[len(OP):] if text.startswith(OP) else text.lstrip(OLD_OP)
     op, _, kind = text.partition(SUFFIX)
-    rank = None
+    rank = lane = None
     ranked = _RANK_PART.match(kind)
     if ranked is not None:
         rank, kind = int(ranked[1]), kind[ranked.end():].removeprefix(SUFFIX)
+        threaded = _THREAD_PART.match(kind)
+        if threaded is not None:
+            lane, kind = int(threaded[1]), kind[threaded.end():].removeprefix(SUFFIX)
     torn = faults.MODE_TORN + SUFFIX
     if kind.startswith(torn):
-        return FaultPlan(step, faults.MODE_TORN, int(op), file=kind[len(torn):], rank=rank)
+        return FaultPlan(step, faults.MODE_TORN, int(op), file=kind[len(torn):], rank=rank, lane=lane)
     if kind in ("", faults.MODE_POWER, faults.MODE_RECORD):
-        return FaultPlan(step, kind or faults.MODE_CRASH, int(op), rank=rank)
+        return FaultPlan(step, kind or faults.MODE_CRASH, int(op), rank=rank, lane=lane)
     errno = faults.ERRNOS.get(kind.rstrip(PERSISTENT))
     if errno is None:
         raise ValueError(f"fault {text!r} of the save of step {step}: unknown kind {kind!r}; use {OP}<N>, "
                          f"{OP}<N>{SUFFIX}{faults.MODE_POWER}, {OP}<N>{SUFFIX}{torn}<file> or "
                          f"{OP}<N>{SUFFIX}<error>[{PERSISTENT}] with an error of {sorted(faults.ERRNOS)}")
-    return FaultPlan(step, faults.MODE_ERROR, int(op), errno, kind.endswith(PERSISTENT), rank=rank)
+    return FaultPlan(step, faults.MODE_ERROR, int(op), errno, kind.endswith(PERSISTENT), rank=rank, lane=lane)
 
 
 def split_cell_name(name: str) -> tuple[str, str, str, str] | None:

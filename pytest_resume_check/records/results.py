@@ -256,8 +256,10 @@ class RunRecord:
         rank's first (``rank 1 killed before ...; rank 0 stopped before barrier() ...``)."""
         said = [e for e in self.events if e.kind == ev.KILL_READY and e.text]
         if len(said) > 1 and self.plan.faults is not None:
-            killed = self.plan.faults.rank
-            said = sorted(said, key=lambda e: (e.rank != killed, e.rank or 0))
+            fault = self.plan.faults
+            killed = (fault.rank or 0, fault.lane or 0)
+            said = sorted(said, key=lambda e: ((e.rank or 0, int(e.extra.get("lane") or 0)) != killed, e.rank or 0,
+                                               int(e.extra.get("lane") or 0)))
             return "; ".join(e.text or "" for e in said)
         return said[0].text if said else None
 

@@ -89,11 +89,13 @@ def fault_of(cell: CellJson) -> faults.FaultPlan:
 
 def crash_row(cell: CellJson) -> str:
     """The row of a crash-consistency cell in its grid: the fault's kind (``kill``, ``power``, ``torn``,
-    ``enospc``, ``eio``, ``enospc+``), and in a save of several ranks the rank whose operations are the
-    columns (``kill rank1``)."""
+    ``enospc``, ``eio``, ``enospc+``), and in a save of several ranks the rank, and thread, whose operations are
+    the columns (``kill rank1``, ``power rank0 thread1``)."""
     fault = fault_of(cell)
     kind = KILL_ROW if fault.mode == faults.MODE_CRASH else kill_ids.fault_kind(fault)
-    return kind if fault.rank is None else f"{kind} {kill_ids.RANK}{fault.rank}"
+    if fault.rank is None:
+        return kind
+    return f"{kind} {kill_ids.RANK}{fault.rank}" + (f" {kill_ids.THREAD}{fault.lane}" if fault.lane else "")
 
 
 #: Crash-grid rows in this order (a kill, then the disk damage kinds, then the I/O errors); others after.
@@ -101,11 +103,12 @@ CRASH_ROWS = (KILL_ROW, faults.MODE_POWER, faults.MODE_TORN,
               *(name + persistent for name in faults.ERRNOS for persistent in ("", kill_ids.PERSISTENT)))
 
 
-def _crash_row_order(row: str) -> tuple[int, int, str]:
-    """By rank (none first), then as :data:`CRASH_ROWS`."""
-    kind, _, rank = row.partition(" ")
-    return (int(rank[len(kill_ids.RANK):]) if rank else -1, CRASH_ROWS.index(kind) if kind in CRASH_ROWS
-            else len(CRASH_ROWS), row)
+def _crash_row_order(row: str) -> tuple[int, int, int, str]:
+    """By rank (none first) and thread, then as :data:`CRASH_ROWS`."""
+    kind, *where = row.split(" ")
+    rank = int(where[0][len(kill_ids.RANK):]) if where else -1
+    thread = int(where[1][len(kill_ids.THREAD):]) if len(where) > 1 else 0
+    return (rank, thread, CRASH_ROWS.index(kind) if kind in CRASH_ROWS else len(CRASH_ROWS), row)
 
 
 def _row(cell: CellJson) -> str:

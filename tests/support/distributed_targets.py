@@ -88,3 +88,11 @@ def ddp_keep_last(run: Any) -> None:
 
 def ddp_prune_early(run: Any) -> None:
     ddp.train(run, "prune_early", keep=1)
+
+
+def ddp_async(run: Any) -> None:
+    ddp.train(run, keep=1, asynchronous=True)
+
+
+def ddp_async_prune(run: Any) -> None:
+    ddp.train(run, "async_prune", keep=1)

@@ -135,9 +135,14 @@ def test_an_expected_failure_predicate_that_raises_names_the_target():
         matrix.smoke_cells(target, target.cases[0], IN_PLACE, 2, 1)
 
 
-def ranked(rank, kinds):
-    """A rank's ops from (kind, path) pairs, numbered on that rank."""
-    return [FileOp(i, kind, path, None, rank) for i, (kind, path) in enumerate(kinds)]
+def ranked(rank, kinds, lane=None):
+    """A lane's ops from (kind, path) pairs, numbered in that lane of that rank."""
+    return [FileOp(i, kind, path, None, rank, lane) for i, (kind, path) in enumerate(kinds)]
+
+
+def at(*stops):
+    """Stops of the main threads of ranks 0, 1, ...: ((0, 0, a), (1, 0, b), ...)."""
+    return tuple((rank, 0, stop) for rank, stop in enumerate(stops))
 
 
 #: Two ranks: each writes its shard durably, a barrier, then rank 0 alone publishes latest, a barrier.
@@ -152,12 +157,12 @@ TWO_RANKS = tuple(
 
 def test_a_rank_stopped_anywhere_leaves_the_others_at_the_end_of_the_same_stretch_between_collectives():
     # Rank 1 inside its shard: rank 0 finished its own and waits before the first barrier.
-    assert faults.stops_at(TWO_RANKS, 1, 2) == (5, 2)
+    assert faults.stops_at(TWO_RANKS, 1, 2) == at(5, 2)
     # Rank 0 before latest's rename: rank 1 passed the first barrier and waits before the second.
-    assert faults.stops_at(TWO_RANKS, 0, 10) == (10, 6)
+    assert faults.stops_at(TWO_RANKS, 0, 10) == at(10, 6)
     # Before a collective is the end of the stretch before it; after every op, every rank at its end.
-    assert faults.stops_at(TWO_RANKS, 1, 5) == faults.stops_at(TWO_RANKS, 0, 5) == (5, 5)
-    assert faults.stops_at(TWO_RANKS, 0, 12) == (12, 7)
+    assert faults.stops_at(TWO_RANKS, 1, 5) == faults.stops_at(TWO_RANKS, 0, 5) == at(5, 5)
+    assert faults.stops_at(TWO_RANKS, 0, 12) == at(12, 7)
 
 
 def test_the_smoke_cells_of_two_ranks_stop_each_rank_in_turn_and_name_it():
@@ -165,9 +170,9 @@ def test_the_smoke_cells_of_two_ranks_stop_each_rank_in_turn_and_name_it():
     # Each rank before its last file op, and right after its last write with a power loss; then both at their end.
     assert [kill_ids.fault_label(p) for p in plans] == [
         "op10:rank0", "op8:rank0:power", "op4:rank1", "op2:rank1:power", "op12:rank0:power"]
-    assert [p.stops for p in plans] == [(10, 6), (8, 6), (5, 4), (5, 2), (12, 7)]
+    assert [p.stops for p in plans] == [at(10, 6), at(8, 6), at(5, 4), at(5, 2), at(12, 7)]
     assert [p.completes_save for p in plans] == [False, False, False, False, True]
-    assert {p.totals for p in plans} == {(12, 7)}
+    assert {p.totals for p in plans} == {at(12, 7)}
 
 
 def test_the_whole_axis_of_two_ranks_has_each_cut_of_every_rank_once():
@@ -180,6 +185,8 @@ def test_the_whole_axis_of_two_ranks_has_each_cut_of_every_rank_once():
     assert every - {(p.rank, p.op) for p in crash} == {(1, 5), (1, 6), (1, 7)}
     again = kill_ids.parse_fault_label(2, kill_ids.fault_label(crash[3]))
     assert (again.rank, again.op, again.mode) == (crash[3].rank, crash[3].op, crash[3].mode)
+    # A plan travels to the run and to the report as JSON and comes back the same.
+    assert faults.FaultPlan.from_json(crash[3].to_json()) == crash[3]
 
 
 def test_ranks_that_enter_no_collective_get_only_the_smoke_cell_that_stops_none_of_them_early():
@@ -187,4 +194,49 @@ def test_ranks_that_enter_no_collective_get_only_the_smoke_cell_that_stops_none_
     no_collectives = tuple(op for op in TWO_RANKS if op.kind != faults.COLLECTIVE)
     plans = matrix.ranked_plans(no_collectives, 2, matrix.QUICK, smoke=True)
     assert [(kill_ids.fault_label(p), p.stops, p.completes_save) for p in plans] == [
-        ("op10:rank0:power", (10, 5), True)]
+        ("op10:rank0:power", at(10, 5), True)]
+
+
+def main_lane(rank, latest):
+    """An asynchronous save's main thread: start the writer (lane 1), write its own file, wait for the writer,
+    a barrier, latest (rank 0), a barrier."""
+    kinds = [(faults.START, "thread 1"), ("open", f"s/rng{rank}.tmp"), ("fsync", f"s/rng{rank}.tmp"),
+             ("replace", f"s/rng{rank}.tmp"), (faults.AWAIT, "Future.result"), (faults.COLLECTIVE, "barrier")]
+    kinds += [("open", "latest.tmp"), ("replace", "latest.tmp")] if latest else []
+    return ranked(rank, kinds + [(faults.COLLECTIVE, "barrier")])
+
+
+def writer_lane(rank):
+    """The writer: plan (a collective of lane 1 of every rank), its shard, the metadata's collective."""
+    shard = f"s/shard{rank}"
+    return ranked(rank, [(faults.COLLECTIVE, "gather_object"), ("open", shard), ("write", shard), ("fsync", shard),
+                         ("close", shard), (faults.COLLECTIVE, "gather_object")], lane=1)
+
+
+ASYNC = tuple(main_lane(0, True) + writer_lane(0) + main_lane(1, False) + writer_lane(1))
+
+
+def test_an_asynchronous_writer_stopped_holds_its_rank_before_its_wait_and_the_writers_before_their_collective():
+    # Rank 1's writer inside its shard: both main threads wait right before their wait for the writer (rank 0's
+    # has nothing to wait for there, but its barrier needs rank 1), rank 0's writer before the last collective.
+    assert faults.stops_at(ASYNC, 1, 3, lane=1) == ((0, 0, 4), (0, 1, 5), (1, 0, 4), (1, 1, 3))
+    # Rank 0's main thread before latest's rename: every writer done, rank 1 before the last barrier.
+    assert faults.stops_at(ASYNC, 0, 7) == ((0, 0, 7), (0, 1, 6), (1, 0, 6), (1, 1, 6))
+    # Rank 0's main thread before it starts its writer: that writer never runs (left out), so rank 1's writer
+    # cannot pass its first collective, and rank 1's main thread waits before its wait for it.
+    assert faults.stops_at(ASYNC, 0, 0) == ((0, 0, 0), (1, 0, 4), (1, 1, 0))
+    # Rank 0's main thread past its wait, before the first barrier: its writer at its end (and so rank 1's), rank
+    # 1's main thread before the same barrier.
+    assert faults.stops_at(ASYNC, 0, 5) == ((0, 0, 5), (0, 1, 6), (1, 0, 5), (1, 1, 6))
+
+
+def test_the_smoke_cells_of_an_asynchronous_save_stop_each_thread_of_each_rank():
+    plans = matrix.ranked_plans(ASYNC, 2, matrix.QUICK, smoke=True)
+    labels = [kill_ids.fault_label(p) for p in plans]
+    # Per thread of each rank: before its last file op, after its last write with a power loss (the main threads
+    # write no data here); every thread at its end; latest.tmp, written in place, torn.
+    assert labels == ["op7:rank0", "op4:rank0:thread1", "op3:rank0:thread1:power", "op3:rank1", "op4:rank1:thread1",
+                      "op3:rank1:thread1:power", "op9:rank0:power", "op7:rank0:torn:latest.tmp"]
+    assert [p.completes_save for p in plans] == [False] * 6 + [True, False]
+    again = kill_ids.parse_fault_label(2, "op3:rank0:thread1:power")
+    assert (again.rank, again.lane, again.op, again.mode) == (0, 1, 3, faults.MODE_POWER)

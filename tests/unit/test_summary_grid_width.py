@@ -45,6 +45,12 @@ SAVE_OPS = [FileOp(0, "mkdir", "step_2"), FileOp(1, "open", "step_2/weights.pt")
             FileOp(7, "open", "step_2/state.tmp"), FileOp(8, "write", "step_2/state.tmp"),
             FileOp(9, "fsync", "step_2/state.tmp"), FileOp(10, "close", "step_2/state.tmp"),
             FileOp(11, "replace", "step_2/state.tmp", "step_2/state.pt"), FileOp(12, "open", "latest")]
+#: An asynchronous save of two ranks: each main thread starts a writer (thread 1), writes, waits, meets the other.
+RANKED_OPS = [FileOp(i, kind, path, None, rank, lane) for rank in (0, 1) for lane, kinds in (
+    (None, [(faults.START, "thread 1"), ("open", f"r{rank}"), ("write", f"r{rank}"), ("close", f"r{rank}"),
+            (faults.AWAIT, "Future.result"), (faults.COLLECTIVE, "barrier")]),
+    (1, [(faults.COLLECTIVE, "gather_object"), ("open", f"s{rank}"), ("write", f"s{rank}"), ("fsync", f"s{rank}"),
+         ("close", f"s{rank}")])) for i, (kind, path) in enumerate(kinds)]
 #: Every status a cell can have, so a mark in the wrong place shows.
 STATUSES = [c.name for c in categories.TABLE]
 
@@ -61,6 +67,7 @@ def cell_json(cell, index):
 def realistic_cells():
     cells = matrix.cells(LOOP, matrix.FULL, seed=1) + matrix.cells(DDP, matrix.FULL, seed=1)
     cells += matrix.crash_cells(LOOP, LOOP.cases[2], SAVE_OPS, 2, 1, matrix.FULL, random.Random(1))
+    cells += matrix.crash_cells(DDP, DDP.cases[0], RANKED_OPS, 2, 1, matrix.FULL, random.Random(1))
     return [cell_json(c, i) for i, c in enumerate(cells)]
 
 
