@@ -46,15 +46,17 @@ def resume_check(script: Path, conftest: str, target: str, folder: Path,
     return {"points": len(cells), "flagged": len(failing), "kinds": kinds, "seconds": seconds, "note": ""}, done.stdout
 
 
-def ckpt_chaos(executable: str, script: Path, flags: list[str], checkpoint_glob: str, folder: Path) -> dict:
+def ckpt_chaos(executable: str, script: Path, flags: list[str], checkpoint_glob: str, folder: Path,
+               options: tuple[str, ...] = ()) -> dict:
     """ckpt-chaos's contract mode on ``script`` (the closest to what the harness judges): its crash points and
-    what it flagged, from its summary line."""
+    what it flagged, from its summary line. ``options``: more of ckpt-chaos's own (``--ranks 2``)."""
     folder.mkdir(parents=True)
     (folder / "train.py").write_text(script.read_text())
     started = time.perf_counter()
     done = subprocess.run([executable, "run", "--checkpoint-glob", "{out}/" + checkpoint_glob, "--step-regex",
                            r"resumed from step (\d+)", "--result-file", "{out}/model.pt", "--fail-on",
-                           "HARD_FAIL,SILENT_DIVERGENCE,LOST_WORK", "--", sys.executable, "train.py", "--out", "{out}",
+                           "HARD_FAIL,SILENT_DIVERGENCE,LOST_WORK", *options, "--", sys.executable, "train.py", "--out",
+                           "{out}",
                            *flags], cwd=folder, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     last = done.stdout.splitlines()[-1] if done.stdout.strip() else ""

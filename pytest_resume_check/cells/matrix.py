@@ -336,13 +336,12 @@ def ranked_plans(ops: Sequence[faults.FileOp], step: int, mode: str, smoke: bool
                                  totals=totals)]
     points: list[tuple[int, int, str, int, str | None]] = []  # (rank, lane, mode, op, torn file)
     torn: list[tuple[int, int, str, int, str | None]] = []
-    syncs = (faults.COLLECTIVE, faults.AWAIT)
     for (rank, lane), own in sorted(lanes.items()):
         total = len(own)
         writes = [op.index for op in own if op.kind in ("write", "torch.save")]
         tearable = tearable_files(own)
         if smoke:
-            files = [op.index for op in own if op.kind not in syncs]
+            files = [op.index for op in own if op.kind not in faults.SYNCS]
             points += [(rank, lane, faults.MODE_CRASH, files[-1], None)] if files else []
             points += ([(rank, lane, faults.MODE_POWER, writes[-1] + 1, None)]
                        if writes and writes[-1] + 1 < total else [])

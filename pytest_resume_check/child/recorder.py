@@ -3,7 +3,8 @@
 
 Audit hooks do not see ``fsync``, ``write`` or ``close``, so the file functions themselves are wrapped
 (module attributes of ``os``, ``builtins``, ``io``, ``shutil`` and ``torch``; in a rank of a multi-rank run
-also the collectives of ``torch.distributed``, :data:`COLLECTIVES`). :meth:`Recorder.install`
+also the collectives of ``torch.distributed``, :data:`COLLECTIVES`, ``threading.Thread.start`` and
+``concurrent.futures.Future.result``). :meth:`Recorder.install`
 wraps them in the calling process and :meth:`Recorder.uninstall` puts the originals back; a child run
 installs once and never uninstalls (the process ends with the run), an in-process test uses the
 recorder as a context manager.
