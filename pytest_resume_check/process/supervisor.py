@@ -200,9 +200,9 @@ def _on_kill_ready(watch: _Watch, event: ev.Event) -> bool:
     """The child is at the planned kill point: the run is ``KILLED``. A SIGTERM plan preempts every rank;
     a plan that kills one rank kills it alone; an all-ranks SIGKILL of a multi-rank run first waits for
     the other ranks to reach the kill point's step. A fault inside a save of several ranks stops every rank
-    (records.faults): the run is killed once all of them wait (a plain kill of a torchrun job that restarts
-    its workers: its workers, and the restart is read on). The caller SIGKILLs what is
-    left; the reading ends."""
+    and thread of the save (records.faults): the run is killed once all of them wait (a plain kill of a
+    torchrun job that restarts its workers: its workers, and the restart is read on). The caller SIGKILLs what
+    is left; the reading ends."""
     record = watch.record
     record.events.append(event)
     kill = record.plan.kill
