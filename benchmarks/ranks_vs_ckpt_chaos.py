@@ -24,7 +24,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from side_by_side import ckpt_chaos, ckpt_chaos_executable, resume_check
+from side_by_side import ckpt_chaos, ckpt_chaos_executable, print_rows, resume_check
 
 SCRIPT = Path(__file__).resolve().parent / "two_rank_train.py"
 VARIANTS = {"correct": [], **{bug: ["--bug", bug] for bug in
@@ -58,11 +58,7 @@ def main() -> None:
                 theirs = ckpt_chaos(executable, SCRIPT, flags, "step_*", Path(scratch) / variant / f"ckpt-chaos{rank}",
                                     ("--ranks", "2", "--crash-rank", rank, "--max-points", str(args.max_points)))
                 rows.append((variant, f"ckpt-chaos r{rank}", theirs))
-    print(f"{'variant':<14} {'tool':<14} {'points':>6} {'flagged':>7} {'wall s':>7} {'s/point':>7}  what was flagged")
-    for variant, tool, r in rows:
-        kinds = ", ".join(f"{k} {n}" for k, n in sorted(r["kinds"].items())) or "-"
-        print(f"{variant:<14} {tool:<14} {r['points']:>6} {r['flagged']:>7} {r['seconds']:>7.1f} "
-              f"{r['seconds'] / max(1, r['points']):>7.2f}  {kinds} {r['note']}")
+    print_rows(rows)
 
 
 if __name__ == "__main__":

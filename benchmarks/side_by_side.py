@@ -24,6 +24,19 @@ def ckpt_chaos_executable(given: str | None, scratch: Path) -> str:
     return str(venv / "bin" / "ckpt-chaos")
 
 
+def print_rows(rows: list[tuple[str, str, dict]]) -> None:
+    """The figures of each (variant, tool, result) a line, under a header; a result's note, if any, last."""
+    first = max([len("variant"), *(len(v) for v, _, _ in rows)])
+    second = max([len("tool"), *(len(t) for _, t, _ in rows)])
+    print(f"{'variant':<{first}} {'tool':<{second}} {'points':>6} {'flagged':>7} {'wall s':>7} {'s/point':>7}  "
+          "what was flagged")
+    for variant, tool, r in rows:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(r["kinds"].items())) or "-"
+        note = f" ({r['note']})" if r["note"] else ""
+        print(f"{variant:<{first}} {tool:<{second}} {r['points']:>6} {r['flagged']:>7} {r['seconds']:>7.1f} "
+              f"{r['seconds'] / max(1, r['points']):>7.2f}  {kinds}{note}")
+
+
 def resume_check(script: Path, conftest: str, target: str, folder: Path,
                  env: dict[str, str] | None = None) -> tuple[dict, str]:
     """The default quick matrix (serial, seed 1) of a project holding ``script`` as ``train.py`` and

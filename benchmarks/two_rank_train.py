@@ -31,6 +31,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from pytest_resume_check import client
+from pytest_resume_check.integrations.durable import fsync_path
 
 STEPS = 8
 FEATURES = 4
@@ -132,11 +133,7 @@ def durably(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path.parent)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from side_by_side import ckpt_chaos, ckpt_chaos_executable, resume_check
+from side_by_side import ckpt_chaos, ckpt_chaos_executable, print_rows, resume_check
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "docs" / "examples" / "recipes" / "zero_change" / "train.py"
@@ -55,11 +55,7 @@ def main() -> None:
                                    Path(scratch) / variant / "resume-check")
             theirs = ckpt_chaos(executable, SCRIPT, flags, "step_*.pt", Path(scratch) / variant / "ckpt-chaos")
             rows += [(variant, "resume-check", ours), (variant, "ckpt-chaos", theirs)]
-    print(f"{'variant':<9} {'tool':<13} {'points':>6} {'flagged':>7} {'wall s':>7} {'s/point':>7}  what was flagged")
-    for variant, tool, r in rows:
-        kinds = ", ".join(f"{k} {n}" for k, n in sorted(r["kinds"].items())) or "-"
-        print(f"{variant:<9} {tool:<13} {r['points']:>6} {r['flagged']:>7} {r['seconds']:>7.1f} "
-              f"{r['seconds'] / max(1, r['points']):>7.2f}  {kinds}")
+    print_rows(rows)
 
 
 if __name__ == "__main__":
