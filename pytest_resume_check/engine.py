@@ -29,6 +29,7 @@ from pytest_resume_check.judge.verdict import FIX_FILLED_IN_PLACE, judge
 from pytest_resume_check.process.fork_server import ForkServer, ForkServerDied, check_main
 from pytest_resume_check.process.layout import Layout
 from pytest_resume_check.process.runner import Runner
+from pytest_resume_check.process.shared_saves import SharedSaves
 from pytest_resume_check.records import events as ev
 from pytest_resume_check.records.faults import MODE_RECORD, FaultPlan, FileOp
 from pytest_resume_check.records.names import DEFAULT_HANG_TIMEOUT, case_id
@@ -60,8 +61,10 @@ class Engine:
 
     def __init__(self, root: Path, seed: int, hang_timeout: float = DEFAULT_HANG_TIMEOUT,
                  isolation: str | None = None, check_determinism: bool = True, share: bool = True,
-                 hang_forced: bool = False, server: bool = False):
+                 hang_forced: bool = False, server: bool = False, saves: SharedSaves | None = None):
         self.layout = Layout(root)
+        #: The saves recorded for crash cells (kept for the session's other xdist workers when it has some).
+        self.saves = saves if saves is not None else SharedSaves()
         #: The fork server this engine's runs start from (started at the first run that needs it; ``server``:
         #: shared with other sessions, see :meth:`.ForkServer.share`).
         self.fork_server = ForkServer()
@@ -142,14 +145,15 @@ class Engine:
     def crash_cells(self, target: Target, mode: str) -> list[Cell]:
         """The crash-consistency cells of ``target`` (its ``crash_save``; see
         :func:`~pytest_resume_check.cells.matrix.crash_axis`), none if it has none: the save's file operations
-        are recorded by running the trainer once; every crash point's cells, the points sampled with this
-        engine's seed, or the default smoke cells in either mode."""
+        are recorded by running the trainer once (once per session: :attr:`saves`); every crash point's
+        cells, the points sampled with this engine's seed, or the default smoke cells in either mode."""
         axis = crash_axis(target)
         if axis is None:
             return []
         case = target.cases[0]
+        key = f"{target.name}\0{case_id(case)}\0{axis.step}\0{axis.prior}"
         try:
-            ops = self.record_ops(target, case, axis.step, axis.prior)
+            ops = self.saves.get(key, lambda: self.record_ops(target, case, axis.step, axis.prior))
         except (FilledInPlace, ForkServerDied):
             raise  # its fix is to publish by rename, or the harness's own: not to turn the crash cells off
         except RuntimeError as exc:

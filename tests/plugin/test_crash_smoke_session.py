@@ -120,3 +120,23 @@ def test_a_rerun_of_a_cell_killed_after_a_checkpoint_records_no_save(tmp_path):
                               timeout=600, env={**os.environ, "PYTHONPATH": str(path), "TRAINER_FLAG_DIR": str(flags)})
         [cell] = json.loads(report.read_text())["cells"]
         assert len(list(flags.iterdir())) == 2 + len(cell["runs"]) + recorded, done.stdout[-3000:]
+
+
+def test_two_xdist_workers_record_each_save_once_and_make_the_same_smoke_cells(tmp_path):
+    """Each worker collects the whole matrix; the save a target's smoke cells come from is recorded by one
+    of them and read by the other (kept beside the workers' own folders), not recorded by each."""
+    path = project(tmp_path / "p")
+    conftest = path / "conftest.py"
+    conftest.write_text(conftest.read_text() + "t2 = t.with_options(name='files2')\n")
+    report, flags = tmp_path / "cells.json", tmp_path / "flags"
+    flags.mkdir()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--resume-matrix", "-n", "2",
+                           f"--resume-matrix-json={report}"], cwd=path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(path), "TRAINER_FLAG_DIR": str(flags)})
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[-3000:]
+    recorded = sorted(f.read_text().split()[0] for f in flags.glob("started-*-record-save2"))
+    assert recorded == ["files", "files2"], out[-3000:]
+    cells = json.loads(report.read_text())["cells"]
+    failed = sorted(f"{c['target']}[{c['case_id']}-{c['resume_mode']}-{c['kill']}]" for c in cells if not c["passed"])
+    assert failed == sorted([*SMOKE, *(name.replace("files[", "files2[") for name in SMOKE)]), out[-3000:]

@@ -6,8 +6,8 @@ daemon into a new session; ``skip``: a resume loses its first input (a planted b
 run waits for before it starts; ``skip_if_set``: variable names, and a resume loses its first input when
 all of them are set in the run's environment (a trainer configured by its environment); ``links``: each
 save also points ``current`` at its folder by an absolute link, and the checkpoint folder holds a FIFO.
-``TRAINER_FLAG_DIR`` in the environment: each run leaves a file there when it starts, which names its
-target, its pytest-xdist worker and the GPUs it sees (``-`` for none).
+``TRAINER_FLAG_DIR`` in the environment: each run leaves a file there when it starts, named by its process and
+its run's folder, which names its target, its pytest-xdist worker and the GPUs it sees (``-`` for none).
 """
 
 import os
@@ -21,7 +21,8 @@ def train(run):
     flag = os.environ.get("TRAINER_FLAG_DIR")
     if flag:
         seen = f"{os.environ.get('PYTEST_XDIST_WORKER', '-')} {os.environ.get('CUDA_VISIBLE_DEVICES', '-')}"
-        Path(flag, f"started-{os.getpid()}").write_text(f"{run.plan.target_name} {seen}\n")
+        folder = Path(run.plan.log_path).parent.name  # the cell's, the reference's or a recording's
+        Path(flag, f"started-{os.getpid()}-{folder}").write_text(f"{run.plan.target_name} {seen}\n")
     gate = run.case.get("gate")
     while gate and not os.path.exists(gate):  # held until the test lets it go on
         time.sleep(0.05)
