@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
-from pytest_resume_check.plugin import environment
+from pytest_resume_check.plugin import environment, worker_saves
 from pytest_resume_check.plugin.options import MARKER
 from pytest_resume_check.plugin.settings import NODE_PREFIX, Settings
 
@@ -49,10 +49,6 @@ class Matrix(Protocol):
     def executor(self) -> RayExecutor | None:
         """The Ray cluster that runs the cells (``--resume-matrix-ray``), None: they run here."""
 
-    @property
-    def worker_share(self) -> tuple[int, int]:
-        """This xdist worker's index and the number of workers; ``(0, 1)`` without xdist."""
-
     def targets(self) -> list[Target]:
         """The targets this session runs."""
 
@@ -78,27 +74,16 @@ class ResumeMatrix(pytest.Collector):
         targets = self.matrix.targets()
         for target in targets:  # all of them, before the fork server starts with the first run
             self.matrix.preload(target.preload)
-        self._record_saves(targets)
+        worker_saves.record_in_turn(self.config, targets, self._record_save)
         return [item for target in targets for item in self._items_of(target)]
 
-    def _record_saves(self, targets: list[Target]) -> None:
-        """In an xdist worker, the saves its crash cells need, recorded (or read, once another worker recorded
-        them) starting at this worker's share of the targets, so the workers record different saves at once
-        (:mod:`~pytest_resume_check.process.shared_saves`). A target that fails here fails again, with its
-        message, when its items are made."""
+    def _record_save(self, target: Target) -> None:
+        """Record (or read, once another xdist worker recorded it) the save ``target``'s crash cells need."""
         from pytest_resume_check.cells import matrix
-        from pytest_resume_check.process.shared_saves import rotated
 
-        worker, workers = self.matrix.worker_share
-        if workers <= 1 or self.config.option.collectonly:
-            return
-        for target in rotated(targets, worker, workers):
-            try:
-                target = self._checked(target)
-                if matrix.crash_axis(target) is not None and self._crash_cells_wanted(target.name):
-                    self.matrix.engine.crash_cells(target, self.matrix.settings.mode or "")
-            except Exception:  # said by _items_of, where the target's items are made
-                continue
+        target = self._checked(target)
+        if matrix.crash_axis(target) is not None and self._crash_cells_wanted(target.name):
+            self.matrix.engine.crash_cells(target, self.matrix.settings.mode or "")
 
     def _items_of(self, target: Target) -> list[pytest.Item]:
         """The cells of one target, or one failing item that says why they could not be built (the other

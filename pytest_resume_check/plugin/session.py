@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_resume_check.plugin import cluster, reports, repro, scheduler, summary
+from pytest_resume_check.plugin import cluster, reports, repro, scheduler, summary, worker_saves
 from pytest_resume_check.plugin.commands import rerun_command
 from pytest_resume_check.plugin.discovery import discover
 from pytest_resume_check.plugin.items import ResumeCell, ResumeMatrix
@@ -26,7 +26,6 @@ if TYPE_CHECKING:  # made at their first use
     from pytest_resume_check.cells.matrix import Cell
     from pytest_resume_check.cluster.executor import RayExecutor
     from pytest_resume_check.engine import Engine
-    from pytest_resume_check.process.shared_saves import SharedSaves
     from pytest_resume_check.records.cell_json import CellJson
     from pytest_resume_check.targets import Target
 
@@ -87,9 +86,9 @@ class MatrixSession:
         if self._engine is None:
             from pytest_resume_check.engine import Engine
 
-            s = self.settings
+            s, saves = self.settings, worker_saves.shared_saves(self.config)
             self._engine = Engine(self.root, s.seed, s.hang_timeout, s.isolation, share=not s.exhaustive,
-                                  hang_forced=s.hang_forced, server=s.server, saves=self._shared_saves())
+                                  hang_forced=s.hang_forced, server=s.server, saves=saves)
             self._engine.register(self.cells)
             self._engine.add_preload(self._preload)
         return self._engine
@@ -98,27 +97,6 @@ class MatrixSession:
     def executor(self) -> RayExecutor | None:
         """The Ray cluster's executor when ``--resume-matrix-ray`` is given (None: cells run here)."""
         return self._executor
-
-    @property
-    def worker_share(self) -> tuple[int, int]:
-        """This xdist worker's index and the number of workers; ``(0, 1)`` without xdist."""
-        workerinput = getattr(self.config, "workerinput", None)
-        if workerinput is None:
-            return 0, 1
-        try:
-            return int(str(workerinput["workerid"]).lstrip("gw")), int(workerinput["workercount"])
-        except (KeyError, ValueError):
-            return 0, 1
-
-    def _shared_saves(self) -> SharedSaves:
-        """Recorded saves, kept for the session's other xdist workers when it has some."""
-        from pytest_resume_check.process.shared_saves import SharedSaves, worker_folder
-
-        workerinput = getattr(self.config, "workerinput", None)
-        factory = getattr(self.config, "_tmp_path_factory", None)
-        if workerinput is None or factory is None or "testrunuid" not in workerinput:
-            return SharedSaves()
-        return SharedSaves(worker_folder(factory.getbasetemp(), str(workerinput["testrunuid"])))
 
     @property
     def root(self) -> Path:

@@ -6,9 +6,11 @@ is recorded again."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
+from pytest_resume_check.plugin import worker_saves
 from pytest_resume_check.process.shared_saves import SharedSaves, rotated, worker_folder
 from pytest_resume_check.records.faults import COLLECTIVE, FileOp
 
@@ -74,3 +76,33 @@ def test_each_worker_starts_at_its_own_share_and_takes_every_save():
 
 def test_the_workers_folder_is_in_the_controllers_base_temporary_folder(tmp_path):
     assert worker_folder(tmp_path / "bt" / "popen-gw1", "abc") == tmp_path / "bt" / "resume-matrix-saves-abc"
+
+
+def config(workerinput=None, collectonly=False):
+    cfg = SimpleNamespace(option=SimpleNamespace(collectonly=collectonly))
+    if workerinput is not None:
+        cfg.workerinput = workerinput
+    return cfg
+
+
+def test_an_xdist_worker_records_from_its_own_share_on_and_a_failing_target_does_not_stop_the_others():
+    seen: list[str] = []
+
+    def record(target: str) -> None:
+        seen.append(target)
+        if target == "c":
+            raise RuntimeError("recording failed")  # raised again where its items are made
+
+    second = config({"workerid": "gw1", "workercount": 2, "testrunuid": "x"})
+    assert worker_saves.worker_share(second) == (1, 2)
+    worker_saves.record_in_turn(second, ["a", "b", "c", "d"], record)
+    assert seen == ["c", "d", "a", "b"]
+
+
+def test_without_xdist_or_under_collect_only_nothing_is_recorded_ahead():
+    seen: list[str] = []
+    assert worker_saves.worker_share(config()) == (0, 1)
+    worker_saves.record_in_turn(config(), ["a"], seen.append)
+    worker_saves.record_in_turn(config({"workerid": "gw0", "workercount": 2}, collectonly=True), ["a"], seen.append)
+    assert seen == []
+    assert worker_saves.shared_saves(config()).folder is None
