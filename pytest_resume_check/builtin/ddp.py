@@ -65,6 +65,9 @@ BUGS = {
                       "leaves a folder that is not complete on every rank"),
     "prune_early": ("keeping the last checkpoints (keep=), rank 0 deletes the older ones before latest names the new "
                     "one: a crash in between leaves latest naming a deleted folder"),
+    "unsynced_rank1": ("rank 1 renames its generator file into place without fsyncing it first (rank 0 fsyncs every "
+                       "file it writes, latest too): a power loss of rank 1's node after latest names the folder "
+                       "leaves that file empty"),
     "async_prune": ("with an asynchronous save (asynchronous=True) latest names the new folder, and keep= deletes the "
                     "old one, before the save's future completed: a crash while the background write is in flight "
                     "leaves latest naming a folder without its metadata, and the old one gone"),
@@ -238,7 +241,8 @@ class _Loop:
         else:
             dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder))
         folder.mkdir(parents=True, exist_ok=True)
-        _write_durably(folder / RNG_FILE.format(rank=self.rank), _pickled(torch.get_rng_state()))
+        _write_durably(folder / RNG_FILE.format(rank=self.rank), _pickled(torch.get_rng_state()),
+                       sync=not (self.bug == "unsynced_rank1" and self.rank == 1))
         if self.rank == 0:
             data = {"epoch": self.epoch, "taken": self.taken, "step": self.step, "world_size": self.world}
             _write_durably(folder / DATA_FILE, json.dumps(data).encode())
@@ -345,13 +349,15 @@ def _pickled(value: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _write_durably(path: Path, data: bytes) -> None:
-    """Write to a temporary name, fsync, rename over ``path``, fsync the folder."""
+def _write_durably(path: Path, data: bytes, sync: bool = True) -> None:
+    """Write to a temporary name, fsync (unless not ``sync``: a planted bug), rename over ``path``, fsync the
+    folder."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_path(path.parent)
 

@@ -60,7 +60,8 @@ def run_interrupted(runner: Runner, target: Target, case: Mapping[str, Any], kil
         if kill is not None and kill.fault is not None:
             if record.outcome == Outcome.KILLED:
                 ready = [(e.rank, e.extra) for e in record.events if e.kind == ev.KILL_READY]  # every lane's
-                record.damage = apply_after_kill(plan.checkpoint_dir, merge_kill_extras(ready))
+                lost = kill.fault.lost_ranks(plan.nproc_per_node)  # a node's power alone: its ranks' writes
+                record.damage = apply_after_kill(plan.checkpoint_dir, merge_kill_extras(ready, lost))
             elif not (record.outcome == Outcome.RAISED and INJECTED in (record.error or "")):
                 break  # the run did not fail where the fault was injected: judged as is
         elif record.outcome != Outcome.KILLED or kill is None:

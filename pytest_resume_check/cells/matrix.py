@@ -300,7 +300,8 @@ def crash_cells(target: Target, case: Mapping[str, Any], ops: Sequence[faults.Fi
     quick mode, at every op in full mode). A save of several ranks: :func:`ranked_plans` of every rank's
     crash points."""
     if any(op.rank is not None for op in ops):
-        return _fault_cells(target, case, ops, step, prior, ranked_plans(ops, step, mode, smoke=False))
+        plans = ranked_plans(ops, step, mode, smoke=False, nodes=simulated_nodes(target))
+        return _fault_cells(target, case, ops, step, prior, plans)
     total = len(ops)
     points = crash_points(ops, mode)
     at_ops = [i for i in points if i < total]
@@ -315,7 +316,13 @@ def crash_cells(target: Target, case: Mapping[str, Any], ops: Sequence[faults.Fi
     return _fault_cells(target, case, ops, step, prior, plans)
 
 
-def ranked_plans(ops: Sequence[faults.FileOp], step: int, mode: str, smoke: bool) -> list[faults.FaultPlan]:
+def simulated_nodes(target: Target) -> int:
+    """How many nodes a run of ``target`` is spread over (torchrun's ``nnodes``, at most; 1 for other launchers)."""
+    return target.nnodes[1] if target.launcher == LAUNCHER_TORCHRUN else 1
+
+
+def ranked_plans(ops: Sequence[faults.FileOp], step: int, mode: str, smoke: bool,
+                 nodes: int = 1) -> list[faults.FaultPlan]:
     """The faults of a save of several ranks (``ops`` carry their rank and lane), lane by lane; each stops every
     lane (:func:`~pytest_resume_check.records.faults.stops_at`) and is kept once however many lanes' points give
     its stops.
@@ -326,14 +333,17 @@ def ranked_plans(ops: Sequence[faults.FileOp], step: int, mode: str, smoke: bool
     ranks wait for each other (if they do) by means the recorder does not see, and a rank stopped alone could
     leave the others waiting for it: only the power loss after every lane's last op. Otherwise each lane's
     :func:`crash_points` with a kill and a power loss, and every such file of each lane torn. Injected I/O
-    errors are left to saves of one rank."""
+    errors are left to saves of one rank.
+
+    Over several simulated ``nodes``, each node's power is also lost alone (its ranks' writes not fsynced, the
+    others' kept): after every lane's last op in smoke cells, at every power loss's point otherwise."""
     lanes = faults.lanes_of(ops)
     totals = tuple((r, ln, len(own)) for (r, ln), own in sorted(lanes.items()))
     if not lanes:
         return []
     if smoke and not any(op.kind == faults.COLLECTIVE for op in ops):
-        return [faults.FaultPlan(step, faults.MODE_POWER, totals[0][2], total=totals[0][2], rank=0, stops=totals,
-                                 totals=totals)]
+        return _node_losses([faults.FaultPlan(step, faults.MODE_POWER, totals[0][2], total=totals[0][2], rank=0,
+                                              stops=totals, totals=totals)], nodes, smoke)
     points: list[tuple[int, int, str, int, str | None]] = []  # (rank, lane, mode, op, torn file)
     torn: list[tuple[int, int, str, int, str | None]] = []
     for (rank, lane), own in sorted(lanes.items()):
@@ -361,7 +371,16 @@ def ranked_plans(ops: Sequence[faults.FileOp], step: int, mode: str, smoke: bool
         seen.add((kind, stops, path))
         plans.append(faults.FaultPlan(step, kind, op, file=path, total=len(lanes.get((rank, lane), [])), rank=rank,
                                       lane=lane or None, stops=stops, totals=totals))
-    return plans
+    return _node_losses(plans, nodes, smoke)
+
+
+def _node_losses(plans: list[faults.FaultPlan], nodes: int, smoke: bool) -> list[faults.FaultPlan]:
+    """``plans`` and, over several nodes, each power loss (in smoke cells only the one after the whole save) again
+    for each node alone."""
+    if nodes <= 1:
+        return plans
+    power = [p for p in plans if p.mode == faults.MODE_POWER and (p.completes_save or not smoke)]
+    return plans + [replace(p, node=node) for p in power for node in range(nodes)]
 
 
 def _fault_cells(target: Target, case: Mapping[str, Any], ops: Sequence[faults.FileOp], step: int, prior: int,
@@ -444,5 +463,6 @@ def smoke_cells(target: Target, case: Mapping[str, Any], ops: Sequence[faults.Fi
     of :func:`smoke_plans` (of :func:`ranked_plans` for a save of several ranks), resumed automatically, with
     the target's expected failures applied."""
     ranked = any(op.rank is not None for op in ops)
-    plans = ranked_plans(ops, step, QUICK, smoke=True) if ranked else smoke_plans(ops, step)
+    plans = ranked_plans(ops, step, QUICK, smoke=True, nodes=simulated_nodes(target)) if ranked \
+        else smoke_plans(ops, step)
     return _fault_cells(target, case, ops, step, prior, plans)

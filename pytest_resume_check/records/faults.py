@@ -12,7 +12,8 @@ A :class:`FaultPlan` says what happens at op ``i`` of that save:
 - ``crash``: the run is SIGKILLed right before op ``i`` (``i == len(ops)``: after the last op, before
   the checkpoint is reported).
 - ``power``: like ``crash``, then every file of the save loses what was written to it after its
-  last fsync (it keeps its name); :class:`DiskDamage` names those files.
+  last fsync (it keeps its name); :class:`DiskDamage` names those files. With a ``node`` (a torchrun target's
+  simulated nodes), only the files of that node's ranks: its power alone was lost.
 - ``torn``: like ``crash``, then the named file is cut to half its bytes under its final name.
 - ``error``: op ``i`` raises ``OSError(errno)`` instead of happening (and every later op too when
   ``persistent``): the save must fail loudly.
@@ -93,6 +94,13 @@ class FaultPlan:
     #: how many ops each lane's save has (``total`` is the plan's own lane's).
     stops: tuple[tuple[int, int, int], ...] | None = None
     totals: tuple[tuple[int, int, int], ...] | None = None
+    #: A power loss of this simulated node alone (a torchrun target's ``nnodes``): only its ranks' writes that
+    #: were not fsynced are lost, the other nodes' are kept (None: every rank's, the machine's power).
+    node: int | None = None
+
+    def lost_ranks(self, per_node: int) -> range | None:
+        """The ranks whose writes not fsynced a power loss takes, with ``per_node`` ranks a node (None: all)."""
+        return None if self.node is None else range(self.node * per_node, (self.node + 1) * per_node)
 
     @property
     def completes_save(self) -> bool:
@@ -285,10 +293,12 @@ def stops_at(ops: Sequence[FileOp], rank: int, op: int, lane: int = 0) -> tuple[
                  if ln == 0 or at[(r, 0)] > starts.get((r, ln), -1))
 
 
-def merge_kill_extras(ready: Sequence[tuple[int | None, Mapping[str, Any]]]) -> dict[str, Any]:
+def merge_kill_extras(ready: Sequence[tuple[int | None, Mapping[str, Any]]],
+                      lost: Sequence[int] | None = None) -> dict[str, Any]:
     """What the damage after a kill needs from the kill-ready words (rank, extra) of every lane of a run: the files
     any rank left not durable, each rank as its latest word (the most ops done) says (a file two ranks wrote
-    keeps the fewer fsynced bytes), and the file to tear."""
+    keeps the fewer fsynced bytes), and the file to tear. ``lost``: only those ranks' files not durable (the
+    ranks of a node whose power alone is lost)."""
     latest: dict[int | None, Mapping[str, Any]] = {}
     for rank, extra in ready:
         if rank not in latest or extra.get(EXTRA_OPS_DONE, 0) >= latest[rank].get(EXTRA_OPS_DONE, 0):
@@ -298,7 +308,9 @@ def merge_kill_extras(ready: Sequence[tuple[int | None, Mapping[str, Any]]]) -> 
     for _, extra in ready:
         if extra.get(EXTRA_TORN):
             merged[EXTRA_TORN] = extra[EXTRA_TORN]
-    for extra in latest.values():
+    for rank, extra in latest.items():
+        if lost is not None and (rank or 0) not in lost:
+            continue  # its node kept its power: what it wrote reaches the disk
         for rel, kept in extra.get(EXTRA_UNSYNCED, {}).items():
             unsynced[rel] = min(int(kept), unsynced.get(rel, int(kept)))
     if unsynced:

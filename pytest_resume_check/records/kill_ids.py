@@ -56,6 +56,8 @@ _RANK_PART = re.compile(rf"{RANK}(\d+)(?=$|{SUFFIX})")
 #: A thread of that rank besides its main one (an asynchronous save's writer): ``op3:rank0:thread1``.
 THREAD = "thread"
 _THREAD_PART = re.compile(rf"{THREAD}(\d+)(?=$|{SUFFIX})")
+#: The power loss of one simulated node alone, after the fault's rank: ``op9:rank0:power:node1``.
+_NODE_POWER = re.compile(rf"{faults.MODE_POWER}{SUFFIX}{NODE}(\d+)")
 #: A cell's name: ``target[case-mode-kill]`` (the case id may hold dashes; the kill id starts with ckpt or save).
 _CELL_NAME = re.compile(r"^(?P<target>[^\[]+)\[(?P<case>.*)" + re.escape(CELL_SEPARATOR) + "(?P<mode>"
                         + "|".join(CELL_RESUME_MODES) + ")" + re.escape(CELL_SEPARATOR)
@@ -111,13 +113,15 @@ def fault_label(plan: FaultPlan) -> str:
     """``op4`` (killed before file operation 4), ``op4:power``, ``op4:torn:latest``, ``op4:enospc+`` ...:
     the kill id after ``save{step}``, in characters that pytest's ``-k`` can spell. In a save of several
     ranks the rank whose operation it is comes next, and the thread of it besides its main one: ``op7:rank1``,
-    ``op7:rank1:power``, ``op3:rank0:thread1``."""
+    ``op7:rank1:power``, ``op3:rank0:thread1``; a power loss of one simulated node alone ends with it:
+    ``op9:rank0:power:node1``."""
     parts = [f"{OP}{plan.op}"] + ([f"{RANK}{plan.rank}"] if plan.rank is not None else [])
     parts += [f"{THREAD}{plan.lane}"] if plan.lane else []
     if plan.mode == faults.MODE_TORN:
         parts += [faults.MODE_TORN, str(plan.file)]
     elif plan.mode != faults.MODE_CRASH:
         parts.append(fault_kind(plan))
+    parts += [f"{NODE}{plan.node}"] if plan.node is not None else []
     return SUFFIX.join(parts)
 
 
@@ -218,10 +222,13 @@ def parse_fault_label(step: int, text: str) -> FaultPlan:
         return FaultPlan(step, faults.MODE_TORN, int(op), file=kind[len(torn):], rank=rank, lane=lane)
     if kind in ("", faults.MODE_POWER, faults.MODE_RECORD):
         return FaultPlan(step, kind or faults.MODE_CRASH, int(op), rank=rank, lane=lane)
+    node = _NODE_POWER.fullmatch(kind)
+    if node is not None:
+        return FaultPlan(step, faults.MODE_POWER, int(op), rank=rank, lane=lane, node=int(node[1]))
     errno = faults.ERRNOS.get(kind.rstrip(PERSISTENT))
     if errno is None:
         raise ValueError(f"fault {text!r} of the save of step {step}: unknown kind {kind!r}; use {OP}<N>, "
-                         f"{OP}<N>{SUFFIX}{faults.MODE_POWER}, {OP}<N>{SUFFIX}{torn}<file> or "
+                         f"{OP}<N>{SUFFIX}{faults.MODE_POWER}[{SUFFIX}{NODE}<node>], {OP}<N>{SUFFIX}{torn}<file> or "
                          f"{OP}<N>{SUFFIX}<error>[{PERSISTENT}] with an error of {sorted(faults.ERRNOS)}")
     return FaultPlan(step, faults.MODE_ERROR, int(op), errno, kind.endswith(PERSISTENT), rank=rank, lane=lane)
 

@@ -267,7 +267,11 @@ class RunRecord:
         if self.outcome == Outcome.KILLED and self.plan.kill is not None:
             text = self._kill_text()
             if self.plan.faults is not None and text:
-                return f"{text} (save of step {self.plan.kill.checkpoint_step})" + "".join(
+                node = self.plan.faults.lost_ranks(self.plan.nproc_per_node)
+                lost = "" if node is None else (f"; power lost on node {self.plan.faults.node} alone (rank"
+                                                f"{'s' if len(node) > 1 else ''} {', '.join(map(str, node))}: the "
+                                                "other nodes' writes kept)")
+                return f"{text} (save of step {self.plan.kill.checkpoint_step}){lost}" + "".join(
                     f"; {n}" for n in self.damage.describe())
             return self.plan.kill.describe()
         if self.outcome == Outcome.DONE:

@@ -184,3 +184,25 @@ def test_an_asynchronous_save_published_before_its_future_completed_fails_while_
     headline = results[0].verdict.headline
     assert "step_2/.metadata" in headline and "; the crash: rank 0 thread 1 killed before" in headline
     assert "rank 0 stopped after the last file operation of the save" in headline  # latest already named step_2
+
+
+def test_over_two_nodes_each_nodes_power_is_lost_alone_and_only_its_ranks_writes_not_fsynced_are_lost(engine):
+    """Two simulated nodes of one worker each: after the whole save, node 0's power alone, then node 1's. The correct
+    loop passes both. Rank 1 of the planted loop renames its generator file into place without fsyncing it: node
+    0's loss leaves every file whole (rank 0 fsynced its own) and passes; node 1's empties that file while latest,
+    on node 0, names the folder."""
+    two_nodes = planted.ddp_two_nodes.with_options(preload=ddp_loop.preload)
+    cells = engine.crash_cells(two_nodes, matrix.QUICK)
+    nodes = [c for c in cells if c.kills[0].fault.node is not None]
+    total = len(own(cells[0].save_ops, 0))
+    assert [c.kill_id for c in nodes] == [f"save2op{total}:rank0:power:node0", f"save2op{total}:rank0:power:node1"]
+    assert [(r.cell.kill_id, r.verdict.headline) for r in map(engine.run_cell, nodes) if not r.passed] == []
+    unsynced = two_nodes.with_options(name="ddp_unsynced_rank1", fn=planted.ddp_unsynced_rank1)
+    machine, node0, node1 = (engine.run_cell(dataclasses.replace(c, target=unsynced)) for c in
+                             [next(c for c in cells if c.kill_id == f"save2op{total}:rank0:power"), *nodes])
+    assert (machine.passed, node0.passed, node1.passed) == (False, True, False)
+    assert node0.runs[0].damage.not_durable == ()
+    assert node1.runs[0].damage.not_durable == (("step_2/rng_rank1.pt", 0),)
+    assert node1.verdict.categories == [vd.RESUME_ERROR]
+    assert "power lost on node 1 alone (rank 1: the other nodes' writes kept); not durable: step_2/rng_rank1.pt " \
+        in node1.verdict.headline

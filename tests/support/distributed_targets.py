@@ -86,6 +86,10 @@ def ddp_keep_last(run: Any) -> None:
     ddp.train(run, keep=1)
 
 
+def ddp_unsynced_rank1(run: Any) -> None:
+    ddp.train(run, "unsynced_rank1")
+
+
 def ddp_prune_early(run: Any) -> None:
     ddp.train(run, "prune_early", keep=1)
 

@@ -240,3 +240,36 @@ def test_the_smoke_cells_of_an_asynchronous_save_stop_each_thread_of_each_rank()
     assert [p.completes_save for p in plans] == [False] * 6 + [True, False]
     again = kill_ids.parse_fault_label(2, "op3:rank0:thread1:power")
     assert (again.rank, again.lane, again.op, again.mode) == (0, 1, 3, faults.MODE_POWER)
+
+
+# -- a power loss of one simulated node alone -----------------------------------------------------------------
+
+def test_a_save_over_two_nodes_also_loses_each_nodes_power_alone_after_the_whole_save():
+    plans = matrix.ranked_plans(TWO_RANKS, 2, matrix.QUICK, smoke=True, nodes=2)
+    labels = [kill_ids.fault_label(p) for p in plans]
+    assert labels == ["op10:rank0", "op8:rank0:power", "op4:rank1", "op2:rank1:power", "op12:rank0:power",
+                      "op12:rank0:power:node0", "op12:rank0:power:node1"]
+    assert {p.stops for p in plans[-3:]} == {at(12, 7)}
+    again = kill_ids.parse_fault_label(2, "op12:rank0:power:node1")
+    assert (again.mode, again.op, again.rank, again.node) == (faults.MODE_POWER, 12, 0, 1)
+    assert faults.FaultPlan.from_json(plans[-1].to_json()) == plans[-1]
+    # The whole axis: every power loss once more for each node.
+    full = matrix.ranked_plans(TWO_RANKS, 2, matrix.FULL, smoke=False, nodes=2)
+    machine = [p for p in full if p.mode == faults.MODE_POWER and p.node is None]
+    assert sorted((p.rank, p.op, p.node) for p in full if p.node is not None) == sorted(
+        (p.rank, p.op, node) for p in machine for node in (0, 1))
+
+
+def test_only_the_ranks_of_the_node_that_lost_its_power_lose_their_writes_not_fsynced():
+    ready = [(0, {faults.EXTRA_UNSYNCED: {"latest": 0}}), (1, {faults.EXTRA_UNSYNCED: {"s/r1": 3}})]
+    assert faults.merge_kill_extras(ready) == {faults.EXTRA_UNSYNCED: {"latest": 0, "s/r1": 3}}
+    node1 = faults.FaultPlan(2, faults.MODE_POWER, 12, rank=0, node=1)
+    assert list(node1.lost_ranks(1)) == [1] and list(node1.lost_ranks(2)) == [2, 3]
+    assert faults.merge_kill_extras(ready, node1.lost_ranks(1)) == {faults.EXTRA_UNSYNCED: {"s/r1": 3}}
+    assert faults.merge_kill_extras(ready, range(2, 4)) == {}
+    assert faults.FaultPlan(2, faults.MODE_POWER, 12).lost_ranks(1) is None
+
+
+def test_a_target_spread_over_simulated_nodes_is_one_of_torchruns():
+    torchrun, harness = make(world_size=2, launcher="torchrun", nnodes=(1, 2)), make(world_size=2)
+    assert (matrix.simulated_nodes(torchrun), matrix.simulated_nodes(harness)) == (2, 1)
