@@ -4,7 +4,7 @@ The same matrix runs twice, in collection order and reversed, on two workers; th
 cell by cell. The targets are the bundled ones whose fork servers differ (the plain PyTorch loop, and
 stock verl with its expected failures keyed on the tracker's file operations), narrowed to their first
 case so the crash-consistency cells dominate. Seeds: ``RESUME_CHECK_ORDER_SEEDS`` (comma separated,
-default ``1``); CI runs it with more than one.
+default ``1``); CI runs it with a seed taken from the commit's hash, another one for each commit.
 """
 
 from __future__ import annotations
