@@ -74,7 +74,10 @@ def _read(path: Path, key: str) -> list[FileOp] | None:
         return None
     if not isinstance(data, dict) or data.get("version") != VERSION or data.get("key") != key:
         return None
-    return [FileOp(*op) for op in data["ops"]]
+    try:
+        return [FileOp(*op) for op in data["ops"]]
+    except (KeyError, TypeError):  # not a list of ops as _write writes them: recorded again
+        return None
 
 
 def _write(path: Path, key: str, ops: Sequence[FileOp]) -> None:
@@ -97,4 +100,3 @@ def worker_folder(basetemp: Path, run_id: str) -> Path:
     """Where the workers of the xdist run ``run_id`` keep their recordings: in the controller's base temporary
     folder, which holds each worker's own."""
     return basetemp.parent / f"resume-matrix-saves-{run_id}"
-

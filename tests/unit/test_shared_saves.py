@@ -58,7 +58,9 @@ def test_a_failed_recording_is_raised_again_in_its_process_and_recorded_again_by
 
 
 @pytest.mark.parametrize("damage", ["not json", json.dumps({"version": 0, "key": "k", "ops": []}),
-                                    json.dumps({"version": 1, "key": "other", "ops": []})])
+                                    json.dumps({"version": 1, "key": "other", "ops": []}),
+                                    json.dumps({"version": 1, "key": "k", "ops": [[1, 2, 3, 4, 5, 6, 7]]}),
+                                    json.dumps({"version": 1, "key": "k"})])
 def test_a_kept_file_of_another_format_or_save_is_recorded_again(tmp_path, damage):
     SharedSaves(tmp_path).get("k", recorder([]))
     (kept,) = tmp_path.glob("*.json")
