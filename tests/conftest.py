@@ -36,25 +36,3 @@ def _no_step_summary_in_nested_sessions(monkeypatch):
     """The pytest sessions the tests start must not append to the real GitHub step summary of a CI job
     that runs this suite (they inherit the environment); the tests of the step summary set it themselves."""
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-
-
-#: The suite's longest modules (a minute or more each at ``-n 2`` on 2 cores), run first. pytest-xdist hands
-#: out the tests in collection order, where these came last or in the middle (``tests/verl`` is the last
-#: wing): a worker still in a long test at the end left the other one idle. Longest first, the short tests
-#: fill both workers to the end. Only the order changes; every test runs as before.
-LONGEST_FIRST = ("verl/test_ray_workers.py", "plugin/test_ray_cluster.py", "engine/test_state_completeness.py",
-                 "engine/test_early_stop_rule.py", "engine/test_trust_under_load.py", "plugin/test_matrix_order.py",
-                 "engine/test_integration_accelerate.py", "docs/test_docs.py", "docs/test_docs_snippets.py",
-                 "engine/test_torchrun.py")
-
-
-def pytest_collection_modifyitems(items):
-    here = Path(__file__).resolve().parent
-
-    def rank(item):
-        try:
-            return LONGEST_FIRST.index(Path(item.path).resolve().relative_to(here).as_posix())
-        except ValueError:  # not one of them, or not under tests/
-            return len(LONGEST_FIRST)
-
-    items.sort(key=rank)  # stable: each module's tests, and every other test, keep their order
