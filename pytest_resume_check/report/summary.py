@@ -90,9 +90,11 @@ def fault_of(cell: CellJson) -> faults.FaultPlan:
 def crash_row(cell: CellJson) -> str:
     """The row of a crash-consistency cell in its grid: the fault's kind (``kill``, ``power``, ``torn``,
     ``enospc``, ``eio``, ``enospc+``), and in a save of several ranks the rank, and thread, whose operations are
-    the columns (``kill rank1``, ``power rank0 thread1``)."""
+    the columns (``kill rank1``, ``power rank0 thread1``); a power loss of one simulated node alone has a row of
+    its own (``power:node1 rank0``)."""
     fault = fault_of(cell)
     kind = KILL_ROW if fault.mode == faults.MODE_CRASH else kill_ids.fault_kind(fault)
+    kind += f"{kill_ids.SUFFIX}{kill_ids.NODE}{fault.node}" if fault.node is not None else ""
     if fault.rank is None:
         return kind
     return f"{kind} {kill_ids.RANK}{fault.rank}" + (f" {kill_ids.THREAD}{fault.lane}" if fault.lane else "")

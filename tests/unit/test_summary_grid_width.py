@@ -37,6 +37,9 @@ LOOP = resume_target(never_run, name="builtin_loop", steps=STEPS, boundaries=lam
 DDP = resume_target(never_run, name="ddp_loop", steps=STEPS, boundaries=lambda case: [6, 12],
                     cases=[{"id": "shuffle"}, {"id": "a-case-id-longer-than-thirty-columns"}], world_size=2,
                     elastic=(1, 3), preemption=(2.0,))
+#: Under torchrun over two simulated nodes: its crash cells also lose each node's power alone.
+NODES = resume_target(never_run, name="ddp_two_nodes", steps=STEPS, boundaries=lambda case: [6, 12],
+                      cases=[{"id": "shuffle"}], world_size=2, launcher="torchrun", nnodes=(1, 2))
 #: The recorded operations of a save: a file written in place (tearable), one written safely, a tracker.
 SAVE_OPS = [FileOp(0, "mkdir", "step_2"), FileOp(1, "open", "step_2/weights.pt"),
             FileOp(2, "write", "step_2/weights.pt"), FileOp(3, "write", "step_2/weights.pt"),
@@ -68,6 +71,7 @@ def realistic_cells():
     cells = matrix.cells(LOOP, matrix.FULL, seed=1) + matrix.cells(DDP, matrix.FULL, seed=1)
     cells += matrix.crash_cells(LOOP, LOOP.cases[2], SAVE_OPS, 2, 1, matrix.FULL, random.Random(1))
     cells += matrix.crash_cells(DDP, DDP.cases[0], RANKED_OPS, 2, 1, matrix.FULL, random.Random(1))
+    cells += matrix.crash_cells(NODES, NODES.cases[0], RANKED_OPS, 2, 1, matrix.FULL, random.Random(1))
     return [cell_json(c, i) for i, c in enumerate(cells)]
 
 
